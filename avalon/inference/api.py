@@ -1,0 +1,50 @@
+"""The engine's request/result types: what the organisation simulator sends and gets back.
+
+A turn = append `new_tokens` to a slot's context (only the tokens new to that agent: its n_in),
+then sample until a stop token or string, `max_new_tokens`, or the context window is full.
+Things a model can cause end a turn with a `StopReason`; only caller mistakes raise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import numpy as np
+
+
+class StopReason(enum.Enum):
+    STOP = "stop"  # a stop token or stop string was sampled
+    LENGTH = "length"  # max_new_tokens reached
+    CONTEXT_FULL = "context_full"  # the slot's context window is full
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0  # nucleus; 1.0 = off
+    top_k: int = 0  # 0 = off
+    greedy: bool = False
+    seed: int = 0  # per-slot stream: the same seed and context give the same tokens
+
+
+@dataclasses.dataclass
+class TurnRequest:
+    slot: int
+    new_tokens: np.ndarray  # int32 [n_in], appended to the slot's context before sampling
+    max_new_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop_tokens: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class TurnResult:
+    slot: int
+    tokens: np.ndarray  # int32 [n_out] sampled (a stop token, if any, included)
+    logprobs: np.ndarray  # float32 [n_out]
+    routing: np.ndarray | None  # int [n_in + n_out, n_moe_layers, k]: experts used with each
+    #                             token of this turn (new_tokens then tokens) as the input
+    stop_reason: StopReason
+    n_in_new: int  # tokens prefilled this turn (= len(new_tokens))
+    context_length: int  # the slot's context length after the turn

@@ -1,0 +1,233 @@
+"""The model configuration: one frozen, hashable dataclass for the whole Nemotron-H family.
+
+Field names follow Hugging Face's `NemotronHConfig` (transformers 5.24) where one exists, so a
+reader can map every field to `../shared/reference/nemotron_h.md`. Implementation choices that HF
+does not have (MoE dispatch backend, remat, layer scanning, dtypes) are fields too, each an enum
+or a plain value, never a string looked up in a registry.
+
+The layer stack is the HF pattern string: `M` Mamba-2, `E` MoE, `*` attention, `-` dense MLP.
+`layer_blocks(pattern)` splits it into runs of a repeated unit (the Nemotron patterns are mostly
+repeats of `ME`); each run's params are stacked and run by one `lax.scan`, so compile time grows
+with the number of distinct runs, not with depth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import math
+
+import jax.numpy as jnp
+
+LETTERS = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
+
+
+class MoeBackend(enum.Enum):
+    """How routed experts are dispatched (all dropless, all equal to `DENSE` up to float error)."""
+
+    DENSE = "dense"  # every expert on every token, then masked: the readable reference
+    RAGGED_DOT = "ragged_dot"  # sort by expert + `lax.ragged_dot` (TPU megablox path; CPU)
+    CAPACITY_BUCKETS = "capacity_buckets"  # sort + batched matmul at a bucketed capacity (GPU)
+
+
+class Remat(enum.Enum):
+    """What the backward pass recomputes inside each scanned layer group."""
+
+    NONE = "none"  # keep every activation
+    FULL = "full"  # recompute the whole group
+    DOTS = "dots"  # save matmul outputs without batch dims, recompute the rest
+
+
+class AttentionImpl(enum.Enum):
+    """Full-sequence attention kernel (decode against a cache always uses `NAIVE`)."""
+
+    NAIVE = "naive"  # materialise [b, h, t, t] scores
+    QUERY_CHUNKED = "query_chunked"  # scores one query chunk at a time: memory O(t * chunk)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A Nemotron-H model. Shapes: D hidden, V vocab, H Mamba heads × P, G groups × N state."""
+
+    # Vocabulary, width and depth.
+    vocab_size: int
+    hidden_size: int
+    pattern: str  # HF `hybrid_override_pattern`, one letter per layer
+    # Attention (`*`): grouped-query, no positional encoding.
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    # Dense MLP (`-`): down(relu(up x)^2).
+    intermediate_size: int
+    # Mamba-2 (`M`).
+    mamba_num_heads: int
+    mamba_head_dim: int
+    ssm_state_size: int
+    n_groups: int
+    conv_kernel: int = 4
+    chunk_size: int = 128
+    time_step_min: float = 0.001  # dt lower clamp on the chunked path (HF 5.24), and init
+    time_step_max: float = 0.1  # init of dt_bias only
+    time_step_floor: float = 1e-4  # init of dt_bias only
+    use_conv_bias: bool = True
+    use_bias: bool = False  # bias on the Mamba in/out projections
+    # MoE (`E`): sigmoid router + correction bias, group-limited top-k, one shared expert.
+    n_routed_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 64
+    moe_shared_expert_intermediate_size: int = 64
+    moe_latent_size: int | None = None  # Super: 1024 (experts work in this latent width)
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    mlp_bias: bool = False  # bias on MLP, shared expert and latent projections
+    layer_norm_epsilon: float = 1e-5
+    tie_word_embeddings: bool = False
+    # Multi-token prediction head (Super: "*E"); "" means none. Not used by the main forward.
+    mtp_pattern: str = ""
+    # Numerics: params in `param_dtype`, activations in `dtype`; norms, router, SSM and softmax fp32.
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    ssm_state_dtype: str = "float32"
+    # Implementation.
+    moe_backend: MoeBackend = MoeBackend.RAGGED_DOT
+    router_frozen: bool = False  # stop gradients into router weight and correction bias
+    remat: Remat = Remat.NONE
+    scan_layers: bool = True  # False: one block per layer (a Python loop), for debugging
+    attention_impl: AttentionImpl = AttentionImpl.NAIVE
+    attention_query_chunk: int = 1024
+    max_context: int = 131072  # the agent context window this preset is served at
+    initializer_range: float = 0.02
+    rescale_prenorm_residual: bool = True
+
+    def __post_init__(self):
+        _validate(self)
+
+    # ---- derived sizes -------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return len(self.pattern)
+
+    @property
+    def mamba_inner(self) -> int:
+        return self.mamba_num_heads * self.mamba_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.mamba_inner + 2 * self.n_groups * self.ssm_state_size
+
+    @property
+    def expert_width(self) -> int:
+        """Input/output width of a routed expert: the latent size if set, else hidden."""
+        return self.moe_latent_size if self.moe_latent_size is not None else self.hidden_size
+
+    def count(self, letter: str) -> int:
+        return self.pattern.count(letter)
+
+    @property
+    def blocks(self) -> tuple[tuple[str, int], ...]:
+        return layer_blocks(self.pattern) if self.scan_layers else tuple((c, 1) for c in self.pattern)
+
+    @property
+    def jnp_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @property
+    def jnp_param_dtype(self):
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **kw) -> ModelConfig:
+        return dataclasses.replace(self, **kw)
+
+
+def _fail(field: str, value, why: str):
+    raise ValueError(f"ModelConfig.{field}={value!r}: {why}")
+
+
+def _validate(c: ModelConfig):
+    if not c.pattern:
+        _fail("pattern", c.pattern, "needs at least one layer letter (M, E, *, -)")
+    for i, ch in enumerate(c.pattern):
+        if ch not in LETTERS:
+            _fail("pattern", c.pattern, f"unknown layer letter {ch!r} at index {i}; use M E * -")
+    for i, ch in enumerate(c.mtp_pattern):
+        if ch not in LETTERS:
+            _fail("mtp_pattern", c.mtp_pattern, f"unknown layer letter {ch!r} at index {i}")
+    positive = ["vocab_size", "hidden_size", "max_context", "chunk_size"]
+    if "*" in c.pattern + c.mtp_pattern:
+        positive += ["num_attention_heads", "num_key_value_heads", "head_dim"]
+    if "M" in c.pattern + c.mtp_pattern:
+        positive += ["mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups",
+                     "conv_kernel"]
+    if "E" in c.pattern + c.mtp_pattern:
+        positive += ["n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+                     "moe_shared_expert_intermediate_size", "n_group", "topk_group"]
+    if "-" in c.pattern + c.mtp_pattern:
+        positive += ["intermediate_size"]
+    for f in positive:
+        v = getattr(c, f)
+        if not isinstance(v, int) or v <= 0:
+            _fail(f, v, "must be a positive integer")
+    if "*" in c.pattern + c.mtp_pattern and c.num_attention_heads % c.num_key_value_heads:
+        _fail("num_key_value_heads", c.num_key_value_heads,
+              f"must divide num_attention_heads={c.num_attention_heads}")
+    if "M" in c.pattern + c.mtp_pattern:
+        if c.mamba_num_heads % c.n_groups:
+            _fail("n_groups", c.n_groups, f"must divide mamba_num_heads={c.mamba_num_heads}")
+        if c.conv_kernel < 2:
+            _fail("conv_kernel", c.conv_kernel, "must be at least 2")
+    if "E" in c.pattern + c.mtp_pattern:
+        e = c.n_routed_experts
+        if e % c.n_group:
+            _fail("n_group", c.n_group, f"must divide n_routed_experts={e}")
+        if c.n_group > 1 and e // c.n_group < 2:
+            _fail("n_group", c.n_group, "each expert group needs >= 2 experts (top-2 group score)")
+        if c.topk_group > c.n_group:
+            _fail("topk_group", c.topk_group, f"must be <= n_group={c.n_group}")
+        if c.num_experts_per_tok > (e // c.n_group) * c.topk_group:
+            _fail("num_experts_per_tok", c.num_experts_per_tok,
+                  "exceeds the experts left in the kept groups")
+        if c.moe_latent_size is not None and c.moe_latent_size <= 0:
+            _fail("moe_latent_size", c.moe_latent_size, "must be positive or None")
+    for f in ("param_dtype", "dtype", "ssm_state_dtype"):
+        v = getattr(c, f)
+        if v not in ("float32", "bfloat16", "float16", "float64"):
+            _fail(f, v, "must be one of float32, bfloat16, float16, float64")
+    for f, enum_type in (("moe_backend", MoeBackend), ("remat", Remat),
+                         ("attention_impl", AttentionImpl)):
+        if not isinstance(getattr(c, f), enum_type):
+            _fail(f, getattr(c, f), f"must be a {enum_type.__name__}")
+    if c.time_step_min < 0 or not math.isfinite(c.time_step_min):
+        _fail("time_step_min", c.time_step_min, "must be a finite value >= 0")
+
+
+@functools.lru_cache(maxsize=None)
+def layer_blocks(pattern: str, max_unit: int = 4) -> tuple[tuple[str, int], ...]:
+    """Split a pattern into (unit, repeats) runs, greedily covering the most layers per run.
+
+    "MEMEMEM*EME" -> (("ME", 3), ("M*E", 1), ("ME", 1)). Every run's layers are stacked and
+    scanned; a unit never repeats across the boundary of its run, so concatenating
+    `unit * repeats` over the runs gives the pattern back.
+    """
+    out: list[tuple[str, int]] = []
+    i = 0
+    while i < len(pattern):
+        best = (pattern[i], 1)
+        for size in range(1, max_unit + 1):
+            unit = pattern[i:i + size]
+            if len(unit) < size:
+                break
+            reps = 1
+            while pattern[i + reps * size:i + (reps + 1) * size] == unit:
+                reps += 1
+            # Prefer more layers covered, then a repeating run, then the shorter unit.
+            if reps * size > best[1] * len(best[0]) and (reps > 1 or best[1] == 1):
+                best = (unit, reps)
+        if best[1] == 1:
+            # No repeat here: take one layer and let the next position start a run.
+            best = (pattern[i], 1)
+        out.append(best)
+        i += len(best[0]) * best[1]
+    return tuple(out)

@@ -1,0 +1,149 @@
+"""The Mamba-2 mixer (`M` layers), exactly as transformers 5.24 `NemotronHMamba2Mixer` computes it.
+
+    z, xBC, dt = in_proj(x)                 (split z / x,B,C / dt; stored as separate weights)
+    xBC = silu(causal_depthwise_conv(xBC))  (window K, with a conv state of the last K-1 inputs)
+    A = -exp(A_log); dt = softplus(dt + dt_bias), clamped below at time_step_min on the chunked
+        path only (HF 5.24 clamps in its chunk scan but not in its one-token decode step)
+    y = SSD(x, dt, A, B, C) + D x           (fp32; chunked for t > 1, recurrent for t == 1)
+    y = gated_group_rmsnorm(y * silu(z))    (fp32, G groups of I/G channels)
+    out = out_proj(y)
+
+Contract shared by the sequence mixers: `mamba_mixer(p, x, cfg, segment_ids=, cache=, num_new=)`
+-> (y, new_cache). `x` [b, t, D] is the layer's normed input. Without a cache it is a full
+(training / packed) forward and returns no cache. With a cache (`MambaCache`) it continues from
+it; `num_new` [b] says how many of the t positions of each row are real (the rest is right
+padding that leaves the state untouched), which is how the engine extends many slots at once.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from avalon.model.config import ModelConfig
+from avalon.model.norms import gated_group_rms_norm
+from avalon.model.ssd import ssd_chunked, ssd_step
+from avalon.sharding import constrain
+
+
+@struct.dataclass
+class MambaCache:
+    """Per-slot Mamba state: the last K-1 pre-conv inputs and the SSM state (fp32)."""
+
+    conv_x: jax.Array  # [b, K-1, H, P]
+    conv_B: jax.Array  # [b, K-1, G, N]
+    conv_C: jax.Array  # [b, K-1, G, N]
+    ssm: jax.Array  # [b, H, P, N], cfg.ssm_state_dtype
+
+
+def init_mamba_cache(cfg: ModelConfig, batch: int) -> MambaCache:
+    k1, h, p, g, n = (cfg.conv_kernel - 1, cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.n_groups,
+                      cfg.ssm_state_size)
+    dt = cfg.jnp_dtype
+    return MambaCache(
+        conv_x=jnp.zeros((batch, k1, h, p), dt), conv_B=jnp.zeros((batch, k1, g, n), dt),
+        conv_C=jnp.zeros((batch, k1, g, n), dt),
+        ssm=jnp.zeros((batch, h, p, n), jnp.dtype(cfg.ssm_state_dtype)))
+
+
+MAMBA_CACHE_AXES = MambaCache(
+    conv_x=("batch", None, "act_mamba_heads", None), conv_B=("batch", None, None, None),
+    conv_C=("batch", None, None, None), ssm=("batch", "act_mamba_heads", None, None))
+
+
+def _proj(x, w, bias=None):
+    """x [b, t, D] @ w [D, ...] -> [b, t, ...]."""
+    y = jnp.einsum("btd,d...->bt...", x, w.astype(x.dtype))
+    return y if bias is None else y + bias.astype(y.dtype)
+
+
+def causal_conv(u, state, w, bias, segment_ids=None):
+    """Depthwise causal conv along time. u [b, t, *c]; state [b, K-1, *c] (the inputs before u);
+    w [K, *c] with w[K-1] on the current token. Positions of another segment contribute zero."""
+    k = w.shape[0]
+    t = u.shape[1]
+    padded = jnp.concatenate([state.astype(u.dtype), u], axis=1)  # [b, K-1+t, *c]
+    out = jnp.zeros(u.shape, jnp.float32)
+    for i in range(k):
+        # Token at time s reads input s - (K-1-i), which sits at padded index s + i.
+        tap = padded[:, i:i + t].astype(jnp.float32)
+        if segment_ids is not None:
+            lag = k - 1 - i
+            src = jnp.pad(segment_ids, [(0, 0), (lag, 0)], constant_values=-1)[:, :t]
+            tap = tap * (src == segment_ids).reshape(*src.shape, *([1] * (u.ndim - 2)))
+        out = out + tap * w[i].astype(jnp.float32)
+    if bias is not None:
+        out = out + bias.astype(jnp.float32)
+    return out.astype(u.dtype), padded
+
+
+def _next_conv_state(padded, k1: int, num_new):
+    """The last K-1 real inputs of [state, new]: rows advance by their own num_new."""
+    if num_new is None:
+        return padded[:, padded.shape[1] - k1:]
+    idx = num_new[:, None] + jnp.arange(k1)[None, :]  # [b, K-1] into padded
+    idx = idx.reshape(*idx.shape, *([1] * (padded.ndim - 2)))
+    return jnp.take_along_axis(padded, idx, axis=1)
+
+
+def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
+                cache: MambaCache | None = None, num_new=None):
+    b, t, _ = x.shape
+    dtype = x.dtype
+    z = _proj(x, p["in_z"], p.get("in_bias_z"))  # [b, t, H, P]
+    xs = _proj(x, p["in_x"], p.get("in_bias_x"))  # [b, t, H, P]
+    Bs = _proj(x, p["in_B"], p.get("in_bias_B"))  # [b, t, G, N]
+    Cs = _proj(x, p["in_C"], p.get("in_bias_C"))  # [b, t, G, N]
+    dt = _proj(x, p["in_dt"], p.get("in_bias_dt"))  # [b, t, H]
+    xs = constrain(xs, ("batch", "act_seq", "act_mamba_heads", None))
+    z = constrain(z, ("batch", "act_seq", "act_mamba_heads", None))
+
+    k1 = cfg.conv_kernel - 1
+    if cache is None:
+        zeros = lambda a: jnp.zeros((b, k1, *a.shape[2:]), a.dtype)
+        states = (zeros(xs), zeros(Bs), zeros(Cs))
+    else:
+        states = (cache.conv_x, cache.conv_B, cache.conv_C)
+    conv_out, padded = [], []
+    for u, st, name in ((xs, states[0], "x"), (Bs, states[1], "B"), (Cs, states[2], "C")):
+        o, pad = causal_conv(u, st, p[f"conv_{name}"], p.get(f"conv_bias_{name}"), segment_ids)
+        conv_out.append(jax.nn.silu(o.astype(jnp.float32)).astype(dtype))
+        padded.append(pad)
+    xc, Bc, Cc = conv_out
+
+    A = -jnp.exp(p["A_log"].astype(jnp.float32))
+    dt = jax.nn.softplus(dt.astype(jnp.float32) + p["dt_bias"].astype(jnp.float32))
+    D = p["D"].astype(jnp.float32)
+    f32 = lambda a: a.astype(jnp.float32)
+    state_dtype = jnp.dtype(cfg.ssm_state_dtype)
+
+    if cache is not None and t == 1:
+        # One-token decode: the recurrent step, no dt clamp (HF 5.24's decode path).
+        if num_new is not None:
+            dt = dt * (num_new > 0)[:, None, None]
+        y, ssm = ssd_step(f32(cache.ssm), f32(xc[:, 0]), dt[:, 0], A, f32(Bc[:, 0]),
+                          f32(Cc[:, 0]), D)
+        y = y[:, None]
+    else:
+        dt = jnp.maximum(dt, cfg.time_step_min)
+        if num_new is not None:
+            dt = dt * (jnp.arange(t)[None, :] < num_new[:, None])[..., None]
+        h0 = None if cache is None else f32(cache.ssm)
+        y, ssm = ssd_chunked(f32(xc), dt, A, f32(Bc), f32(Cc), D, cfg.chunk_size, h0=h0,
+                             segment_ids=segment_ids)
+
+    y = gated_group_rms_norm(y, z, p["gate_norm"], cfg.n_groups, cfg.layer_norm_epsilon)
+    y = y.astype(dtype)
+    out = jnp.einsum("bthp,hpd->btd", y, p["out"].astype(dtype))
+    if "out_bias" in p:
+        out = out + p["out_bias"].astype(dtype)
+
+    if cache is None:
+        return out, None
+    new_cache = MambaCache(
+        conv_x=_next_conv_state(padded[0], k1, num_new).astype(cache.conv_x.dtype),
+        conv_B=_next_conv_state(padded[1], k1, num_new).astype(cache.conv_B.dtype),
+        conv_C=_next_conv_state(padded[2], k1, num_new).astype(cache.conv_C.dtype),
+        ssm=ssm.astype(state_dtype))
+    return out, new_cache

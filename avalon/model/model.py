@@ -1,0 +1,164 @@
+"""The hybrid forward pass: embeddings, the layer stack as scanned runs, final norm, LM head.
+
+    h = E[tokens]
+    for layer i: h = h + mixer_i(RMSNorm_i(h))      (M Mamba-2, E MoE, * attention, - MLP)
+    logits = lm_head(RMSNorm_f(h))                  (fp32)
+
+`forward(params, tokens, cfg, segment_ids=, cache=, routing=, num_new=)`:
+  tokens       [b, t] int
+  segment_ids  [b, t] int, packed training rows (no cache): attention and Mamba state never
+               cross a change of id
+  cache        `Cache`: continue from it (prefill, chunked prefill, decode); returns the new one
+  num_new      [b] int with a cache: the real tokens of each row (rest is right padding)
+  routing      [n_moe_layers, b, t, k] int: replay these expert choices (RL routing replay)
+Returns `ForwardResult(logits [b, t, V] fp32, hidden [b, t, D] (pre-final-norm), cache,
+routing [n_moe_layers, b, t, k] int32)`.
+
+Each run (unit, repeats) of `cfg.blocks` is one `lax.scan` over its stacked params (and stacked
+cache), so a deeper model of the same unit compiles in nearly the same time.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from avalon.model.attention import attention
+from avalon.model.cache import Cache
+from avalon.model.config import LETTERS, ModelConfig, Remat
+from avalon.model.mamba2 import mamba_mixer
+from avalon.model.mlp import mlp
+from avalon.model.moe import moe_layer
+from avalon.model.norms import rms_norm
+from avalon.model.params import layer_key
+from avalon.sharding import constrain
+
+
+@struct.dataclass
+class ForwardResult:
+    logits: jax.Array | None  # [b, t, V] fp32 (None when not requested)
+    hidden: jax.Array  # [b, t, D], the residual stream before the final norm
+    cache: Cache | None
+    routing: jax.Array | None  # [n_moe_layers, b, t, k] int32 (None without MoE layers)
+
+
+def apply_layer(letter: str, lp: dict, h: jax.Array, cfg: ModelConfig, *, segment_ids=None,
+                cache_entry=None, lengths=None, num_new=None, routing=None):
+    """One pre-norm residual layer. Returns (h, new cache entry or None, experts or None)."""
+    x = rms_norm(h, lp["norm"], cfg.layer_norm_epsilon)
+    kind = LETTERS[letter]
+    new_entry, experts = None, None
+    if kind == "mamba":
+        y, new_entry = mamba_mixer(lp, x, cfg, segment_ids=segment_ids, cache=cache_entry,
+                                   num_new=num_new)
+    elif kind == "attention":
+        y, new_entry = attention(lp, x, cfg, segment_ids=segment_ids, cache=cache_entry,
+                                 lengths=lengths, num_new=num_new)
+    elif kind == "moe":
+        y, experts = moe_layer(lp, x, cfg, routing=routing)
+    else:
+        y = mlp(lp, x, cfg)
+    h = constrain(h + y.astype(h.dtype), ("batch", "act_seq", "act_embed"))
+    return h, new_entry, experts
+
+
+def _remat(fn, cfg: ModelConfig, training: bool):
+    if not training or cfg.remat == Remat.NONE:
+        return fn
+    if cfg.remat == Remat.FULL:
+        return jax.checkpoint(fn)
+    return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+
+
+def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: ModelConfig,
+               segment_ids, lengths, num_new):
+    """Scan `reps` repeats of `unit`. br: [reps, m, b, t, k] routing to replay, or None."""
+    moe_positions = [j for j, ch in enumerate(unit) if ch == "E"]
+
+    def body(h, xs):
+        lps, entries, routes = xs
+        new_entries, experts = {}, []
+        for j, ch in enumerate(unit):
+            key = layer_key(j, ch)
+            r = None if routes is None else routes[moe_positions.index(j)] if ch == "E" else None
+            h, entry, idx = apply_layer(
+                ch, lps[key], h, cfg, segment_ids=segment_ids,
+                cache_entry=None if entries is None else entries.get(key), lengths=lengths,
+                num_new=num_new, routing=r)
+            if entry is not None:
+                new_entries[key] = entry
+            if idx is not None:
+                experts.append(idx)
+        return h, (new_entries, jnp.stack(experts) if experts else None)
+
+    body = _remat(body, cfg, training=bc is None)
+    if reps == 1:
+        take0 = lambda t: None if t is None else jax.tree.map(lambda a: a[0], t)
+        h, ys = body(h, (take0(bp), take0(bc), take0(br)))
+        return h, jax.tree.map(lambda a: a[None], ys)
+    return jax.lax.scan(body, h, (bp, bc, br))
+
+
+def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=None,
+            cache: Cache | None = None, routing=None, num_new=None,
+            return_logits: bool = True) -> ForwardResult:
+    if cache is not None and segment_ids is not None:
+        raise ValueError("forward: segment_ids (packed training rows) cannot be combined with a "
+                         "cache; decode one sequence per slot instead")
+    if cache is None and num_new is not None:
+        raise ValueError("forward: num_new only applies when continuing from a cache")
+    b, t = tokens.shape
+    h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.jnp_dtype)
+    h = constrain(h, ("batch", "act_seq", "act_embed"))
+    lengths = None if cache is None else cache.lengths
+
+    new_blocks, routed, offset = [], [], 0
+    for bi, (unit, reps) in enumerate(cfg.blocks):
+        m = unit.count("E")
+        br = None
+        if routing is not None and m:
+            br = routing[offset:offset + reps * m].reshape(reps, m, *routing.shape[1:])
+        offset += reps * m
+        h, (entries, experts) = _run_block(
+            unit, reps, params["blocks"][bi], None if cache is None else cache.blocks[bi], br, h,
+            cfg, segment_ids, lengths, num_new)
+        new_blocks.append(entries)
+        if experts is not None:
+            routed.append(experts.reshape(reps * m, *experts.shape[2:]))
+
+    new_cache = None
+    if cache is not None:
+        step = jnp.full((b,), t, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
+        new_cache = Cache(blocks=new_blocks, lengths=cache.lengths + step)
+    logits = lm_logits(params, h, cfg) if return_logits else None
+    return ForwardResult(logits=logits, hidden=h, cache=new_cache,
+                         routing=jnp.concatenate(routed) if routed else None)
+
+
+def lm_logits(params: dict, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
+    """Final norm + LM head on the pre-norm hidden [..., D] -> fp32 logits [..., V]."""
+    h = rms_norm(hidden, params["final_norm"], cfg.layer_norm_epsilon)
+    w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+    logits = jnp.einsum("...d,dv->...v", h, w.astype(h.dtype)).astype(jnp.float32)
+    return constrain(logits, ("batch", "act_seq", "act_vocab")) if logits.ndim == 3 else logits
+
+
+def mtp_logits(params: dict, hidden: jax.Array, next_tokens: jax.Array, cfg: ModelConfig):
+    """One multi-token-prediction step (Super's `*E` head): predicts token t+2 from the main
+    model's hidden at t and the token at t+1.
+
+    h = eh_proj([enorm(E[next]), hnorm(hidden)]), then the MTP layers (pre-norm residual), then
+    the MTP final norm and the shared LM head. hidden [b, t, D]; next_tokens [b, t]."""
+    if not cfg.mtp_pattern:
+        raise ValueError("mtp_logits: this config has no MTP block (mtp_pattern is empty)")
+    mp = params["mtp"]
+    eps = cfg.layer_norm_epsilon
+    e = jnp.take(params["embed"], next_tokens, axis=0).astype(cfg.jnp_dtype)
+    x = jnp.concatenate([rms_norm(e, mp["enorm"], eps), rms_norm(hidden, mp["hnorm"], eps)], -1)
+    h = x @ mp["eh_proj"].astype(x.dtype)
+    for ch, lp in zip(cfg.mtp_pattern, mp["layers"]):
+        h, _, _ = apply_layer(ch, lp, h, cfg)
+    h = rms_norm(h, mp["final_norm"], eps)
+    w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+    return jnp.einsum("...d,dv->...v", h, w.astype(h.dtype)).astype(jnp.float32)

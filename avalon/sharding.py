@@ -1,0 +1,169 @@
+"""Meshes and the logical-axis rules table.
+
+Model code names *logical* axes only (`"embed"`, `"q_heads"`, `"batch"`, ...; the legend is in
+`avalon/model/params.py`). One rules table maps them to the four mesh axes:
+
+  data    pure data parallelism (replicated weights)
+  fsdp    data parallelism with weights sharded along their `embed` dimension (ZeRO-3)
+  expert  routed experts split across devices
+  tensor  heads, MLP width and vocabulary split across devices
+
+There are two tables: `TRAIN_RULES` (FSDP-sharded weights) and `DECODE_RULES` (weights
+replicated over data/fsdp so each decode step reads only local weights; slots over data/fsdp).
+Switching the one copy of the weights between them is a re-layout, measured by the driver.
+
+A mesh axis that does not divide an array dimension is dropped for that array (e.g. 2 KV heads
+on a tensor axis of 4 stay replicated) rather than failing; `check_rules` rejects a table that
+maps two logical axes of one array onto the same mesh axis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+
+Rules = Mapping[str, str | tuple[str, ...] | None]
+
+_WEIGHT_RULES = {
+    "layers": None,
+    "vocab": "tensor",
+    "q_heads": "tensor",
+    "kv_heads": "tensor",
+    "head_dim": None,
+    "mamba_heads": "tensor",
+    "mamba_head_dim": None,
+    "groups": None,
+    "state": None,
+    "conv": None,
+    "experts": "expert",
+    "expert_mlp": "tensor",
+    "mlp": "tensor",
+    "latent": None,
+    "router_experts": None,
+}
+
+_ACTIVATION_RULES = {
+    "batch": ("data", "fsdp"),
+    "act_seq": None,
+    "act_embed": None,
+    "act_heads": "tensor",
+    "act_kv_heads": "tensor",
+    "act_mamba_heads": "tensor",
+    "act_mlp": "tensor",
+    "act_vocab": "tensor",
+    "act_experts": "expert",
+    "cache_seq": None,
+}
+
+TRAIN_RULES: Rules = {
+    **_WEIGHT_RULES, **_ACTIVATION_RULES,
+    "embed": "fsdp", "expert_in": "fsdp", "mtp_in": "fsdp",
+}
+
+DECODE_RULES: Rules = {
+    **_WEIGHT_RULES, **_ACTIVATION_RULES,
+    "embed": None, "expert_in": None, "mtp_in": None,
+}
+
+
+def make_mesh(shape: Mapping[str, int] | None = None, devices: Sequence | None = None) -> Mesh:
+    """A mesh over all four axes; unnamed axes get size 1. `shape` example: {"data": 2,
+    "tensor": 4}. The product must equal the number of devices used."""
+    shape = dict(shape or {})
+    for name in shape:
+        if name not in MESH_AXES:
+            raise ValueError(f"mesh axis {name!r} is unknown; the axes are {MESH_AXES}")
+    devices = list(devices if devices is not None else jax.devices())
+    sizes = tuple(int(shape.get(a, 1)) for a in MESH_AXES)
+    if any(s < 1 for s in sizes):
+        raise ValueError(f"mesh shape {shape} has a size below 1")
+    if int(np.prod(sizes)) != len(devices):
+        raise ValueError(f"mesh shape {shape} needs {int(np.prod(sizes))} devices, "
+                         f"{len(devices)} are available")
+    axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
+    return jax.make_mesh(sizes, MESH_AXES, axis_types=axis_types, devices=devices)
+
+
+def _mesh_axes_of(rule) -> tuple[str, ...]:
+    if rule is None:
+        return ()
+    return (rule,) if isinstance(rule, str) else tuple(rule)
+
+
+def logical_to_spec(axes: Sequence[str | None], rules: Rules, mesh: Mesh | None = None,
+                    shape: Sequence[int] | None = None) -> PartitionSpec:
+    """PartitionSpec for logical `axes`. With `mesh` and `shape`, mesh axes that would not divide
+    the dimension (or have size 1) are dropped."""
+    used: set[str] = set()
+    out = []
+    for i, ax in enumerate(axes):
+        if ax is not None and ax not in rules:
+            raise KeyError(f"logical axis {ax!r} has no rule in the sharding table")
+        mesh_axes = _mesh_axes_of(rules[ax]) if ax is not None else ()
+        if mesh is not None:
+            mesh_axes = tuple(m for m in mesh_axes if mesh.shape[m] > 1)
+            if shape is not None:
+                kept, size = [], 1
+                for m in mesh_axes:
+                    if shape[i] % (size * mesh.shape[m]) == 0:
+                        kept.append(m)
+                        size *= mesh.shape[m]
+                mesh_axes = tuple(kept)
+        clash = used.intersection(mesh_axes)
+        if clash:
+            raise ValueError(f"logical axes {tuple(axes)} map mesh axis {sorted(clash)} twice")
+        used.update(mesh_axes)
+        out.append(None if not mesh_axes else mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
+    while out and out[-1] is None:
+        out.pop()
+    return PartitionSpec(*out)
+
+
+def check_rules(axes_tree, rules: Rules) -> None:
+    """Raise if any array's logical axes map two dims onto one mesh axis (shape-independent)."""
+    for axes in jax.tree.leaves(axes_tree, is_leaf=lambda x: isinstance(x, tuple)):
+        logical_to_spec(axes, rules)
+
+
+def tree_shardings(axes_tree, shapes_tree, mesh: Mesh, rules: Rules):
+    """NamedSharding per leaf from a tree of logical-axes tuples and a matching tree of shapes."""
+    def one(axes, shaped):
+        return NamedSharding(mesh, logical_to_spec(axes, rules, mesh, shaped.shape))
+    return jax.tree.map(one, axes_tree, shapes_tree, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def param_shardings(cfg, mesh: Mesh, rules: Rules = TRAIN_RULES):
+    from avalon.model.params import abstract_params, param_axes
+    return tree_shardings(param_axes(cfg), abstract_params(cfg), mesh, rules)
+
+
+# ---- activation constraints inside the model -------------------------------------------------
+_ACTIVE: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar(
+    "avalon_sharding_rules", default=None)
+
+
+@contextlib.contextmanager
+def use_rules(mesh: Mesh, rules: Rules):
+    """While active (at trace time), `constrain` pins activations to the mesh per `rules`."""
+    token = _ACTIVE.set((mesh, rules))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+    """`with_sharding_constraint` by logical axes; a no-op outside `use_rules`."""
+    active = _ACTIVE.get()
+    if active is None:
+        return x
+    mesh, rules = active
+    spec = logical_to_spec(axes, rules, mesh, x.shape)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))

@@ -1,0 +1,1 @@
+"""Small command-line tools over the packages (`python -m avalon.tools.<name>`)."""

@@ -1,0 +1,31 @@
+"""Avalon: reinforcement learning from collective rewards (RLCR), JAX-first."""
+
+import setuptools
+
+RUNTIME = [
+    "jax>=0.10,<0.13",
+    "flax",
+    "optax",
+    "orbax-checkpoint",
+    "chex",
+    "tensorstore",
+    "numpy",
+    "ml-collections",
+    "absl-py",
+]
+
+EXTRAS = {
+    "test": ["pytest", "ruff"],
+    # The Hugging Face oracle and checkpoint formats (parity tests, import/export).
+    "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors", "tokenizers"],
+}
+
+setuptools.setup(
+    name="avalon",
+    version="0.1.0",
+    description="RLCR: training one model to work as an organisation of copies of itself",
+    packages=setuptools.find_packages(include=["avalon", "avalon.*"]),
+    python_requires=">=3.10",
+    install_requires=RUNTIME,
+    extras_require=EXTRAS,
+)
