@@ -17,7 +17,7 @@ from flax import struct
 
 from avalon.model.attention import KV_CACHE_AXES, KVCache, init_kv_cache
 from avalon.model.config import LETTERS, ModelConfig
-from avalon.model.mamba2 import MAMBA_CACHE_AXES, MambaCache, init_mamba_cache
+from avalon.model.mamba2 import MAMBA_CACHE_AXES, init_mamba_cache
 from avalon.model.params import layer_key
 
 

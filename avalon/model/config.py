@@ -87,7 +87,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     # Multi-token prediction head (Super: "*E"); "" means none. Not used by the main forward.
     mtp_pattern: str = ""
-    # Numerics: params in `param_dtype`, activations in `dtype`; norms, router, SSM and softmax fp32.
+    # Numerics: params in `param_dtype`, activations in `dtype`; norms, router, SSM and
+    # softmax in fp32 (as HF).
     param_dtype: str = "float32"
     dtype: str = "float32"
     ssm_state_dtype: str = "float32"
@@ -128,7 +129,9 @@ class ModelConfig:
 
     @property
     def blocks(self) -> tuple[tuple[str, int], ...]:
-        return layer_blocks(self.pattern) if self.scan_layers else tuple((c, 1) for c in self.pattern)
+        if not self.scan_layers:
+            return tuple((c, 1) for c in self.pattern)
+        return layer_blocks(self.pattern)
 
     @property
     def jnp_dtype(self):
@@ -203,7 +206,7 @@ def _validate(c: ModelConfig):
         _fail("time_step_min", c.time_step_min, "must be a finite value >= 0")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def layer_blocks(pattern: str, max_unit: int = 4) -> tuple[tuple[str, int], ...]:
     """Split a pattern into (unit, repeats) runs, greedily covering the most layers per run.
 

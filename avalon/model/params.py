@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -121,6 +122,7 @@ def mamba_specs(cfg: ModelConfig) -> dict:
     out_std = cfg.initializer_range / math.sqrt(cfg.num_layers) \
         if cfg.rescale_prenorm_residual else cfg.initializer_range
     conv_std = 1.0 / math.sqrt(k)
+    dt_init = dt_bias_init(cfg.time_step_min, cfg.time_step_max, cfg.time_step_floor)
     s = {
         "norm": _vec([d], ["embed"], ones, pd),
         "in_z": _w(cfg, [d, h, p], ["embed", "mamba_heads", "mamba_head_dim"]),
@@ -131,8 +133,7 @@ def mamba_specs(cfg: ModelConfig) -> dict:
         "conv_x": _w(cfg, [k, h, p], ["conv", "mamba_heads", "mamba_head_dim"], conv_std),
         "conv_B": _w(cfg, [k, g, n], ["conv", "groups", "state"], conv_std),
         "conv_C": _w(cfg, [k, g, n], ["conv", "groups", "state"], conv_std),
-        "dt_bias": _vec([h], ["mamba_heads"],
-                        dt_bias_init(cfg.time_step_min, cfg.time_step_max, cfg.time_step_floor), pd),
+        "dt_bias": _vec([h], ["mamba_heads"], dt_init, pd),
         "A_log": _vec([h], ["mamba_heads"], a_log_init, pd),
         "D": _vec([h], ["mamba_heads"], ones, pd),
         "gate_norm": _vec([h, p], ["mamba_heads", "mamba_head_dim"], ones, pd),

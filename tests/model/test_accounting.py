@@ -1,0 +1,51 @@
+"""Parameter and FLOP accounting against the published figures (no weights allocated)."""
+
+import json
+
+from avalon.model import accounting, presets
+from avalon.tools.model_info import model_info
+
+
+def test_super_parameter_counts():
+    counts = accounting.param_counts(presets.get("nemotron3_super_120b_a12b"))
+    assert counts["total"] == 120_668_707_840
+    # The report read 123,611,012,096 from the safetensors metadata (MTP included).
+    assert abs(counts["total_with_mtp"] - 123_611_012_096) / 123_611_012_096 < 1e-5
+
+
+def test_nano_counts_and_training_flops():
+    cfg = presets.get("nemotron3_nano_30b_a3b")
+    counts = accounting.param_counts(cfg)
+    assert round(counts["total"] / 1e9, 1) == 31.6
+    assert round(counts["active"] / 1e9, 1) == 3.2  # NVIDIA's figure (3.6B with embeddings)
+    flops = accounting.train_flops_per_token(cfg, 4096)
+    assert abs(flops - 20.2e9) / 20.2e9 < 0.05
+
+
+def test_benchmark_configs_match_performance_notes():
+    dense = presets.get("dense_1b")
+    assert round(accounting.param_counts(dense)["total"] / 1e9, 2) == 1.29
+    assert abs(accounting.train_flops_per_token(dense, 4096) - 6.95e9) / 6.95e9 < 0.01
+    hybrid = presets.get("hybrid_2b_a06b")
+    counts = accounting.param_counts(hybrid)
+    assert round(counts["total"] / 1e9, 2) == 2.16
+    assert round(counts["active"] / 1e9, 2) == 0.59
+    # performance.md: decode roofline at 256 slots, 8K context is about 5.0 ms per step.
+    assert 4.5e-3 < accounting.decode_roofline_s(hybrid, 256, 8192) < 5.5e-3
+
+
+def test_active_counts_only_chosen_experts():
+    cfg = presets.get("tiny")
+    full = accounting.param_counts(cfg)
+    dense_equiv = accounting.param_counts(cfg.replace(num_experts_per_tok=cfg.n_routed_experts,
+                                                      n_group=1, topk_group=1))
+    assert dense_equiv["active"] - full["active"] == cfg.count("E") * (
+        cfg.n_routed_experts - cfg.num_experts_per_tok) * 2 * cfg.expert_width \
+        * cfg.moe_intermediate_size
+
+
+def test_model_info_is_json():
+    info = model_info("nemotron3_super_120b_a12b", batch=4, context=1024)
+    json.dumps(info)
+    assert info["layers"] == {"mamba": 40, "moe": 40, "attention": 8, "mlp": 0}
+    assert info["decode"]["step_bytes"]["total"] > info["decode"]["step_bytes"]["weights"]
