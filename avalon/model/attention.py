@@ -20,6 +20,9 @@ from avalon.model.config import AttentionImpl, ModelConfig
 from avalon.sharding import constrain
 
 
+_MASKED = -1e30
+
+
 @struct.dataclass
 class KVCache:
     k: jax.Array  # [b, kv_heads, capacity, head_dim]
@@ -38,10 +41,10 @@ def init_kv_cache(cfg: ModelConfig, batch: int, capacity: int) -> KVCache:
 def _scores_to_out(q, k, v, mask, scale):
     """q [b, Q, h, g, d]; k, v [b, h, K, d]; mask broadcastable to [b, h, g, Q, K]."""
     s = jnp.einsum("bqhgd,bhkd->bhgqk", q, k) * jnp.asarray(scale, q.dtype)
-    s = jnp.where(mask, s.astype(jnp.float32), -jnp.inf)
-    probs = jax.nn.softmax(s, axis=-1)
-    # A fully masked row (padding queries) would be NaN; it is never read, keep it finite.
-    probs = jnp.where(jnp.isnan(probs), 0.0, probs).astype(q.dtype)
+    # A large finite fill, not -inf: a fully masked row (a padding query) then stays finite in
+    # both passes; with -inf its NaNs would leak into dK/dV through the softmax VJP.
+    s = jnp.where(mask, s.astype(jnp.float32), _MASKED)
+    probs = jax.nn.softmax(s, axis=-1).astype(q.dtype)
     return jnp.einsum("bhgqk,bhkd->bqhgd", probs, v)
 
 

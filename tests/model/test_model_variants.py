@@ -1,0 +1,92 @@
+"""Implementation switches compute the same function: remat, query-chunked attention, bf16.
+
+Each test uses the smallest pattern that exercises its switch: gradient programs of the whole
+tiny stack take tens of seconds to compile on CPU."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from avalon.model import AttentionImpl, Remat, forward, init_params, mtp_logits, presets
+
+CFG = presets.get("tiny")
+SCANNED = CFG.replace(pattern="MEME")  # one scanned run of ("ME", 2)
+ATTN = CFG.replace(pattern="*-")
+
+
+@pytest.fixture(scope="module")
+def params():
+    return init_params(jax.random.key(0), CFG)
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return jax.random.randint(jax.random.key(1), (2, 21), 0, CFG.vocab_size)
+
+
+def _loss_and_grad(cfg, params, tokens, segment_ids=None):
+    def loss(p):
+        logits = forward(p, tokens, cfg, segment_ids=segment_ids).logits
+        return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+@pytest.mark.parametrize("remat", [Remat.FULL, Remat.DOTS])
+def test_remat_gives_the_same_gradients(tokens, remat):
+    params = init_params(jax.random.key(5), SCANNED)
+    base_loss, base_grad = _loss_and_grad(SCANNED, params, tokens)
+    loss, grad = _loss_and_grad(SCANNED.replace(remat=remat), params, tokens)
+    np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(base_grad)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_query_chunked_attention_equals_naive(tokens):
+    params = init_params(jax.random.key(6), ATTN)
+    seg = jnp.concatenate([jnp.ones((2, 12), jnp.int32), jnp.full((2, 9), 2)], axis=1)
+    chunked = ATTN.replace(attention_impl=AttentionImpl.QUERY_CHUNKED, attention_query_chunk=8)
+    base_loss, base_grad = _loss_and_grad(ATTN, params, tokens, seg)
+    loss, grad = _loss_and_grad(chunked, params, tokens, seg)
+    np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(base_grad)):
+        assert bool(jnp.all(jnp.isfinite(a)))
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_bfloat16_tracks_float32(params, tokens):
+    """bf16 weights and activations (fp32 norms, router, SSM, softmax) stay close to fp32."""
+    bf_cfg = CFG.replace(param_dtype="bfloat16", dtype="bfloat16")
+    bf_params = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if a.dtype == jnp.float32 else a,
+                             params)
+    # The router and its bias stay fp32, as HF keeps them.
+    for blk in params["blocks"]:
+        for key, lp in blk.items():
+            if key.endswith("moe"):
+                assert lp["router"].dtype == jnp.float32
+    ref = jax.jit(lambda p, t: forward(p, t, CFG).logits)(params, tokens)
+    out = jax.jit(lambda p, t: forward(p, t, bf_cfg).logits)(bf_params, tokens)
+    assert out.dtype == jnp.float32
+    rel = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
+    assert rel < 0.05, rel
+
+
+def test_mtp_head_predicts_from_hidden_and_next_token():
+    cfg = CFG.replace(pattern="M", mtp_pattern="*E")
+    params = init_params(jax.random.key(3), cfg)
+    toks = jax.random.randint(jax.random.key(4), (2, 9), 0, cfg.vocab_size)
+
+    @jax.jit
+    def run(p):
+        hidden = forward(p, toks, cfg).hidden
+        return mtp_logits(p, hidden[:, :-1], toks[:, 1:], cfg)
+
+    logits = run(params)
+    assert logits.shape == (2, 8, cfg.vocab_size)
+    assert bool(jnp.all(jnp.isfinite(logits)))
+    # The MTP block's own weights matter (it is not a pass-through of the main head).
+    changed = dict(params, mtp={**params["mtp"],
+                                "eh_proj": params["mtp"]["eh_proj"] * 2.0})
+    assert not np.allclose(run(changed), logits)
+    with pytest.raises(ValueError, match="mtp_pattern"):
+        mtp_logits(params, jnp.zeros((1, 1, cfg.hidden_size)), toks[:1, :1], CFG)
