@@ -64,7 +64,7 @@ _ACTIVATION_RULES = {
 
 TRAIN_RULES: Rules = {
     **_WEIGHT_RULES, **_ACTIVATION_RULES,
-    "embed": "fsdp", "expert_in": "fsdp", "mtp_in": "fsdp",
+    "embed": "fsdp", "expert_in": "fsdp", "mtp_in": None,
 }
 
 DECODE_RULES: Rules = {

@@ -1,0 +1,134 @@
+"""Convert between Hugging Face Nemotron-H checkpoints and avalon params checkpoints.
+
+    python -m avalon.tools.convert --src=/ckpt/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 \
+        --dst=/ckpt/super-avalon --to=avalon
+    python -m avalon.tools.convert --src=/ckpt/super-avalon --dst=/out/super-hf --to=hf
+
+--to=avalon reads a local HF directory (hub or transformers layout) onto a mesh of this host's
+devices (`--mesh`, default every device on the tensor axis, so no device holds the whole model)
+and writes `avalon.checkpoint.avalon_format` (orbax params + ModelConfig JSON), readable with
+`load_avalon`. The source config.json is kept as `hf_config.json`, so converting back restores
+its token ids and other fields the model config does not carry. --to=hf writes the hub layout
+(sharded safetensors + index + config.json). Other files of the source directory (tokenizer,
+generation config, chat template) are copied along. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import enum
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import jax
+from absl import app, flags
+
+from avalon.checkpoint import avalon_format, hf, hf_config
+from avalon.sharding import make_mesh
+
+HF_CONFIG_COPY = "hf_config.json"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
+                    ".partial")
+_NOT_COPIED = {"config.json", HF_CONFIG_COPY, "model.safetensors.index.json",
+               "pytorch_model.bin.index.json"}
+
+
+class Target(enum.Enum):
+    AVALON = "avalon"
+    HF = "hf"
+
+
+class ProgressBar:
+    """`bar(done, total)` redraws one stderr line: a bar, count, elapsed time and ETA."""
+
+    def __init__(self, label: str, stream=None, width: int = 30):
+        self.label, self.stream, self.width = label, stream or sys.stderr, width
+        self.start = time.monotonic()
+        self.last = -1.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self.last < 0.1:  # redraw at most 10 times a second
+            return
+        self.last = now
+        elapsed = now - self.start
+        eta = elapsed / done * (total - done) if done else 0.0
+        filled = int(self.width * done / max(total, 1))
+        self.stream.write(f"\r{self.label} [{'#' * filled:<{self.width}}] {done}/{total} tensors "
+                          f"{elapsed:6.1f}s ETA {eta:6.1f}s")
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def parse_mesh(spec: str) -> dict[str, int]:
+    """'data=1,tensor=8' -> {'data': 1, 'tensor': 8}; '' -> every device on tensor."""
+    if not spec:
+        return {"tensor": len(jax.devices())}
+    out = {}
+    for part in spec.split(","):
+        name, _, size = part.partition("=")
+        if not size.strip().isdigit():
+            raise ValueError(f"--mesh={spec!r}: {part!r} is not axis=size")
+        out[name.strip()] = int(size)
+    return out
+
+
+def _copy_aux_files(src: Path, dst: Path) -> list[str]:
+    copied = []
+    for f in sorted(src.iterdir()):
+        if f.is_file() and f.name not in _NOT_COPIED and not f.name.startswith(".") \
+                and not f.name.endswith(_WEIGHT_SUFFIXES):
+            shutil.copy2(f, dst / f.name)
+            copied.append(f.name)
+    return copied
+
+
+def convert(src: str | Path, dst: str | Path, to: Target, *, mesh_spec: str = "",
+            param_dtype: str | None = None, max_shard_bytes: int = hf.DEFAULT_MAX_SHARD_BYTES,
+            progress: bool = True) -> None:
+    """Convert `src` into `dst` (see the module docstring)."""
+    src, dst = Path(src), Path(dst)
+    mesh = make_mesh(parse_mesh(mesh_spec))
+    overrides = {} if param_dtype is None else {"param_dtype": param_dtype}
+    if to == Target.AVALON:
+        if avalon_format.is_avalon_checkpoint(src):
+            raise ValueError(f"--src={src} is already an avalon checkpoint")
+        bar = ProgressBar("reading HF") if progress else None
+        cfg, params = hf.load(src, mesh, progress=bar, **overrides)
+        avalon_format.save_avalon(dst, cfg, params)
+        shutil.copy2(src / "config.json", dst / HF_CONFIG_COPY)
+    else:
+        if not avalon_format.is_avalon_checkpoint(src):
+            raise ValueError(f"--src={src} is not an avalon checkpoint (no config.json + params/)"
+                             "; convert HF -> avalon first")
+        cfg, params = avalon_format.load_avalon(src, mesh, param_dtype=param_dtype)
+        extra = None
+        if (src / HF_CONFIG_COPY).exists():
+            extra = hf_config.read_json(src / HF_CONFIG_COPY)
+        bar = ProgressBar("writing HF") if progress else None
+        hf.save(dst, cfg, params, max_shard_bytes=max_shard_bytes, extra_config=extra,
+                progress=bar)
+    _copy_aux_files(src, dst)
+
+
+_SRC = flags.DEFINE_string("src", None, "source checkpoint directory", required=True)
+_DST = flags.DEFINE_string("dst", None, "destination directory", required=True)
+_TO = flags.DEFINE_enum_class("to", None, Target, "output format: avalon or hf", required=True,
+                              case_sensitive=False)
+_MESH = flags.DEFINE_string("mesh", "", "mesh to load onto, e.g. 'tensor=8' (default: every "
+                            "device on tensor)")
+_DTYPE = flags.DEFINE_enum("param_dtype", None, ["float32", "bfloat16", "float16"],
+                           "cast params to this dtype (default: keep the checkpoint's)")
+_SHARD_GB = flags.DEFINE_float("max_shard_gb", 5.0, "--to=hf: largest safetensors file, GB")
+
+
+def main(argv):
+    del argv
+    convert(_SRC.value, _DST.value, _TO.value, mesh_spec=_MESH.value, param_dtype=_DTYPE.value,
+            max_shard_bytes=int(_SHARD_GB.value * 1e9))
+
+
+if __name__ == "__main__":
+    app.run(main)
