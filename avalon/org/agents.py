@@ -1,0 +1,69 @@
+"""An agent of an organisation: identity, granted tools, state, context and counters."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from avalon.org.context import AgentContext
+
+
+class AgentState(enum.Enum):
+    READY = "ready"  # acts at the next tick
+    PARKED = "parked"  # in wait_for_messages: costs nothing until a waking delivery
+    STOPPED = "stopped"  # turn cap, wall clock or context full (a logged `stop`)
+    FIRED = "fired"
+
+
+class StopReason(enum.Enum):
+    MAX_TURNS = "max_turns"
+    WALL_CLOCK = "wall_clock"
+    CONTEXT_FULL = "context_full"
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentKey:
+    """Names one agent across every rollout the driver runs (the policy's slot key)."""
+
+    rollout: int
+    agent: str
+
+
+@dataclasses.dataclass
+class AgentStats:
+    tokens_in: int = 0  # n_in_new summed
+    tokens_out: int = 0
+    model_calls: int = 0
+    tool_calls: int = 0
+    coordination_calls: int = 0  # calls of organisation tools (messages, channels, traces, ...)
+    messages_sent: int = 0
+    trace_reads: int = 0
+    malformed_turns: int = 0
+    tool_error_turns: int = 0
+
+
+@dataclasses.dataclass
+class Agent:
+    id: str  # "ceo", "a1", "a2", ... (hire order; never reused)
+    index: int  # 0 for the CEO, then hire order
+    title: str
+    role: str
+    brief: str  # private text from the environment
+    tools: tuple[str, ...]  # every tool name the agent may call
+    context: AgentContext
+    last_seq: int  # its latest event (the cause of its next model call)
+    state: AgentState = AgentState.READY
+    turns: int = 0  # ordinary turns taken (summary turns not counted)
+    model_calls: int = 0  # every model call (the turn cap counts these)
+    pending: list[str] = dataclasses.field(default_factory=list)  # next observation's lines
+    plan_mode: bool = False
+    waiting: bool = False  # called wait_for_messages this turn
+    summary_turn: bool = False  # the current turn writes a compaction summary
+    stash: str | None = None  # the observation held back during a summary turn
+    restart_summary: str | None = None  # the summary, until the next turn's observation
+    last_report: dict | None = None  # its latest report_to_ceo (pinned as commitments)
+    stats: AgentStats = dataclasses.field(default_factory=AgentStats)
+
+    @property
+    def active(self) -> bool:
+        return self.state in (AgentState.READY, AgentState.PARKED)

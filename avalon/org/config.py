@@ -1,0 +1,88 @@
+"""The organisation's configuration: one frozen dataclass, every number of SPEC §1 a field."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from avalon.org.channels import Subscription
+from avalon.org.workspace import WorkspaceLimits
+
+REAL_WINDOW = 131072
+REAL_SUMMARY_CAP = 12000
+
+
+class PromptStyle(enum.Enum):
+    """How much of the tool list a system prompt spells out."""
+
+    FULL = "full"  # signatures, descriptions and the call-format reminder
+    COMPACT = "compact"  # signatures only (toy presets)
+    MINIMAL = "minimal"  # tool names only (the tiny test model's 256-token window)
+
+
+@dataclasses.dataclass(frozen=True)
+class Permissions:
+    """Who may use the organisation-shaping tools (switchable for ablations)."""
+
+    specialists_hire: bool = False
+    specialists_fire: bool = False
+    specialists_create_channels: bool = False
+    read_traces: bool = True  # every agent may read every teammate's trace
+
+
+@dataclasses.dataclass(frozen=True)
+class OrgConfig:
+    window: int = REAL_WINDOW  # tokens per agent context
+    compaction_ratio: float = 0.875  # compaction triggers at window * ratio (114,688)
+    elide_target_ratio: float = 0.75  # tier 1 suffices if it brings the context under this
+    keep_recent_obs: int = 2  # tier 1 keeps this many latest observations whole
+    summary_cap: int = REAL_SUMMARY_CAP  # tokens of the tier-2 summary turn
+    max_new_tokens: int = 4096  # per ordinary turn
+    max_turns: int = 256  # per agent; then it is stopped (a logged `stop`)
+    max_calls_per_turn: int = 8
+    max_result_tokens: int = 8192  # a longer tool result is cut (and says so)
+    max_obs_tokens: int = 16384  # a longer observation (results + deliveries) is cut
+    trace_read_tokens: int = 16384  # tokens of a teammate's trace per read_trace call
+    snippet_chars: int = 80  # of a `light` delivery
+    prompt_style: PromptStyle = PromptStyle.FULL
+    plan_mode: bool = True  # the CEO's first turn may only plan (see tools.py)
+    default_subscription: Subscription = Subscription.FULL
+    specialists_see_task: bool = True  # hires read the task prompt in their role card
+    permissions: Permissions = Permissions()
+    workspace: WorkspaceLimits = WorkspaceLimits()
+    log_text: bool = True  # model outputs, tool args/results and message text in the log
+
+    def __post_init__(self):
+        positive = ("window", "summary_cap", "max_new_tokens", "max_turns", "max_calls_per_turn",
+                    "max_result_tokens", "max_obs_tokens", "trace_read_tokens", "snippet_chars")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"OrgConfig.{name} must be > 0, got {getattr(self, name)}")
+        if not 0 < self.elide_target_ratio <= self.compaction_ratio < 1:
+            raise ValueError("OrgConfig needs 0 < elide_target_ratio <= compaction_ratio < 1, "
+                             f"got {self.elide_target_ratio} and {self.compaction_ratio}")
+        if self.keep_recent_obs < 0:
+            raise ValueError(f"OrgConfig.keep_recent_obs must be >= 0, got {self.keep_recent_obs}")
+        if self.trigger_tokens + self.max_new_tokens + self.summary_cap > self.window:
+            raise ValueError(
+                f"OrgConfig: trigger_tokens {self.trigger_tokens} + max_new_tokens "
+                f"{self.max_new_tokens} + summary_cap {self.summary_cap} exceeds the window "
+                f"{self.window} (the organisation also checks the summary request fits)")
+
+    @property
+    def trigger_tokens(self) -> int:
+        """Context length at which compaction starts (114,688 for the real window)."""
+        return int(self.window * self.compaction_ratio)
+
+    @classmethod
+    def scaled(cls, window: int, **overrides) -> OrgConfig:
+        """A config for a toy window (a few thousand tokens): limits scale with it.
+
+        At toy sizes the fixed summary request is a larger share of the 12.5% headroom, so the
+        summary cap is window/32 (not the real 12000/131072) and a turn window/16.
+        """
+        fields = dict(window=window, summary_cap=max(8, window // 32),
+                      max_new_tokens=max(8, window // 16), max_result_tokens=max(16, window // 16),
+                      max_obs_tokens=max(32, window // 8), trace_read_tokens=max(16, window // 16))
+        fields.update(overrides)
+        return cls(**fields)

@@ -1,0 +1,145 @@
+"""The rollout driver: many organisations at once, one policy call per tick.
+
+    driver = RolloutDriver(policy, chat, OrgConfig.scaled(2048), log_dir="runs/logs")
+    result = driver.run([GroupSpec(group_id=0, rollouts=(RolloutSpec(session, budget=3,
+                                                                     seed=0), ...))])
+    result.groups  # list[RolloutGroup] for the RL core, in the order of the specs
+
+Each tick gathers the turns of every READY agent of every active rollout (rollout order, then
+agent order), sends them to the policy in ONE `act` call (for the engine policy, one
+`engine.generate`), and applies the outputs in that same order. Parked agents cost nothing.
+An agent that will not act again is released from the policy (its engine slot freed) at the
+end of the tick. When every rollout of a group starts with the same CEO system segment, the
+policy may prefill it once and share it (`Policy.prefill_shared`).
+
+Every rollout gets its own workspace directory under `workdir` (a fresh temporary directory by
+default, removed after the run unless `keep_workspaces`), and, with `log_dir`, its event log
+`group{G}_rollout{I}.jsonl`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from avalon.org.config import OrgConfig
+from avalon.org.env import EnvSession
+from avalon.org.events import EventLog
+from avalon.org.organisation import Organisation
+from avalon.org.outcome import OrgReport, build_rollout, org_report
+from avalon.org.policy import Policy
+from avalon.org.workspace import Workspace
+from avalon.rl.types import RolloutGroup
+from avalon.tokenizer.chat import ChatFormat
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSpec:
+    session: EnvSession  # a fresh environment session for this rollout
+    budget: int  # hire budget b (0 = a single agent)
+    seed: int  # sampling seeds of every turn derive from it
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSpec:
+    group_id: int  # advantages are normalised within a group
+    rollouts: tuple[RolloutSpec, ...]  # K rollouts of one task
+
+
+@dataclasses.dataclass(frozen=True)
+class TickStat:
+    active_rollouts: int
+    turns: int  # agents that acted this tick (one policy call for all of them)
+
+
+@dataclasses.dataclass
+class RunResult:
+    groups: list[RolloutGroup]
+    logs: list[list[EventLog]]  # [group][rollout]
+    reports: list[list[OrgReport]]  # [group][rollout]
+    ticks: list[TickStat]
+
+
+class RolloutDriver:
+    """Runs groups of rollouts against one policy (see the module docstring)."""
+
+    def __init__(self, policy: Policy, chat: ChatFormat, config: OrgConfig, *,
+                 workdir: str | os.PathLike | None = None, log_dir: str | os.PathLike | None = None,
+                 share_prefix: bool = True, keep_workspaces: bool = False):
+        self.policy, self.chat, self.config = policy, chat, config
+        self.workdir = None if workdir is None else Path(workdir)
+        self.log_dir = None if log_dir is None else Path(log_dir)
+        self.share_prefix = share_prefix
+        self.keep_workspaces = keep_workspaces
+        self._next_rollout = 0  # AgentKey.rollout stays unique across runs
+
+    def run(self, groups: Sequence[GroupSpec]) -> RunResult:
+        """Plays every rollout of every group to its end."""
+        for g in groups:
+            if not g.rollouts:
+                raise ValueError(f"group {g.group_id} has no rollouts")
+            ids = {r.session.task.task_id for r in g.rollouts}
+            if len(ids) != 1:
+                raise ValueError(f"group {g.group_id} mixes tasks {sorted(ids)}")
+        root = Path(tempfile.mkdtemp(prefix="avalon-org-", dir=self.workdir))
+        try:
+            orgs = [[self._organisation(root, g, i, r) for i, r in enumerate(g.rollouts)]
+                    for g in groups]
+            if self.share_prefix:
+                for group in orgs:
+                    self._share(group)
+            ticks = self._loop([o for group in orgs for o in group])
+            if self.log_dir is not None:
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                for g, group in zip(groups, orgs):
+                    for i, o in enumerate(group):
+                        o.log.write(self.log_dir / f"group{g.group_id}_rollout{i}.jsonl")
+            return RunResult(
+                groups=[RolloutGroup(group_id=g.group_id, task_id=group[0].task.task_id,
+                                     rollouts=[build_rollout(o) for o in group],
+                                     objective=group[0].task.objective)
+                        for g, group in zip(groups, orgs)],
+                logs=[[o.log for o in group] for group in orgs],
+                reports=[[org_report(o) for o in group] for group in orgs], ticks=ticks)
+        finally:
+            if not self.keep_workspaces:
+                shutil.rmtree(root, ignore_errors=True)
+
+    def _organisation(self, root: Path, g: GroupSpec, i: int, r: RolloutSpec) -> Organisation:
+        index = self._next_rollout
+        self._next_rollout += 1
+        ws = Workspace(root / f"group{g.group_id}_rollout{i}", self.config.workspace)
+        return Organisation(r.session, rollout=index, budget=r.budget, seed=r.seed,
+                            config=self.config, chat=self.chat, workspace=ws)
+
+    def _share(self, group: list[Organisation]) -> None:
+        prefix = group[0].shared_prefix()
+        if len(group) > 1 and all(np.array_equal(o.shared_prefix(), prefix) for o in group):
+            self.policy.prefill_shared([o.key(o.agents["ceo"]) for o in group], prefix)
+
+    def _loop(self, orgs: list[Organisation]) -> list[TickStat]:
+        ticks = []
+        active = orgs
+        while active:
+            batches = [(o, o.begin_tick()) for o in active]
+            flat = [t for _, turns in batches for t in turns]
+            outputs = self.policy.act(flat) if flat else []
+            if len(outputs) != len(flat):
+                raise ValueError(f"policy returned {len(outputs)} outputs for {len(flat)} turns")
+            start = 0
+            for o, turns in batches:
+                o.apply(turns, outputs[start:start + len(turns)])
+                start += len(turns)
+            for o, _ in batches:
+                o.end_tick()
+                for key in o.take_retired():
+                    self.policy.release(key)
+            ticks.append(TickStat(active_rollouts=len(active), turns=len(flat)))
+            active = [o for o in active if not o.done]
+        return ticks

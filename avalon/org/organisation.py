@@ -1,0 +1,537 @@
+"""One rollout's organisation: agents, turns, tool calls, delivery, compaction, the end.
+
+A tick has two halves, driven by `avalon/org/driver.py`:
+1. `begin_tick()` builds a `Turn` for every READY agent, in agent order (CEO, then hire order).
+   Building a turn is the agent's turn boundary: its inbox is drained (`deliver` events, in
+   (send time, seq) order), its pending tool results and the deliveries become one observation,
+   and compaction runs if the context has reached `OrgConfig.trigger_tokens`.
+2. `apply(turns, outputs)` takes the policy's outputs in the same order and, agent by agent,
+   logs the `model_call`, parses the output and runs its calls. A message sent now is delivered
+   at each recipient's *next* boundary, never into a turn already built. `end_tick()` then ends
+   the episode when the CEO sent its final message, an environment call was terminal, or no
+   agent can act.
+Because outputs are applied in this fixed order, the log does not depend on how the policy
+batched or timed the turns: the same seed and the same outputs give the same bytes.
+
+Compaction (at a turn boundary, context + new observation >= trigger). Tier 1 replaces every
+observation but the latest `keep_recent_obs` by a stub; it is applied when that brings the
+context under `elide_target_ratio` of the window. Otherwise tier 2: this turn becomes a summary
+turn on the context as it stands (the summary sees everything, nothing is re-prefilled, and the
+summary's tokens end the current training row), then the context is rebuilt as the pinned role
+card (role, roster, subscriptions, open commitments, hires left) and an observation holding the
+summary (the summary turn's free text; calls in it are ignored) and the held-back observation.
+Either tier ends the agent's current training row; the trace keeps everything.
+
+Limits that stop one agent (a logged `stop`): its derived clock reaching the task's wall-clock
+cap (after a turn, or at a boundary where a delivery moved it there), `max_turns` model calls,
+or a context that cannot take the next observation. A stopped agent's inbox is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from avalon.inference.api import StopReason as EngineStop
+from avalon.org.agents import Agent, AgentKey, AgentState, StopReason
+from avalon.org.channels import Delivery, Message, MessageKind, PostOffice
+from avalon.org.config import OrgConfig
+from avalon.org.context import AgentContext, SegKind
+from avalon.org.env import CallContext, EndContext, EndReason, EnvSession, FinalOutcome, ToolError
+from avalon.org.events import EventKind, EventLog
+from avalon.org.latency import ClockReplay
+from avalon.org.policy import AgentView, Turn, TurnOutput
+from avalon.org.prompts import (
+    CEO_ROLE,
+    message_text,
+    result_line,
+    role_card,
+    start_text,
+    stub,
+    summary_request,
+    summary_restart,
+)
+from avalon.org.toolcall import Call, ParsedTurn, parse_turn
+from avalon.org.tools import (
+    HANDLERS,
+    NOT_COORDINATION,
+    PLAN_MODE_REFUSED,
+    SPECS,
+    WORKSPACE_TOOLS,
+    OrgTool,
+    ToolResult,
+)
+from avalon.org.workspace import Workspace
+from avalon.rl.types import RewardEvent, TokenFlag
+from avalon.tokenizer.chat import ChatFormat
+
+_MASK64 = (1 << 64) - 1
+_ORG_TOOLS = {t.value: t for t in OrgTool}
+_PLAN_REFUSED = frozenset(t.value for t in PLAN_MODE_REFUSED)
+
+
+def turn_seed(seed: int, agent_index: int, call_index: int) -> int:
+    """A 31-bit sampling seed, a fixed mix (splitmix64) of rollout seed, agent and call."""
+    x = (seed * 0x9E3779B97F4A7C15 + agent_index * 0xBF58476D1CE4E5B9
+         + call_index * 0x94D049BB133111EB + 1) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) & 0x7FFFFFFF
+
+
+class Organisation:
+    """The simulator of one rollout (see the module docstring for the tick protocol)."""
+
+    def __init__(self, session: EnvSession, *, rollout: int, budget: int, seed: int,
+                 config: OrgConfig, chat: ChatFormat, workspace: Workspace):
+        task = session.task
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise ValueError(f"Organisation budget must be an int >= 0, got {budget!r}")
+        clash = sorted({t.name for t in task.tools} & {t.value for t in OrgTool})
+        if clash:
+            raise ValueError(f"task {task.task_id!r} tools {clash} clash with organisation tools")
+        # A context is compacted at the first boundary at or past the trigger, so it is at most
+        # one turn past it: the summary request and the summary must still fit the window.
+        request = len(chat.turn_prompt(summary_request(config.summary_cap)))
+        if config.trigger_tokens + config.max_new_tokens + request + config.summary_cap > \
+                config.window:
+            raise ValueError(
+                f"OrgConfig window {config.window} cannot hold trigger_tokens "
+                f"{config.trigger_tokens} + max_new_tokens {config.max_new_tokens} + the summary "
+                f"request ({request} tokens with this tokenizer) + summary_cap "
+                f"{config.summary_cap}")
+        self.session, self.task, self.rollout = session, task, rollout
+        self.budget, self.seed = budget, seed
+        self.config, self.chat, self.workspace = config, chat, workspace
+        self.env_specs = {t.name: t for t in task.tools}
+        self.log = EventLog()
+        self.clocks = ClockReplay()
+        self.post = PostOffice(config.default_subscription)
+        self.archive: dict[str, str] = {}
+        self.agents: dict[str, Agent] = {}
+        self.hires = 0
+        self.tokens_out = 0
+        self.rewards: list[RewardEvent] = []
+        self.retired: list[AgentKey] = []  # agents that will not act again; the driver releases
+        self.end_reason: EndReason | None = None
+        self.final_message: str | None = None
+        self.final: FinalOutcome | None = None
+        self.done = False
+        self._ending_seq: int | None = None
+        self._clock_stops = 0
+        start = self._emit(EventKind.START, "ceo", None, task_id=task.task_id, budget=budget,
+                           seed=seed)
+        session.on_start(budget, workspace)
+        ceo = self._add_agent("ceo", "CEO", CEO_ROLE, self._ceo_tools(), start)
+        ceo.plan_mode = config.plan_mode
+        ceo.pending.append(start_text(ceo=True, budget=budget, plan_mode=config.plan_mode,
+                                      hirer=None))
+
+    # ----- tools and role cards -----
+
+    def _ceo_tools(self) -> tuple[str, ...]:
+        names = [t.value for t in OrgTool if t is not OrgTool.REPORT_TO_CEO
+                 and (t is not OrgTool.READ_TRACE or self.config.permissions.read_traces)]
+        return tuple(names) + tuple(self.env_specs)
+
+    def grantable_tools(self) -> tuple[str, ...]:
+        """Tools the CEO may give a specialist at hire."""
+        return tuple(t.value for t in WORKSPACE_TOOLS) + tuple(
+            n for n, s in self.env_specs.items() if s.grantable)
+
+    def _specialist_tools(self, granted: tuple[str, ...]) -> tuple[str, ...]:
+        perms = self.config.permissions
+        withheld = {OrgTool.FINAL_MESSAGE, *WORKSPACE_TOOLS}
+        if not perms.specialists_hire:
+            withheld.add(OrgTool.HIRE)
+        if not perms.specialists_fire:
+            withheld.add(OrgTool.FIRE)
+        if not perms.specialists_create_channels:
+            withheld.add(OrgTool.CREATE_CHANNEL)
+        if not perms.read_traces:
+            withheld.add(OrgTool.READ_TRACE)
+        base = [t.value for t in OrgTool if t not in withheld]
+        ws = [t.value for t in WORKSPACE_TOOLS if t.value in granted]
+        return tuple(base + ws + [n for n in self.env_specs if n in granted])
+
+    def _card(self, a_id: str, title: str, role: str, brief: str, tools: tuple[str, ...],
+              *, pinned: bool) -> str:
+        roster = [(x.id, x.title) for x in self.agents.values() if x.active and x.id != a_id]
+        roster.insert(0 if a_id == "ceo" else len(roster), (a_id, title))
+        subs = [(c, m.value) for c, m in self.post.subs.get(a_id, {}).items()]
+        see_task = a_id == "ceo" or self.config.specialists_see_task
+        return role_card(
+            agent=a_id, title=title, role=role, task=self.task.prompt if see_task else None,
+            brief=brief, roster=roster, subscriptions=subs,
+            budget_left=self.budget - self.hires if pinned and a_id == "ceo" else None,
+            commitments=self._commitments(a_id) if pinned else "",
+            tools=[SPECS[OrgTool(n)] if n not in self.env_specs else self.env_specs[n]
+                   for n in tools],
+            style=self.config.prompt_style)
+
+    def _commitments(self, a_id: str) -> str:
+        """Open commitments: the agent's own last report, or for the CEO everyone's."""
+        if a_id != "ceo":
+            rep = self.agents[a_id].last_report or {}
+            return "; ".join(f"{k}: {rep[k]}" for k in ("next", "blocked") if k in rep)
+        return "; ".join(f"{x.id} {x.last_report.get('status', '')}".strip()
+                         for x in self.agents.values() if x.last_report and x.active)
+
+    def _add_agent(self, a_id: str, title: str, role: str, tools: tuple[str, ...],
+                   last_seq: int) -> Agent:
+        index = len(self.agents)
+        brief = self.session.brief(a_id, index, title, role)
+        self.post.add_agent(a_id)
+        system = self.chat.system(self._card(a_id, title, role, brief, tools, pinned=False))
+        agent = Agent(id=a_id, index=index, title=title, role=role, brief=brief, tools=tools,
+                      context=AgentContext(system, a_id, title), last_seq=last_seq)
+        self.agents[a_id] = agent
+        return agent
+
+    def shared_prefix(self) -> np.ndarray:
+        """The CEO's system segment: the same for every rollout of a task (prefill sharing)."""
+        return np.asarray(self.agents["ceo"].context.segments[0].ids, np.int32)
+
+    def key(self, a: Agent) -> AgentKey:
+        return AgentKey(self.rollout, a.id)
+
+    # ----- events -----
+
+    def _emit(self, kind: EventKind, agent: str, cause: int | None, /, **fields) -> int:
+        event = self.log.append(kind, agent, cause, **fields)
+        self.clocks.apply(event)
+        if agent in self.agents:
+            self.agents[agent].last_seq = event["seq"]
+        return event["seq"]
+
+    # ----- the turn boundary -----
+
+    def begin_tick(self) -> list[Turn]:
+        """A turn for every READY agent, in agent order (drains their inboxes)."""
+        if self.done or self.end_reason is not None:
+            return []
+        turns = []
+        for a in list(self.agents.values()):
+            if a.state is AgentState.READY:
+                turn = self._begin_turn(a)
+                if turn is not None:
+                    turns.append(turn)
+        return turns
+
+    def _begin_turn(self, a: Agent) -> Turn | None:
+        cfg, ctx = self.config, a.context
+        lines, a.pending = a.pending, []
+        for d in self.post.drain(a.id):
+            self._emit(EventKind.DELIVER, a.id, d.message.send_seq, message_id=d.message.id,
+                       mode=d.mode.value)
+            lines.append(message_text(d, cfg.snippet_chars))
+        if self.clocks.clock(a.id) >= self.task.wall_clock_s:  # a delivery moved it past
+            self._stop(a, StopReason.WALL_CLOCK)
+            return None
+        obs = self._cap("\n".join(lines), cfg.max_obs_tokens,
+                        "observation cut; read_message re-reads any message")
+        trace_prompt = None
+        if a.restart_summary is not None:  # first turn after a tier-2 restart
+            trace_prompt = self.chat.turn_prompt(obs)  # the trace never holds the summary
+            obs, a.restart_summary = summary_restart(a.restart_summary, obs), None
+        prompt = self.chat.turn_prompt(obs)
+        compactable = any(s.kind is SegKind.OUTPUT for s in ctx.segments)
+        if compactable and ctx.length + len(prompt) >= cfg.trigger_tokens:
+            plan = ctx.elision(cfg.keep_recent_obs, self._stub_ids)
+            saved = sum(len(seg.ids) - len(short) for seg, short in plan)
+            if ctx.length - saved + len(prompt) <= cfg.window * cfg.elide_target_ratio:
+                before = ctx.length
+                ctx.elide(plan)
+                self._emit(EventKind.COMPACTION, a.id, a.last_seq, tier=1, tokens_before=before,
+                           tokens_after=ctx.length, segment=ctx.segment)
+            else:
+                # Tier 2: this turn writes the summary, on the context as it stands (nothing
+                # re-prefilled); the observation waits for the rebuilt context. OrgConfig
+                # guarantees the request and `summary_cap` fit after a context at the trigger
+                # plus one turn.
+                a.summary_turn, a.stash, trace_prompt = True, obs, None
+                obs = summary_request(cfg.summary_cap)
+                prompt = self.chat.turn_prompt(obs)
+        limit = cfg.summary_cap if a.summary_turn else cfg.max_new_tokens
+        max_new = min(limit, cfg.window - ctx.length - len(prompt))
+        if max_new < 1:
+            self._stop(a, StopReason.CONTEXT_FULL)
+            return None
+        ctx.add_prompt(prompt, trace_prompt)
+        view = AgentView(key=self.key(a), title=a.title, role=a.role, turn=a.turns, obs=obs,
+                         summary=a.summary_turn, tools=a.tools)
+        return Turn(key=self.key(a), segment=ctx.segment,
+                    new_tokens=np.asarray(ctx.unsynced(), np.int32), max_new_tokens=max_new,
+                    seed=turn_seed(self.seed, a.index, a.model_calls), view=view)
+
+    def _stub_ids(self, n_tokens: int) -> list[int]:
+        return self.chat.turn_prompt(stub(n_tokens))
+
+    # ----- applying outputs -----
+
+    def apply(self, turns: list[Turn], outputs: list[TurnOutput]) -> None:
+        """Applies the policy's outputs for `turns` (as returned by `begin_tick`), in order."""
+        if len(turns) != len(outputs):
+            raise ValueError(f"apply: {len(turns)} turns but {len(outputs)} outputs")
+        for turn, out in zip(turns, outputs):
+            if turn.key.rollout != self.rollout:
+                raise ValueError(f"apply: turn of rollout {turn.key.rollout} given to "
+                                 f"rollout {self.rollout}")
+            self._apply_turn(self.agents[turn.key.agent], turn, out)
+
+    def _apply_turn(self, a: Agent, turn: Turn, out: TurnOutput) -> None:
+        out_ids = [int(x) for x in out.tokens]
+        new = [int(x) for x in turn.new_tokens]
+        a.context.add_output(new, out_ids, np.asarray(out.logprobs), out.routing)
+        a.model_calls += 1
+        a.stats.model_calls += 1
+        a.stats.tokens_in += len(new)
+        a.stats.tokens_out += len(out_ids)
+        self.tokens_out += len(out_ids)
+        fields = dict(n_in_new=len(new), n_out=len(out_ids), segment=turn.segment,
+                      turn=a.model_calls - 1, stop=out.stop.value)
+        skipped = ("ended" if self.end_reason is not None
+                   else "fired" if a.state is AgentState.FIRED else None)
+        parsed: ParsedTurn | None = None
+        if skipped:
+            fields["skipped"] = skipped
+        elif a.summary_turn:
+            fields["summary"] = True
+        else:
+            parsed = parse_turn(self.chat, out_ids, self.config.max_calls_per_turn)
+            if parsed.error is not None:
+                fields["malformed"] = parsed.error
+        if self.config.log_text:
+            fields["text"] = self.chat.tok.decode(out_ids)
+        mc = self._emit(EventKind.MODEL_CALL, a.id, a.last_seq, **fields)
+        if skipped:
+            return
+        if a.summary_turn:
+            self._restart(a, out_ids, mc)
+        else:
+            a.turns += 1
+            if parsed.error is not None:
+                a.context.row.flag_tail(len(out_ids), TokenFlag.MALFORMED)
+                a.stats.malformed_turns += 1
+                a.pending.append(f"[error] malformed turn: {parsed.error}")
+            else:
+                self._run_calls(a, parsed.calls, mc, len(out_ids))
+            if out.stop is not EngineStop.STOP:
+                a.pending.append(f"(turn cut at {len(out_ids)} tokens)")
+            a.plan_mode = False
+        self._after_turn(a)
+
+    def _run_calls(self, a: Agent, calls: tuple[Call, ...], mc: int, n_out: int) -> None:
+        if not calls:
+            a.pending.append("(no tool call)")
+            return
+        failed = False
+        for call in calls:
+            if self.end_reason is not None:
+                a.pending.append(f"[{call.name} not run: the task has ended]")
+                break
+            if self.clocks.clock(a.id) >= self.task.wall_clock_s:
+                a.pending.append(f"[{call.name} not run: wall clock]")
+                break
+            failed |= not self._run_call(a, call, mc)
+        if failed:
+            a.context.row.flag_tail(n_out, TokenFlag.TOOL_ERROR)
+            a.stats.tool_error_turns += 1
+
+    def _dispatch(self, a: Agent, call: Call) -> ToolResult:
+        name = call.name
+        spec = self.env_specs.get(name)
+        if spec is None:
+            org_tool = _ORG_TOOLS.get(name)
+            if org_tool is None:
+                return ToolResult(f"unknown tool {name!r}; yours: {', '.join(a.tools)}", True)
+            spec = SPECS[org_tool]
+        if name not in a.tools:
+            return ToolResult(f"{name} is not one of your tools", True)
+        if a.plan_mode and (name in self.env_specs or name in _PLAN_REFUSED):
+            return ToolResult(f"plan mode: {name} is refused in your first turn", True)
+        problem = spec.check_args(call.args)
+        if problem is not None:
+            return ToolResult(problem, True)
+        try:
+            if name in self.env_specs:
+                return self._env_call(a, name, call.args)
+            return HANDLERS[_ORG_TOOLS[name]](self, a, call.args)
+        except ToolError as e:
+            return ToolResult(str(e), True)
+
+    def _env_call(self, a: Agent, name: str, args: dict) -> ToolResult:
+        ctx = CallContext(agent=a.id, title=a.title, clock_s=self.clocks.clock(a.id),
+                          tokens_out=self.tokens_out, workspace=self.workspace)
+        out = self.session.call(name, dict(args), ctx)
+        return ToolResult(out.text, out.error, out.duration_s, out.measured, tuple(out.rewards),
+                          out.terminal)
+
+    def _run_call(self, a: Agent, call: Call, mc: int) -> bool:
+        result = self._dispatch(a, call)
+        duration = round(float(result.duration_s), 6)
+        if not math.isfinite(duration) or duration < 0:
+            raise ValueError(f"tool {call.name!r} reported duration_s {result.duration_s!r}")
+        for r in result.rewards:
+            if not math.isfinite(float(r.value)):
+                raise ValueError(f"tool {call.name!r} reported a reward of {r.value!r}")
+        fields = dict(tool=call.name, duration_s=duration, error=result.error)
+        if result.measured:
+            fields["measured"] = True
+        late = False
+        if result.rewards:
+            late = self.clocks.clock(a.id) + duration > self.task.wall_clock_s
+            fields["rewards"] = [{"value": float(r.value), "label": r.label}
+                                 for r in result.rewards]
+            if late:
+                fields["late"] = True
+        text = self._cap(result.text, self.config.max_result_tokens, "result cut")
+        if self.config.log_text:
+            fields["args"] = call.args
+            fields["result"] = text
+        tc = self._emit(EventKind.TOOL_CALL, a.id, mc, **fields)
+        a.stats.tool_calls += 1
+        if call.name in _ORG_TOOLS and _ORG_TOOLS[call.name] not in NOT_COORDINATION:
+            a.stats.coordination_calls += 1
+        if not late:
+            self.rewards += [RewardEvent(a.id, float(r.value), tc, r.label)
+                             for r in result.rewards]
+        a.pending.append(result_line(tc, call.name, text, result.error))
+        if result.effect is not None and not result.error:
+            result.effect(tc)
+        if result.terminal and self.end_reason is None:
+            self.end_reason, self._ending_seq = EndReason.ENV_TERMINAL, tc
+        return not result.error
+
+    def _cap(self, text: str, cap: int, note: str) -> str:
+        ids = self.chat.tok.encode(text)
+        if len(ids) <= cap:
+            return text
+        return self.chat.tok.decode(ids[:cap]) + f" ({note}: {len(ids)} tokens)"
+
+    def _after_turn(self, a: Agent) -> None:
+        if a.state is not AgentState.READY:
+            return
+        if self.clocks.clock(a.id) >= self.task.wall_clock_s:
+            self._stop(a, StopReason.WALL_CLOCK)
+        elif a.model_calls >= self.config.max_turns:
+            self._stop(a, StopReason.MAX_TURNS)
+        elif a.waiting:
+            a.state = AgentState.PARKED
+            pending = self.post.waking(a.id)
+            if pending is not None:
+                self._wake(a, pending)
+        a.waiting = False
+
+    def _restart(self, a: Agent, out_ids: list[int], mc: int) -> None:
+        """Tier 2: the summary turn is done; rebuild the context around the pinned card."""
+        ctx = a.context
+        before = ctx.length
+        summary = self.chat.split_output(out_ids).text.strip()
+        ctx.restart(self.chat.system(self._card(a.id, a.title, a.role, a.brief, a.tools,
+                                                pinned=True)))
+        a.summary_turn = False
+        a.pending.insert(0, a.stash)  # the held observation, then whatever arrives next
+        a.stash, a.restart_summary = None, summary
+        self._emit(EventKind.COMPACTION, a.id, mc, tier=2, tokens_before=before,
+                   tokens_after=ctx.length, segment=ctx.segment)
+
+    # ----- effects of organisation tools (called by tools.py after the tool_call is logged) ---
+
+    def send(self, seq: int, a: Agent, mid: str, kind: MessageKind, text: str, *,
+             channel: str | None = None, to: str | None = None, target: str | None = None):
+        msg = Message(id=mid, kind=kind, sender=a.id, text=text, channel=channel,
+                      send_seq=len(self.log), send_time=self.clocks.clock(a.id), target=target,
+                      to=to)
+        if kind in (MessageKind.POST, MessageKind.REACTION):
+            deliveries = self.post.route(msg)
+        else:
+            deliveries = self.post.direct(msg, to)
+        fields = dict(message_id=mid, message_kind=kind.value, channel=channel,
+                      to=[r for r, _ in deliveries])
+        if self.config.log_text:
+            fields["text"] = text
+        self._emit(EventKind.SEND, a.id, seq, **fields)
+        a.stats.messages_sent += 1
+        for recipient, d in deliveries:
+            self.post.queue(recipient, d)
+            r = self.agents[recipient]
+            if r.state is AgentState.PARKED and d.wakes:
+                self._wake(r, d)
+
+    def _wake(self, a: Agent, d: Delivery) -> None:
+        self._emit(EventKind.WAKE, a.id, d.message.send_seq, message_id=d.message.id)
+        a.state = AgentState.READY
+
+    def hire(self, seq: int, hirer: Agent, new_id: str, title: str, role: str,
+             granted: tuple[str, ...]) -> None:
+        self.hires += 1
+        fields = dict(new_agent=new_id, title=title)
+        if self.config.log_text:
+            fields.update(role=role, tools=list(granted))
+        h = self._emit(EventKind.HIRE, hirer.id, seq, **fields)
+        a = self._add_agent(new_id, title, role, self._specialist_tools(granted), h)
+        a.pending.append(start_text(ceo=False, budget=0, plan_mode=False, hirer=hirer.id))
+
+    def fire(self, seq: int, firer: Agent, target: str) -> None:
+        t = self.agents[target]
+        self._emit(EventKind.FIRE, firer.id, seq, target=target)
+        t.state = AgentState.FIRED
+        self.post.remove_agent(target)
+        self.retired.append(self.key(t))
+
+    def park(self, seq: int, a: Agent) -> None:
+        self._emit(EventKind.WAIT, a.id, seq)
+        a.waiting = True
+
+    def finish_with_message(self, seq: int, text: str) -> None:
+        self.final_message = text
+        if self.end_reason is None:
+            self.end_reason, self._ending_seq = EndReason.FINAL_MESSAGE, seq
+
+    def _stop(self, a: Agent, reason: StopReason) -> None:
+        a.state = AgentState.STOPPED
+        self._emit(EventKind.STOP, a.id, a.last_seq, reason=reason.value)
+        self.post.remove_agent(a.id)
+        self.retired.append(self.key(a))
+        if reason is StopReason.WALL_CLOCK:
+            self._clock_stops += 1
+
+    # ----- the end -----
+
+    def end_tick(self) -> None:
+        """Ends the episode if it is over (see the module docstring)."""
+        if self.done:
+            return
+        if self.end_reason is None:
+            if any(a.state is AgentState.READY for a in self.agents.values()):
+                return
+            if self._clock_stops:
+                self.end_reason = EndReason.WALL_CLOCK
+            elif any(a.state is AgentState.PARKED for a in self.agents.values()):
+                self.end_reason = EndReason.DEADLOCK
+            else:
+                self.end_reason = EndReason.STOPPED
+        latency = max(self.clocks.clocks.values())
+        final = self.session.on_end(EndContext(reason=self.end_reason,
+                                               final_message=self.final_message,
+                                               latency_s=latency, workspace=self.workspace))
+        end_seq = len(self.log)
+        self.rewards += [RewardEvent("ceo", float(r.value), end_seq, r.label)
+                         for r in final.rewards]
+        fields = dict(reason=self.end_reason.value,
+                      rewards=[{"value": float(r.value), "label": r.label}
+                               for r in final.rewards])
+        if final.wealth_ratio is not None:
+            fields["wealth_ratio"] = float(final.wealth_ratio)
+        cause = self._ending_seq if self._ending_seq is not None else end_seq - 1
+        self._emit(EventKind.END, "ceo", cause, **fields)
+        for a in self.agents.values():
+            if a.active:
+                self.retired.append(self.key(a))
+        self.final, self.done = final, True
+
+    def take_retired(self) -> list[AgentKey]:
+        out, self.retired = self.retired, []
+        return out

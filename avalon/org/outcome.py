@@ -1,0 +1,78 @@
+"""What a finished organisation hands on: the RL core's `Rollout`, and an `OrgReport`.
+
+`Rollout.metrics` (floats, for the training driver's telemetry):
+  latency_s, critical_token_share, tokens (n_in_new + n_out of every model call), tokens_out,
+  tokens_out_ceo, tokens_out_specialists, agents, hires, fires, model_calls, tool_calls,
+  coordination_share (organisation-tool calls / all tool calls), messages, trace_reads,
+  compactions, malformed_turns, tool_error_turns, end/<reason> (1.0 for the episode's end
+  reason), and per agent `<id>/tokens_out`, `<id>/messages`, `<id>/trace_reads`,
+  `<id>/critical_time_s`.
+`OrgReport` carries what is not a float: job titles (for title statistics), the end reason,
+the CEO's final message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from avalon.org.agents import AgentState
+from avalon.org.events import EventKind
+from avalon.org.organisation import Organisation
+from avalon.rl.types import Rollout
+
+
+@dataclasses.dataclass(frozen=True)
+class OrgReport:
+    titles: dict[str, str]  # agent id -> job title, every agent ever hired
+    end_reason: str
+    final_message: str | None
+
+
+def build_rollout(org: Organisation) -> Rollout:
+    """The finished episode as the RL core's `Rollout` (call after the episode ended)."""
+    if not org.done:
+        raise ValueError(f"rollout {org.rollout}: the episode has not ended")
+    rows = []
+    for a in org.agents.values():
+        a.context.close_row()
+        rows += a.context.rows
+    report = org.clocks.report()
+    agents = list(org.agents.values())
+    stats = [a.stats for a in agents]
+    tool_calls = sum(s.tool_calls for s in stats)
+    metrics = {
+        "latency_s": report.task_latency_s,
+        "critical_token_share": report.critical_token_share,
+        "tokens": float(report.total_tokens),
+        "tokens_out": float(org.tokens_out),
+        "tokens_out_ceo": float(org.agents["ceo"].stats.tokens_out),
+        "tokens_out_specialists": float(sum(a.stats.tokens_out for a in agents[1:])),
+        "agents": float(len(agents)),
+        "hires": float(org.hires),
+        "fires": float(sum(a.state is AgentState.FIRED for a in agents)),
+        "model_calls": float(sum(s.model_calls for s in stats)),
+        "tool_calls": float(tool_calls),
+        "coordination_share": (sum(s.coordination_calls for s in stats) / tool_calls
+                               if tool_calls else 0.0),
+        "messages": float(sum(s.messages_sent for s in stats)),
+        "trace_reads": float(sum(s.trace_reads for s in stats)),
+        "compactions": float(sum(e["kind"] == EventKind.COMPACTION.value
+                                 for e in org.log.events)),
+        "malformed_turns": float(sum(s.malformed_turns for s in stats)),
+        "tool_error_turns": float(sum(s.tool_error_turns for s in stats)),
+        f"end/{org.end_reason.value}": 1.0,
+    }
+    for a in agents:
+        metrics[f"{a.id}/tokens_out"] = float(a.stats.tokens_out)
+        metrics[f"{a.id}/messages"] = float(a.stats.messages_sent)
+        metrics[f"{a.id}/trace_reads"] = float(a.stats.trace_reads)
+        metrics[f"{a.id}/critical_time_s"] = report.critical_time_s.get(a.id, 0.0)
+    metrics.update({f"env/{k}": float(v) for k, v in org.final.metrics.items()})
+    return Rollout(rows=rows, rewards=list(org.rewards), budget=org.budget, hires=org.hires,
+                   wealth_ratio=org.final.wealth_ratio, metrics=metrics)
+
+
+def org_report(org: Organisation) -> OrgReport:
+    return OrgReport(titles={a.id: a.title for a in org.agents.values()},
+                     end_reason=org.end_reason.value if org.end_reason else "",
+                     final_message=org.final_message)

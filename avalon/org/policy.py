@@ -1,0 +1,149 @@
+"""Policies behind one interface: what an agent turn asks for and what comes back.
+
+The driver gathers every ready agent of every active rollout into one list of `Turn`s per tick
+and makes one `act` call; results come back in the same order. A policy sees each agent as an
+`AgentKey` (rollout, agent id) and a context segment number: a new segment (after a compaction)
+means the agent's context was rebuilt and `new_tokens` holds all of it. `release(key)` says an
+agent will never act again (fired, stopped, episode over).
+
+- the model: `avalon/org/engine_policy.py` (one `engine.generate` per tick);
+- scripted policies (`ScriptedPolicy`): deterministic functions of an agent's view, used by
+  tests and as SFT teachers. `Playbook` gives each agent a fixed list of steps.
+- `RoutedPolicy`: different policies for different agents (e.g. a scripted CEO with model
+  specialists), still one call per policy per tick.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from avalon.inference.api import StopReason
+from avalon.org.agents import AgentKey
+from avalon.org.toolcall import format_call
+from avalon.tokenizer.chat import ChatFormat
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentView:
+    """What a scripted policy may look at (the model sees only tokens)."""
+
+    key: AgentKey
+    title: str
+    role: str
+    turn: int  # ordinary turns taken before this one
+    obs: str  # the observation text of this turn
+    summary: bool  # this turn must write a compaction summary
+    tools: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    key: AgentKey
+    segment: int  # context segment; a change means the context was rebuilt
+    new_tokens: np.ndarray  # int32 [n_in]: tokens not yet given to the policy for this segment
+    max_new_tokens: int
+    seed: int  # sampling seed of this turn (deterministic in rollout seed, agent, model call)
+    view: AgentView
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnOutput:
+    tokens: np.ndarray  # int32 [n_out], the stop token included when sampled
+    logprobs: np.ndarray  # float32 [n_out]
+    routing: np.ndarray | None  # [n_in + n_out, n_moe, k] or None
+    stop: StopReason
+
+
+class Policy(Protocol):
+    def act(self, turns: Sequence[Turn]) -> list[TurnOutput]: ...
+
+    def release(self, key: AgentKey) -> None: ...
+
+    def prefill_shared(self, keys: Sequence[AgentKey], prefix: np.ndarray) -> None:
+        """Optional optimisation: these agents' contexts all start with `prefix`."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One scripted turn: free text, then calls (tool name, args)."""
+
+    text: str = ""
+    calls: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+
+
+class ScriptedPolicy:
+    """Turns a deterministic `script(view) -> Step` into token outputs in the chat format."""
+
+    def __init__(self, chat: ChatFormat, script: Callable[[AgentView], Step]):
+        self.chat = chat
+        self.script = script
+
+    def act(self, turns: Sequence[Turn]) -> list[TurnOutput]:
+        out = []
+        for turn in turns:
+            step = self.script(turn.view)
+            ids = self.chat.output(step.text, [format_call(n, a) for n, a in step.calls])
+            stop = StopReason.STOP
+            if len(ids) > turn.max_new_tokens:
+                ids, stop = ids[:turn.max_new_tokens], StopReason.LENGTH
+            out.append(TurnOutput(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32),
+                                  None, stop))
+        return out
+
+    def release(self, key: AgentKey) -> None:
+        pass
+
+    def prefill_shared(self, keys: Sequence[AgentKey], prefix: np.ndarray) -> None:
+        pass
+
+
+WAIT = Step(calls=(("wait_for_messages", {}),))
+
+
+class Playbook:
+    """A script: agent id -> its steps in turn order; `default` once they run out.
+
+    Summary turns answer with `summary_text`. Usable as `ScriptedPolicy(chat, Playbook(...))`.
+    """
+
+    def __init__(self, steps: Mapping[str, Sequence[Step]], default: Step = WAIT,
+                 summary_text: str = "summary"):
+        self.steps = {k: list(v) for k, v in steps.items()}
+        self.default = default
+        self.summary_text = summary_text
+
+    def __call__(self, view: AgentView) -> Step:
+        if view.summary:
+            return Step(self.summary_text)
+        steps = self.steps.get(view.key.agent, [])
+        return steps[view.turn] if view.turn < len(steps) else self.default
+
+
+class RoutedPolicy:
+    """Sends each turn to `policies[choose(key)]`: one `act` call per policy per tick."""
+
+    def __init__(self, policies: Sequence[Policy], choose: Callable[[AgentKey], int]):
+        self.policies = list(policies)
+        self.choose = choose
+
+    def act(self, turns: Sequence[Turn]) -> list[TurnOutput]:
+        groups: dict[int, list[int]] = {}
+        for i, turn in enumerate(turns):
+            groups.setdefault(self.choose(turn.key), []).append(i)
+        out: list[TurnOutput | None] = [None] * len(turns)
+        for p, idx in sorted(groups.items()):
+            for i, result in zip(idx, self.policies[p].act([turns[i] for i in idx]), strict=True):
+                out[i] = result
+        return out
+
+    def release(self, key: AgentKey) -> None:
+        self.policies[self.choose(key)].release(key)
+
+    def prefill_shared(self, keys: Sequence[AgentKey], prefix: np.ndarray) -> None:
+        for p in sorted({self.choose(k) for k in keys}):
+            self.policies[p].prefill_shared([k for k in keys if self.choose(k) == p], prefix)

@@ -1,0 +1,93 @@
+"""The tool-call text format, and the parser that turns a sampled output into calls.
+
+An agent's output (see `avalon/tokenizer/chat.py` for the token layout) is free text followed
+by zero or more calls, then `<|end|>`:
+
+    FREE TEXT<|call|>NAME {JSON OBJECT}<|call|>NAME<|end|>
+
+Each call is the special token `<|call|>`, a tool name (`[a-z][a-z0-9_]*`), and optionally one
+JSON object of arguments (omitted = no arguments); whitespace around them is ignored, nothing
+else may follow the object. Calls run in order. Example (a CEO's first turn):
+
+    Two parts, two people.<|call|>create_channel {"name":"plan"}<|call|>hire {"title":"Lead
+    Engineer","role":"build the parser","tools":["write_file","run_code"]}<|end|>
+
+Malformed turn (every sampled token flagged MALFORMED, none of its calls run, the agent is told
+why): a special token other than `<|call|>` before the final `<|end|>`, more calls than the
+limit, a call without a valid name, JSON that does not parse or is not an object (NaN and
+Infinity are refused). A call that parses but names an unknown tool, breaks a rule or fails is a
+tool error (`avalon/org/tools.py`), not a parse failure. A turn cut by the token limit is parsed
+as it stands: a cut call usually fails to parse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from avalon.tokenizer.chat import ChatFormat
+
+_CALL = re.compile(r"\s*([a-z][a-z0-9_]*)\s*(\{.*\})?\s*", re.DOTALL)
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    name: str
+    args: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedTurn:
+    text: str  # the free text before the first call
+    calls: tuple[Call, ...]
+    error: str | None  # why the turn is malformed, or None
+    ended: bool  # the output ended with `<|end|>` (not cut by a limit)
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not allowed in tool arguments")
+
+
+def parse_call(text: str) -> tuple[Call | None, str | None]:
+    """One call's text (after `<|call|>`) -> (call, None) or (None, error)."""
+    m = _CALL.fullmatch(text)
+    if m is None:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        return None, f"expected a tool name and an optional JSON object, got {shown!r}"
+    name, raw = m.group(1), m.group(2)
+    if raw is None:
+        return Call(name, {}), None
+    try:
+        args = json.loads(raw, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as e:
+        return None, f"{name}: arguments are not valid JSON ({str(e)[:80]})"
+    if not isinstance(args, dict):
+        return None, f"{name}: arguments must be a JSON object"
+    return Call(name, args), None
+
+
+def parse_turn(chat: ChatFormat, output: Sequence[int], max_calls: int) -> ParsedTurn:
+    """Splits and parses a sampled output; never raises."""
+    parts = chat.split_output(output)
+    if parts.error is not None:
+        return ParsedTurn(parts.text, (), parts.error, parts.ended)
+    if len(parts.calls) > max_calls:
+        return ParsedTurn(parts.text, (), f"{len(parts.calls)} calls in one turn; the limit is "
+                          f"{max_calls}", parts.ended)
+    calls = []
+    for i, text in enumerate(parts.calls):
+        call, error = parse_call(text)
+        if error is not None:
+            return ParsedTurn(parts.text, (), f"call {i + 1}: {error}", parts.ended)
+        calls.append(call)
+    return ParsedTurn(parts.text, tuple(calls), None, parts.ended)
+
+
+def format_call(name: str, args: Mapping[str, Any] | None = None) -> str:
+    """The text of one call (what follows `<|call|>`), compact JSON, no arguments = bare name."""
+    if not args:
+        return name
+    return name + " " + json.dumps(dict(args), separators=(",", ":"), ensure_ascii=False)
