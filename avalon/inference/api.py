@@ -42,9 +42,39 @@ class TurnRequest:
 class TurnResult:
     slot: int
     tokens: np.ndarray  # int32 [n_out] sampled (a stop token, if any, included)
-    logprobs: np.ndarray  # float32 [n_out]
+    logprobs: np.ndarray  # float32 [n_out]: log softmax(logits / T) at each token, over the
+    #                       whole vocabulary (no top-k/top-p renormalisation; greedy: T = 1).
+    #                       The policy the trainer recomputes; see inference/sampling.py.
     routing: np.ndarray | None  # int [n_in + n_out, n_moe_layers, k]: experts used with each
     #                             token of this turn (new_tokens then tokens) as the input
     stop_reason: StopReason
-    n_in_new: int  # tokens prefilled this turn (= len(new_tokens))
+    n_in_new: int  # tokens prefilled this turn: len(new_tokens), 0 if they did not fit
     context_length: int  # the slot's context length after the turn
+
+
+@dataclasses.dataclass
+class EngineStats:
+    """Running counters of an `Engine` (never reset by the engine; diff two snapshots).
+
+    A *dispatch* is one jitted device call that runs the model: a prefill chunk (over every
+    slot with new tokens) or a decode scan (`steps_per_dispatch` tokens for every active slot).
+    Bookkeeping calls that only move state (gather, scatter, resize, fork copies, resets) are
+    counted apart in `state_ops`.
+    """
+
+    generate_calls: int = 0
+    prefill_dispatches: int = 0  # includes the rare re-absorb after a stop string (see engine)
+    decode_dispatches: int = 0
+    state_ops: int = 0
+    forks: int = 0
+    prefill_tokens: int = 0  # real tokens absorbed by prefill (padding excluded)
+    decode_tokens: int = 0  # tokens sampled and returned
+    host_seconds: float = 0.0  # time inside generate not spent waiting on the device
+    device_wait_seconds: float = 0.0  # time blocked on device results
+
+    @property
+    def dispatches(self) -> int:
+        return self.prefill_dispatches + self.decode_dispatches
+
+    def snapshot(self) -> EngineStats:
+        return dataclasses.replace(self)
