@@ -68,6 +68,10 @@ class ModelConfig:
     conv_kernel: int = 4
     chunk_size: int = 128
     time_step_min: float = 0.001  # dt lower clamp on the chunked path (HF 5.24), and init
+    # Clamp dt in the one-token decode step too. False is HF 5.24 exactly (its decode path does
+    # not clamp). True makes decode equal the full forward, which RL needs: the trainer
+    # recomputes the sampler's log-probs with a full (clamped) forward.
+    decode_dt_clamp: bool = False
     time_step_max: float = 0.1  # init of dt_bias only
     time_step_floor: float = 1e-4  # init of dt_bias only
     use_conv_bias: bool = True

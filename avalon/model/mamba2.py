@@ -3,7 +3,8 @@
     z, xBC, dt = in_proj(x)                 (split z / x,B,C / dt; stored as separate weights)
     xBC = silu(causal_depthwise_conv(xBC))  (window K, with a conv state of the last K-1 inputs)
     A = -exp(A_log); dt = softplus(dt + dt_bias), clamped below at time_step_min on the chunked
-        path only (HF 5.24 clamps in its chunk scan but not in its one-token decode step)
+        path (HF 5.24 clamps in its chunk scan but not in its one-token decode step; set
+        `decode_dt_clamp` to clamp there too, so decode equals the full forward exactly)
     y = SSD(x, dt, A, B, C) + D x           (fp32; chunked for t > 1, recurrent for t == 1)
     y = gated_group_rmsnorm(y * silu(z))    (fp32, G groups of I/G channels)
     out = out_proj(y)
@@ -119,7 +120,9 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     state_dtype = jnp.dtype(cfg.ssm_state_dtype)
 
     if cache is not None and t == 1:
-        # One-token decode: the recurrent step, no dt clamp (HF 5.24's decode path).
+        # One-token decode: the recurrent step; HF 5.24's decode path does not clamp dt.
+        if cfg.decode_dt_clamp:
+            dt = jnp.maximum(dt, cfg.time_step_min)
         if num_new is not None:
             dt = dt * (num_new > 0)[:, None, None]
         y, ssm = ssd_step(f32(cache.ssm), f32(xc[:, 0]), dt[:, 0], A, f32(Bc[:, 0]),

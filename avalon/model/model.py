@@ -73,15 +73,19 @@ def _remat(fn, cfg: ModelConfig, training: bool):
 
 def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: ModelConfig,
                segment_ids, lengths, num_new):
-    """Scan `reps` repeats of `unit`. br: [reps, m, b, t, k] routing to replay, or None."""
+    """Scan `reps` repeats of `unit`. br: [reps, m, b, t, k] routing to replay, or None.
+
+    Without a cache, params (and routing) are the scanned inputs. With a cache, the stacked
+    cache is part of the scan *carry* and repeat r's entries are read and written in place
+    (dynamic index / dynamic-update-slice): as scan inputs and outputs they would be copied
+    into fresh buffers every decode step, doubling the Mamba-state traffic."""
     moe_positions = [j for j, ch in enumerate(unit) if ch == "E"]
 
-    def body(h, xs):
-        lps, entries, routes = xs
+    def layers(h, lps, entries, routes):
         new_entries, experts = {}, []
         for j, ch in enumerate(unit):
             key = layer_key(j, ch)
-            r = None if routes is None else routes[moe_positions.index(j)] if ch == "E" else None
+            r = routes[moe_positions.index(j)] if routes is not None and ch == "E" else None
             h, entry, idx = apply_layer(
                 ch, lps[key], h, cfg, segment_ids=segment_ids,
                 cache_entry=None if entries is None else entries.get(key), lengths=lengths,
@@ -90,14 +94,35 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
                 new_entries[key] = entry
             if idx is not None:
                 experts.append(idx)
-        return h, (new_entries, jnp.stack(experts) if experts else None)
+        return h, new_entries, (jnp.stack(experts) if experts else None)
 
-    body = _remat(body, cfg, training=bc is None)
-    if reps == 1:
-        take0 = lambda t: None if t is None else jax.tree.map(lambda a: a[0], t)
-        h, ys = body(h, (take0(bp), take0(bc), take0(br)))
-        return h, jax.tree.map(lambda a: a[None], ys)
-    return jax.lax.scan(body, h, (bp, bc, br))
+    if bc is None:
+        def body(h, xs):
+            lps, routes = xs
+            h, _, experts = layers(h, lps, None, routes)
+            return h, experts
+
+        body = _remat(body, cfg, training=True)
+        if reps == 1:
+            take0 = lambda t: None if t is None else jax.tree.map(lambda a: a[0], t)
+            h, experts = body(h, (take0(bp), take0(br)))
+            return h, None, None if experts is None else experts[None]
+        h, experts = jax.lax.scan(body, h, (bp, br))
+        return h, None, experts
+
+    def body_cached(carry, xs):
+        h, stack = carry
+        lps, routes, r = xs
+        entries = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, r, 0, False), stack)
+        h, new_entries, experts = layers(h, lps, entries, routes)
+        stack = jax.tree.map(
+            lambda a, u: jax.lax.dynamic_update_index_in_dim(a, u.astype(a.dtype), r, 0),
+            stack, new_entries)
+        return (h, stack), experts
+
+    (h, new_stack), experts = jax.lax.scan(body_cached, (h, bc),
+                                           (bp, br, jnp.arange(reps, dtype=jnp.int32)))
+    return h, new_stack, experts
 
 
 def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=None,
@@ -120,7 +145,7 @@ def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=No
         if routing is not None and m:
             br = routing[offset:offset + reps * m].reshape(reps, m, *routing.shape[1:])
         offset += reps * m
-        h, (entries, experts) = _run_block(
+        h, entries, experts = _run_block(
             unit, reps, params["blocks"][bi], None if cache is None else cache.blocks[bi], br, h,
             cfg, segment_ids, lengths, num_new)
         new_blocks.append(entries)

@@ -161,3 +161,27 @@ def test_bad_calls_name_the_problem(params, tokens):
                 cache=init_cache(CFG, 2, 8))
     with pytest.raises(ValueError, match="num_new"):
         forward(params, tokens, CFG, num_new=jnp.array([1, 1]))
+
+
+def test_decode_dt_clamp_makes_decode_equal_the_full_forward():
+    """With dt_bias low enough that softplus < time_step_min, HF's unclamped decode step differs
+    from the (clamped) full forward; `decode_dt_clamp` removes the difference."""
+    cfg = CFG.replace(pattern="M", decode_dt_clamp=True)
+    params = init_params(jax.random.key(7), cfg)
+    blk = params["blocks"][0]["0_mamba"]
+    # dt = softplus(-12) ~ 6e-6, well under the 1e-3 clamp. With D = 0 the Mamba output is the
+    # state's read-out alone, which scales with dt; the gated norm then makes it visible.
+    params["blocks"][0]["0_mamba"] = {**blk, "dt_bias": jnp.full_like(blk["dt_bias"], -12.0),
+                                      "D": jnp.zeros_like(blk["D"]), "out": blk["out"] * 10.0}
+    toks = jax.random.randint(jax.random.key(8), (1, 6), 0, cfg.vocab_size)
+    full = forward(params, toks, cfg).logits
+
+    def decode_last(c):
+        cache = forward(params, toks[:, :5], c, cache=init_cache(c, 1, 8)).cache
+        return forward(params, toks[:, 5:], c, cache=cache).logits[:, 0]
+
+    scale = float(jnp.abs(full[:, 5]).max())
+    clamped = float(jnp.abs(decode_last(cfg) - full[:, 5]).max()) / scale
+    hf_like = float(jnp.abs(decode_last(cfg.replace(decode_dt_clamp=False)) - full[:, 5]).max())
+    assert clamped < 1e-6, clamped
+    assert hf_like / scale > 1e-4, hf_like / scale
