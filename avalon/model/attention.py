@@ -19,7 +19,6 @@ from flax import struct
 from avalon.model.config import AttentionImpl, ModelConfig
 from avalon.sharding import constrain
 
-
 _MASKED = -1e30
 
 
