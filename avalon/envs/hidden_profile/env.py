@@ -1,0 +1,143 @@
+"""Environment 2: hidden profile. Facts are spread across specialists' briefs; only pooling
+them identifies the answer.
+
+A task has three options and facts `<option> good <attribute>` / `<option> bad <attribute>`.
+The best option has the most good minus bad facts over *all* facts. The CEO's prompt (which
+specialists also read) holds the shared facts; m "analysts" (m in `n_holders`) each hold a
+private set, dealt through `EnvSession.brief`: the specialist hired i-th (index i >= 1) gets
+holder (i - 1) mod m's facts; the CEO's brief is empty.
+
+The construction (scores are good minus bad): the shared facts favour a decoy D over the
+answer C by 2m - 1; each holder has one `C good` and one `D bad` fact (plus a balanced good/bad
+pair on a random option, which changes nothing). With k of the m holders pooled, C - D =
+2k - 2m + 1: negative for k < m, +1 for k = m. The third option stays below both. So the
+shared facts alone, or any proper subset of holders, point to D; only all m identify C.
+Option order, roles, attributes and fact order are random per task.
+
+Tool: `choose(option)`, CEO only (not grantable), terminal: reward 1 (label `correct`) for the
+answer, nothing otherwise; one choice per session. Sessions are deterministic (the seed is
+unused).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from avalon.envs.base import Split, TaskTable, check_clock
+from avalon.envs.hidden_profile.tasks import (
+    ATTRIBUTES,
+    OPTIONS,
+    ProfileTask,
+    brief_text,
+    make_task,
+    prompt,
+    signature,
+)
+from avalon.envs.hidden_profile.teacher import TEACHER_WORDS, cast
+from avalon.envs.teacher import TeacherPolicy
+from avalon.org.env import (
+    CallContext,
+    EndContext,
+    EnvReward,
+    FinalOutcome,
+    Param,
+    ParamType,
+    Task,
+    ToolError,
+    ToolOutcome,
+    ToolSpec,
+)
+from avalon.org.workspace import Workspace
+from avalon.tokenizer.chat import ChatFormat
+
+CHOOSE = ToolSpec("choose", "give the final answer (once)", (
+    Param("option", ParamType.STRING, "one of the options"),), grantable=False)
+@dataclasses.dataclass(frozen=True)
+class ProfileConfig:
+    n_holders: tuple[int, int] = (2, 3)  # inclusive range of analysts holding facts
+    clock_s: float = 600.0
+    n_train: int = 512
+    n_heldout: int = 64
+    seed: int = 0
+
+    def __post_init__(self):
+        lo, hi = self.n_holders
+        if not 2 <= lo <= hi <= 4:
+            raise ValueError(f"ProfileConfig.n_holders must be 2 <= lo <= hi <= 4 (attributes "
+                             f"run out beyond), got {self.n_holders}")
+        if not self.clock_s > 0:
+            raise ValueError(f"ProfileConfig.clock_s must be > 0, got {self.clock_s}")
+
+
+class ProfileSession:
+    def __init__(self, task_id: str, spec: ProfileTask, clock_s: float):
+        self.spec = spec
+        self.choice: str | None = None
+        self._task = Task(task_id=task_id, prompt=prompt(spec), tools=(CHOOSE,),
+                          wall_clock_s=clock_s)
+
+    @property
+    def task(self) -> Task:
+        return self._task
+
+    def on_start(self, budget: int, workspace: Workspace) -> None:
+        pass
+
+    def brief(self, agent: str, index: int, title: str, role: str) -> str:
+        if index == 0:
+            return ""
+        return brief_text(self.spec.held[(index - 1) % len(self.spec.held)])
+
+    def call(self, tool: str, args: dict, ctx: CallContext) -> ToolOutcome:
+        if tool != "choose":
+            raise ToolError(f"unknown tool {tool!r}")
+        if self.choice is not None:
+            raise ToolError(f"already chose {self.choice}")
+        option = args["option"].strip().lower()
+        if option not in self.spec.options:
+            raise ToolError(f"no option {args['option']!r}; options: "
+                            f"{', '.join(self.spec.options)}")
+        self.choice = option
+        right = option == self.spec.answer
+        return ToolOutcome(f"chose {option}", (EnvReward(1.0, "correct"),) if right else (),
+                           terminal=True)
+
+    def on_end(self, ctx: EndContext) -> FinalOutcome:
+        return FinalOutcome(metrics={"chose": float(self.choice is not None),
+                                     "correct": float(self.choice == self.spec.answer)})
+
+
+class HiddenProfile:
+    """Environment 2 (see the module docstring)."""
+
+    name = "hidden_profile"
+    uses_workspace = False
+
+    def __init__(self, config: ProfileConfig = ProfileConfig()):
+        self.config = config
+        self.table = TaskTable("hidden_profile", lambda rng: make_task(rng, config.n_holders),
+                               signature, config.n_train, config.n_heldout, config.seed)
+
+    def task_ids(self, split: Split) -> tuple[str, ...]:
+        return self.table.ids(split)
+
+    def spec(self, task_id: str) -> ProfileTask:
+        return self.table.get(task_id)
+
+    def task(self, task_id: str, clock_s: float | None = None) -> Task:
+        return self.session(task_id, 0, clock_s).task
+
+    def session(self, task_id: str, seed: int, clock_s: float | None = None) -> ProfileSession:
+        clock = check_clock(clock_s, self.config.clock_s, f"hidden_profile task {task_id!r}")
+        return ProfileSession(task_id, self.table.get(task_id), clock)
+
+    def teacher(self, chat: ChatFormat) -> TeacherPolicy:
+        """The scripted teacher organisation (`teacher.py`)."""
+        return TeacherPolicy(chat, cast)
+
+    def vocabulary(self) -> tuple[str, ...]:
+        words = ["Choose", "the", "best", "of", "one", "with", "most", "good", "minus", "bad",
+                 "facts", "Known", "analysts", "each", "hold", "more", "Answer", "choose",
+                 "Your", "chose", "already", "no", "option", "options", *OPTIONS, *ATTRIBUTES,
+                 *TEACHER_WORDS]
+        return tuple(dict.fromkeys(words))

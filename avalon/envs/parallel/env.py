@@ -1,0 +1,229 @@
+"""Environment 1: parallel subtasks under a clock (the toy organisation's training environment).
+
+A task is a handful of arithmetic subtasks (`tasks.py`), each with a known work cost and
+optional dependencies. One tool, `solve(id, answer)`:
+- declared duration: the subtask's work cost, plus any wait for its dependencies (below);
+- correct: reward +1 (label `subtask`), once per subtask;
+- wrong: reward -wrong_penalty (label `wrong`, default 0: nothing), the work time is spent all
+  the same, and after `max_attempts` wrong answers the subtask is closed (no answer-guessing);
+- refused with a tool error (no time, no reward): unknown ids, a subtask already solved or
+  closed, a subtask whose dependency is not solved yet (or closed);
+- the episode ends (terminal) once every subtask is solved or closed.
+The organisation drops rewards of calls that finish after the wall clock, so the reward is the
+number of subtasks solved in time.
+
+Dependencies on the derived clock. A dependency solved by a teammate finishes at that
+teammate's clock. If the caller's clock is earlier, the call's duration includes the wait until
+then, so no one builds on work that, on the derived clock, is not finished yet.
+
+The best head-count is computable: `best_hires(task_id, clock_s, max_budget)` and
+`max_solved_for(task_id, hires, clock_s)` (schedule.py, with the work time that fits in
+clock_s - overhead_s). Sessions are deterministic; the session seed is unused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from avalon.envs.base import Split, TaskTable, check_clock
+from avalon.envs.parallel import schedule
+from avalon.envs.parallel.tasks import Op, ParallelTask, make_task, prompt, signature
+from avalon.envs.parallel.teacher import (
+    DEFAULT_TEACHER,
+    TEACHER_WORDS,
+    ParallelTeacherConfig,
+    cast,
+)
+from avalon.envs.teacher import TeacherPolicy
+from avalon.org.env import (
+    CallContext,
+    EndContext,
+    EnvReward,
+    FinalOutcome,
+    Param,
+    ParamType,
+    Task,
+    ToolError,
+    ToolOutcome,
+    ToolSpec,
+)
+from avalon.org.workspace import Workspace
+from avalon.tokenizer.chat import ChatFormat
+
+SOLVE = ToolSpec("solve", "answer one subtask; takes its work time", (
+    Param("id", ParamType.STRING, "subtask id, e.g. s2"),
+    Param("answer", ParamType.INTEGER, "the result")))
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelConfig:
+    """Task generation, timing and reward rules (toy defaults: 5-7 subtasks of 1-3 minutes)."""
+
+    n_subtasks: tuple[int, int] = (5, 7)  # inclusive range
+    cost_units: tuple[int, int] = (1, 3)  # inclusive range of work units per subtask
+    dep_prob: float = 0.3  # chance a subtask depends on one earlier subtask
+    ops: tuple[Op, ...] = tuple(Op)
+    max_operand: int = 9
+    unit_s: float = 60.0  # seconds of work per unit
+    clock_s: float = 300.0  # default wall clock (the curriculum passes its own)
+    overhead_s: float = 30.0  # planning and token time set aside in best-head-count maths
+    max_attempts: int = 2  # wrong answers before a subtask closes
+    wrong_penalty: float = 0.0
+    n_train: int = 512
+    n_heldout: int = 64
+    seed: int = 0
+
+    def __post_init__(self):
+        lo, hi = self.n_subtasks
+        if not 1 <= lo <= hi <= schedule.MAX_JOBS:
+            raise ValueError(f"ParallelConfig.n_subtasks must be 1 <= lo <= hi <= "
+                             f"{schedule.MAX_JOBS}, got {self.n_subtasks}")
+        if not 1 <= self.cost_units[0] <= self.cost_units[1]:
+            raise ValueError(f"ParallelConfig.cost_units must be 1 <= lo <= hi, got "
+                             f"{self.cost_units}")
+        if not 0 <= self.dep_prob <= 1:
+            raise ValueError(f"ParallelConfig.dep_prob must be in [0, 1], got {self.dep_prob}")
+        if not self.ops or not all(isinstance(o, Op) for o in self.ops):
+            raise ValueError(f"ParallelConfig.ops must be a non-empty tuple of Op, got {self.ops}")
+        if not 1 <= self.max_operand <= 9:
+            raise ValueError(f"ParallelConfig.max_operand must be 1..9, got {self.max_operand}")
+        for name in ("unit_s", "clock_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"ParallelConfig.{name} must be > 0, got {getattr(self, name)}")
+        if self.overhead_s < 0 or self.wrong_penalty < 0:
+            raise ValueError("ParallelConfig.overhead_s and wrong_penalty must be >= 0, got "
+                             f"{self.overhead_s} and {self.wrong_penalty}")
+        if self.max_attempts < 1:
+            raise ValueError(f"ParallelConfig.max_attempts must be >= 1, got {self.max_attempts}")
+
+
+class ParallelSession:
+    """One rollout of one task (see the module docstring for the rules)."""
+
+    def __init__(self, task_id: str, spec: ParallelTask, clock_s: float, config: ParallelConfig):
+        self.spec, self.config = spec, config
+        self.by_id = {s.id: s for s in spec.subtasks}
+        self.done_at: dict[str, float] = {}  # subtask -> derived clock when it was solved
+        self.wrong: dict[str, int] = {}
+        self.closed: set[str] = set()
+        self._task = Task(task_id=task_id, prompt=prompt(spec, clock_s, config.unit_s),
+                          tools=(SOLVE,), wall_clock_s=clock_s)
+
+    @property
+    def task(self) -> Task:
+        return self._task
+
+    def on_start(self, budget: int, workspace: Workspace) -> None:
+        pass
+
+    def brief(self, agent: str, index: int, title: str, role: str) -> str:
+        return ""
+
+    def call(self, tool: str, args: dict, ctx: CallContext) -> ToolOutcome:
+        if tool != "solve":
+            raise ToolError(f"unknown tool {tool!r}")
+        sid, answer = args["id"], args["answer"]
+        sub = self.by_id.get(sid)
+        if sub is None:
+            raise ToolError(f"no subtask {sid!r}; ids are s1..s{len(self.by_id)}")
+        if sid in self.done_at:
+            raise ToolError(f"{sid} already solved")
+        if sid in self.closed:
+            raise ToolError(f"{sid} closed after {self.config.max_attempts} wrong answers")
+        for d in sub.after:
+            if d in self.closed:
+                raise ToolError(f"{sid} needs {d}, which is closed")
+            if d not in self.done_at:
+                raise ToolError(f"{sid} needs {d} first")
+        ready = max((self.done_at[d] for d in sub.after), default=0.0)
+        wait = max(0.0, ready - ctx.clock_s)
+        duration = wait + sub.units * self.config.unit_s
+        waited = f" (waited {round(wait)} for {' '.join(sub.after)})" if wait > 0 else ""
+        if answer == sub.answer:
+            self.done_at[sid] = ctx.clock_s + duration
+            return ToolOutcome(f"{sid} correct{waited}", (EnvReward(1.0, "subtask"),),
+                               terminal=self._settled(), duration_s=duration)
+        self.wrong[sid] = self.wrong.get(sid, 0) + 1
+        text = f"{sid} wrong{waited}"
+        if self.wrong[sid] >= self.config.max_attempts:
+            self.closed.add(sid)
+            text += ", closed"
+        rewards = (EnvReward(-self.config.wrong_penalty, "wrong"),) if \
+            self.config.wrong_penalty else ()
+        return ToolOutcome(text, rewards, terminal=self._settled(), duration_s=duration)
+
+    def _settled(self) -> bool:
+        return len(self.done_at) + len(self.closed) == len(self.by_id)
+
+    def on_end(self, ctx: EndContext) -> FinalOutcome:
+        cap = self._task.wall_clock_s
+        in_time = sum(t <= cap for t in self.done_at.values())
+        return FinalOutcome(metrics={"subtasks": float(len(self.by_id)),
+                                     "solved": float(in_time),  # by the clock: rewarded
+                                     "solved_late": float(len(self.done_at) - in_time),
+                                     "wrong": float(sum(self.wrong.values())),
+                                     "closed": float(len(self.closed))})
+
+
+class ParallelSubtasks:
+    """Environment 1 (see the module docstring)."""
+
+    name = "parallel"
+    uses_workspace = False
+
+    def __init__(self, config: ParallelConfig = ParallelConfig()):
+        self.config = config
+        c = config
+        self.table = TaskTable(
+            "parallel", lambda rng: make_task(rng, n_subtasks=c.n_subtasks,
+                                              cost_units=c.cost_units, dep_prob=c.dep_prob,
+                                              ops=c.ops, max_operand=c.max_operand),
+            signature, c.n_train, c.n_heldout, c.seed)
+
+    def task_ids(self, split: Split) -> tuple[str, ...]:
+        return self.table.ids(split)
+
+    def spec(self, task_id: str) -> ParallelTask:
+        return self.table.get(task_id)
+
+    def task(self, task_id: str, clock_s: float | None = None) -> Task:
+        return self.session(task_id, 0, clock_s).task
+
+    def session(self, task_id: str, seed: int, clock_s: float | None = None) -> ParallelSession:
+        clock = check_clock(clock_s, self.config.clock_s, f"parallel task {task_id!r}")
+        return ParallelSession(task_id, self.table.get(task_id), clock, self.config)
+
+    def horizon(self, clock_s: float) -> int:
+        """Work units that fit in the clock after the overhead."""
+        return schedule.horizon_units(clock_s, self.config.unit_s, self.config.overhead_s)
+
+    def max_solved_for(self, task_id: str, hires: int, clock_s: float | None = None) -> int:
+        """The most subtasks hires + 1 workers (the CEO works too) solve in time."""
+        spec = self.spec(task_id)
+        clock = check_clock(clock_s, self.config.clock_s, f"parallel task {task_id!r}")
+        return schedule.max_solved(spec.costs(), spec.deps(), hires + 1, self.horizon(clock))
+
+    def best_hires(self, task_id: str, clock_s: float | None = None, max_budget: int = 8) -> int:
+        """The fewest hires that solve the most subtasks in time (budget permitting)."""
+        spec = self.spec(task_id)
+        clock = check_clock(clock_s, self.config.clock_s, f"parallel task {task_id!r}")
+        return schedule.best_headcount(spec.costs(), spec.deps(), self.horizon(clock),
+                                       max_budget)
+
+    def teacher(self, chat: ChatFormat,
+                config: ParallelTeacherConfig = DEFAULT_TEACHER) -> TeacherPolicy:
+        """The scripted teacher organisation (`teacher.py`), as an org Policy."""
+        return TeacherPolicy(chat, cast(self.config.unit_s, self.config.overhead_s, config))
+
+    def vocabulary(self) -> tuple[str, ...]:
+        n = self.config.n_subtasks[1]
+        words = ["Subtasks", "work", "after", "Clock", "Call", "solve", "with", "id", "and",
+                 "answer", "each", "correct", "subtask", "before", "the", "clock", "scores",
+                 "wrong", "closed", "waited", "for", "no", "ids", "are", "already", "solved",
+                 "needs", "first", "which", "is", "is", *(o.value for o in Op)]
+        words += [f"s{i}" for i in range(1, n + 1)]
+        words += [str(i) for i in range(10, 100)]
+        span = range(self.config.cost_units[0], self.config.cost_units[1] + 1)
+        words += [str(round(u * self.config.unit_s)) for u in span]
+        words += [str(round(self.config.clock_s))]
+        return tuple(dict.fromkeys(w for w in words + list(TEACHER_WORDS) if len(w) >= 2))

@@ -1,0 +1,122 @@
+"""Tasks of the parallel-subtasks environment: small arithmetic subtasks with work costs and
+dependencies, the prompt that states them, and the parser a teacher reads them back with.
+
+A subtask is `s3 max 7 2 work 120 after s1`: its answer is max(7, 2) = 7; solving it takes 120
+seconds of work on the derived clock; it cannot be solved before s1 is. Work costs are whole
+multiples of the environment's unit (`unit_s`), so the best schedule is an integer search
+(`schedule.py`). Operands are 0..max_operand; `sub` keeps a >= b, so answers are 0..81.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+
+import numpy as np
+
+_ITEM = re.compile(r"\b(s\d+) (add|sub|mul|max|min) (\d+) (\d+) work (\d+)((?: after s\d+)*)")
+_CLOCK = re.compile(r"Clock (\d+)")
+
+
+class Op(enum.Enum):
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    MAX = "max"
+    MIN = "min"
+
+    def apply(self, a: int, b: int) -> int:
+        if self is Op.ADD:
+            return a + b
+        if self is Op.SUB:
+            return a - b
+        if self is Op.MUL:
+            return a * b
+        return max(a, b) if self is Op.MAX else min(a, b)
+
+
+@dataclasses.dataclass(frozen=True)
+class Subtask:
+    id: str  # "s1", "s2", ... in prompt order
+    op: Op
+    a: int
+    b: int
+    units: int  # work cost in units of the environment's unit_s
+    after: tuple[str, ...] = ()  # subtasks that must be solved first
+
+    @property
+    def answer(self) -> int:
+        return self.op.apply(self.a, self.b)
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelTask:
+    subtasks: tuple[Subtask, ...]
+
+    def index(self) -> dict[str, int]:
+        return {s.id: i for i, s in enumerate(self.subtasks)}
+
+    def costs(self) -> list[int]:
+        return [s.units for s in self.subtasks]
+
+    def deps(self) -> list[list[int]]:
+        """Dependencies as index lists (the schedule's input)."""
+        idx = self.index()
+        return [[idx[d] for d in s.after] for s in self.subtasks]
+
+
+def make_task(rng: np.random.Generator, *, n_subtasks: tuple[int, int],
+              cost_units: tuple[int, int], dep_prob: float, ops: tuple[Op, ...],
+              max_operand: int) -> ParallelTask:
+    """Draws one task: each subtask after the first depends on one random earlier subtask
+    with probability `dep_prob` (so the dependencies form a forest of chains and trees)."""
+    n = int(rng.integers(n_subtasks[0], n_subtasks[1] + 1))
+    out = []
+    for i in range(n):
+        op = ops[int(rng.integers(len(ops)))]
+        a, b = (int(x) for x in rng.integers(0, max_operand + 1, size=2))
+        if op is Op.SUB and a < b:
+            a, b = b, a
+        units = int(rng.integers(cost_units[0], cost_units[1] + 1))
+        after = (f"s{int(rng.integers(i)) + 1}",) if i > 0 and rng.random() < dep_prob else ()
+        out.append(Subtask(f"s{i + 1}", op, a, b, units, after))
+    return ParallelTask(tuple(out))
+
+
+def signature(task: ParallelTask) -> tuple:
+    return tuple((s.op.value, s.a, s.b, s.units, s.after) for s in task.subtasks)
+
+
+def _seconds(x: float) -> str:
+    return str(int(round(x)))
+
+
+def prompt(task: ParallelTask, clock_s: float, unit_s: float) -> str:
+    """The task text, e.g. `Subtasks: s1 add 3 4 work 60; s2 mul 2 5 work 120 after s1. Clock
+    300. Call solve with id and answer; each correct subtask before the clock scores 1.`"""
+    items = []
+    for s in task.subtasks:
+        item = f"{s.id} {s.op.value} {s.a} {s.b} work {_seconds(s.units * unit_s)}"
+        items.append(item + "".join(f" after {d}" for d in s.after))
+    return (f"Subtasks: {'; '.join(items)}. Clock {_seconds(clock_s)}. Call solve with id and "
+            "answer; each correct subtask before the clock scores 1.")
+
+
+def parse_prompt(text: str, unit_s: float) -> tuple[ParallelTask, float]:
+    """The task and clock back from text holding a `prompt` (e.g. a decoded role card)."""
+    subtasks = []
+    for m in _ITEM.finditer(text):
+        work = int(m.group(5))
+        units = round(work / unit_s)
+        if units < 1 or abs(units * unit_s - work) > 0.5:
+            raise ValueError(f"parse_prompt: work {work} of {m.group(1)} is not a multiple of "
+                             f"unit_s {unit_s}")
+        after = tuple(re.findall(r"s\d+", m.group(6)))
+        subtasks.append(Subtask(m.group(1), Op(m.group(2)), int(m.group(3)), int(m.group(4)),
+                                units, after))
+    clock = _CLOCK.search(text)
+    if not subtasks or clock is None:
+        raise ValueError("parse_prompt: no subtasks and clock in the text (the teacher reads the "
+                         "task from the role card: keep OrgConfig.specialists_see_task on)")
+    return ParallelTask(tuple(subtasks)), float(clock.group(1))

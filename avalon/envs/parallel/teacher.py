@@ -1,0 +1,304 @@
+"""The scripted teacher organisation of the parallel-subtasks environment.
+
+The CEO reads the subtasks and clock from its role card and the budget from its first
+observation, picks a head-count h (`HirePolicy`), and plans an optimal schedule for h + 1
+workers (`schedule.plan`; the CEO works too). Its first turn (plan mode) states the plan and
+hires; each hire's role is its list and whom to tell, e.g. `Do s2 s5. Tell a3 after s2.`
+(at most `hires_per_turn` hires per turn, so turns fit toy windows). Subtasks the plan cannot fit
+in time go to the end of the CEO's own list when it holds their dependencies (the clock may
+allow them; late ones earn nothing).
+
+Every worker then solves its list in order. A subtask whose dependency belongs to a teammate
+waits (`wait_for_messages`) for that teammate's DM (`s2 done` or `s2 failed`); a worker DMs
+those it must tell once it sees its result. A wrong answer is retried until the subtask closes.
+Specialists report to the CEO when their list is done; the CEO sends its final message once its
+own list is done and every hire has reported (a task whose subtasks are all settled ends
+earlier, by the environment's terminal event).
+
+Why batches. A message is delivered at the receiver's next turn boundary and moves its clock up
+to the sender's (SPEC §2), so a DM or report reaching a worker that is still mid-list on the
+derived clock would delay the rest of its list. So a worker issues, in one turn, every solve it
+can run in order (up to `solves_per_turn`), ending the turn early only right after a subtask a
+teammate waits for (to tell them promptly) or before one that waits for a teammate; the CEO
+takes the list least exposed to messages, hires busy specialists first (idle ones, under a
+budget-spending policy, after its own work started) and starts its own work in the turn of its
+last busy hires. With these, the teacher reaches the schedule's optimum (tests/envs/
+test_parallel.py checks it task by task).
+
+Knobs (`ParallelTeacherConfig`), to leave SFT room for RL to improve:
+- `hire_policy`: BEST (the fewest hires that solve the most), RANDOM (h uniform in 0..budget),
+  ALL (the whole budget);
+- `answer_error_rate`: the chance each answer is off by one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import numpy as np
+
+from avalon.envs.parallel import schedule
+from avalon.envs.parallel.tasks import ParallelTask, parse_prompt
+from avalon.envs.teacher import Start, budget, dms, reports, results
+from avalon.org.policy import AgentView, Step
+
+MAX_HIRES = 8
+TEACHER_WORDS = ("Plan", "Do", "Tell", "done", "failed", "Solver", "Stand", "by", "none",
+                 "hire", "title", "role", "tools", "dm", "to", "text", "wait_for_messages",
+                 "report_to_ceo", "status", "final_message", "ceo",
+                 *(f"a{i}" for i in range(1, MAX_HIRES + 1)))
+
+
+class HirePolicy(enum.Enum):
+    BEST = "best"
+    RANDOM = "random"
+    ALL = "all"
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelTeacherConfig:
+    hire_policy: HirePolicy = HirePolicy.BEST
+    answer_error_rate: float = 0.0
+    hires_per_turn: int = 2
+    solves_per_turn: int = 4  # with DMs, a turn stays under a toy window's 128-token turn cap
+
+    def __post_init__(self):
+        if not 0 <= self.answer_error_rate <= 1:
+            raise ValueError("ParallelTeacherConfig.answer_error_rate must be in [0, 1], got "
+                             f"{self.answer_error_rate}")
+        if self.hires_per_turn < 1 or self.solves_per_turn < 1:
+            raise ValueError("ParallelTeacherConfig.hires_per_turn and solves_per_turn must be "
+                             f">= 1, got {self.hires_per_turn} and {self.solves_per_turn}")
+
+
+DEFAULT_TEACHER = ParallelTeacherConfig()
+
+
+def _call(name: str, **args) -> tuple[str, dict]:
+    return name, args
+
+
+def _take(calls: list, n: int) -> list:
+    """Removes and returns the first n calls."""
+    out = calls[:n]
+    del calls[:n]
+    return out
+
+
+class Worker:
+    """Solves a list of subtasks in order, in batches; tells teammates what it settled."""
+
+    def __init__(self, task: ParallelTask, todo: list[str], tell: dict[str, list[str]],
+                 error_rate: float):
+        self.by_id = {s.id: s for s in task.subtasks}
+        self.todo, self.tell, self.error_rate = list(todo), tell, error_rate
+        self.known_done: set[str] = set()
+        self.known_failed: set[str] = set()
+        self.solved: list[str] = []
+        self.outbox: list[tuple[str, str]] = []  # (agent, text) DMs to send
+
+    def _settle(self, sid: str, ok: bool) -> None:
+        (self.known_done if ok else self.known_failed).add(sid)
+        if ok:
+            self.solved.append(sid)
+        if sid in self.todo:
+            self.todo.remove(sid)
+        for agent in self.tell.get(sid, []):
+            self.outbox.append((agent, f"{sid} {'done' if ok else 'failed'}"))
+
+    def observe(self, obs: str) -> None:
+        for r in results(obs):
+            if r.tool != "solve":
+                continue
+            sid = r.text.split(" ", 1)[0]
+            if sid not in self.by_id:
+                continue
+            if (not r.error and "correct" in r.text) or "already solved" in r.text:
+                self._settle(sid, True)
+            elif "closed" in r.text and "needs" not in r.text:
+                self._settle(sid, False)
+        for _, text in dms(obs):
+            parts = text.split()
+            if len(parts) == 2 and parts[0] in self.by_id:
+                (self.known_done if parts[1] == "done" else self.known_failed).add(parts[0])
+
+    def calls(self, rng: np.random.Generator, max_solves: int) -> tuple[list, bool]:
+        """This turn's calls and whether the list is finished (see the module docstring)."""
+        out: list = []
+        batch: list = []
+        ready = set(self.known_done)  # done, or solved earlier in this batch
+        for sid in list(self.todo):
+            sub = self.by_id[sid]
+            if any(d in self.known_failed for d in sub.after):
+                self._settle(sid, False)
+                continue
+            if len(batch) == max_solves or not all(d in ready for d in sub.after):
+                break
+            answer = sub.answer + (1 if rng.random() < self.error_rate else 0)
+            batch.append(_call("solve", id=sid, answer=answer))
+            ready.add(sid)
+            if self.tell.get(sid):
+                break
+        out = [_call("dm", to=a, text=t) for a, t in self.outbox]
+        self.outbox = []
+        if batch:
+            return out + batch, False
+        if self.todo:
+            return out + [_call("wait_for_messages")], False
+        return out, True
+
+
+def _assign(plan: schedule.Plan, task: ParallelTask, hires: int) -> list[list[str]]:
+    """Subtask lists for [ceo, a1, ..., a_hires], busy hires before idle ones.
+
+    The CEO takes the worker least exposed to messages (one that waits for no teammate, then
+    one no teammate waits for, then the one that finishes first: the most slack for
+    co-ordination), plus the subtasks the plan leaves out whose dependencies it holds itself
+    (it tries them after its list, in case the clock allows)."""
+    costs, deps = task.costs(), task.deps()
+    worker = {j: w for j, w, _ in plan.starts}
+
+    def waits(w: int) -> bool:
+        return any(worker.get(d, w) != w for j in plan.jobs_of(w) for d in deps[j])
+
+    def waited_for(w: int) -> bool:
+        return any(worker.get(j, w) != w for j in range(len(deps)) for d in deps[j]
+                   if worker.get(d) == w)
+
+    order = sorted(range(plan.workers),
+                   key=lambda w: (waits(w), waited_for(w), plan.finish_of(w, costs), w))
+    ids = [s.id for s in task.subtasks]
+    lists = [[ids[j] for j in plan.jobs_of(w)] for w in order]
+    for j in range(len(ids)):
+        if j not in worker and all(ids[d] in lists[0] for d in deps[j]):
+            lists[0].append(ids[j])
+    lists = [lists[0]] + sorted(lists[1:], key=lambda lst: not lst)
+    return lists + [[] for _ in range(hires + 1 - len(lists))]
+
+
+def _tells(task: ParallelTask, lists: list[list[str]], agents: list[str]) -> list[dict]:
+    owner = {sid: agents[i] for i, lst in enumerate(lists) for sid in lst}
+    tells: list[dict[str, list[str]]] = [{} for _ in lists]
+    for i, lst in enumerate(lists):
+        for sid in lst:
+            for d in next(s for s in task.subtasks if s.id == sid).after:
+                if owner.get(d, agents[i]) != agents[i]:
+                    src = agents.index(owner[d])
+                    tells[src].setdefault(d, [])
+                    if agents[i] not in tells[src][d]:
+                        tells[src][d].append(agents[i])
+    return tells
+
+
+def role_text(todo: list[str], tell: dict[str, list[str]]) -> str:
+    if not todo:
+        return "Stand by."
+    text = f"Do {' '.join(todo)}."
+    for sid, agents in tell.items():
+        text += "".join(f" Tell {a} after {sid}." for a in agents)
+    return text
+
+
+def parse_role(role: str) -> tuple[list[str], dict[str, list[str]]]:
+    todo: list[str] = []
+    tell: dict[str, list[str]] = {}
+    for sentence in role.split("."):
+        words = sentence.split()
+        if words[:1] == ["Do"]:
+            todo = words[1:]
+        elif len(words) == 4 and words[0] == "Tell" and words[2] == "after":
+            tell.setdefault(words[3], []).append(words[1])
+    return todo, tell
+
+
+class CeoActor:
+    def __init__(self, start: Start, unit_s: float, overhead_s: float,
+                 config: ParallelTeacherConfig):
+        self.task, self.clock_s = parse_prompt(start.context, unit_s)
+        self.unit_s, self.overhead_s, self.config = unit_s, overhead_s, config
+        self.hire_calls: list = []  # hires with a list, made first
+        self.idle_calls: list = []  # hires with nothing to do (a budget-spending policy)
+        self.worker: Worker | None = None
+        self.hires = 0
+        self.reported: set[str] = set()
+
+    def _plan(self, b: int, rng: np.random.Generator) -> Step:
+        costs, deps = self.task.costs(), self.task.deps()
+        horizon = schedule.horizon_units(self.clock_s, self.unit_s, self.overhead_s)
+        policy = self.config.hire_policy
+        if policy is HirePolicy.BEST:
+            h = schedule.best_headcount(costs, deps, horizon, b)
+        elif policy is HirePolicy.RANDOM:
+            h = int(rng.integers(0, b + 1))
+        else:
+            h = b
+        plan = schedule.plan(costs, deps, h + 1, horizon)
+        lists = _assign(plan, self.task, h)
+        agents = ["ceo"] + [f"a{i}" for i in range(1, h + 1)]
+        tells = _tells(self.task, lists, agents)
+        self.worker = Worker(self.task, lists[0], tells[0], self.config.answer_error_rate)
+        self.hires = h
+        hires = [_call("hire", title="Solver", role=role_text(lists[i], tells[i]),
+                       tools=["solve"]) for i in range(1, h + 1)]
+        busy = sum(1 for lst in lists[1:] if lst)
+        self.hire_calls, self.idle_calls = hires[:busy], hires[busy:]
+        text = "Plan: " + "; ".join(f"{a} {' '.join(lst) or 'none'}"
+                                    for a, lst in zip(agents, lists) if lst or a == "ceo") + "."
+        return Step(text, tuple(_take(self.hire_calls, self.config.hires_per_turn)))
+
+    def step(self, view: AgentView, rng: np.random.Generator) -> Step:
+        if self.worker is None:
+            b = budget(view.obs)
+            if b is None:
+                raise ValueError("parallel teacher: the CEO's first observation has no budget")
+            return self._plan(b, rng)
+        self.reported |= {sender for sender, _ in reports(view.obs)}
+        self.worker.observe(view.obs)
+        calls = _take(self.hire_calls, self.config.hires_per_turn)
+        if self.hire_calls:  # busy hires first: their work starts at the CEO's clock
+            return Step("", tuple(calls))
+        # The CEO's own work starts in the turn of its last busy hires (a hire weighs two
+        # solves), before any report can arrive to move its clock on.
+        room = self.config.solves_per_turn - 2 * len(calls)
+        if room < 1:
+            return Step("", tuple(calls))
+        more, finished = self.worker.calls(rng, room)
+        calls += more
+        if not calls or finished:  # idle hires once the CEO's own work is under way
+            calls += _take(self.idle_calls, self.config.hires_per_turn)
+        if finished and not self.idle_calls:
+            if len(self.reported) >= self.hires:
+                calls.append(_call("final_message", text="done"))
+            else:
+                calls.append(_call("wait_for_messages"))
+        return Step("", tuple(calls))
+
+
+class SolverActor:
+    def __init__(self, start: Start, unit_s: float, config: ParallelTeacherConfig):
+        task, _ = parse_prompt(start.context, unit_s)
+        todo, tell = parse_role(start.role)
+        self.worker = Worker(task, todo, tell, config.answer_error_rate)
+        self.solves_per_turn = config.solves_per_turn
+        self.reported = False
+
+    def step(self, view: AgentView, rng: np.random.Generator) -> Step:
+        self.worker.observe(view.obs)
+        calls, finished = self.worker.calls(rng, self.solves_per_turn)
+        if finished:
+            if not self.reported:
+                self.reported = True
+                done = " ".join(self.worker.solved) or "none"
+                calls.append(_call("report_to_ceo", status="done", done=done))
+            calls.append(_call("wait_for_messages"))
+        return Step("", tuple(calls))
+
+
+def cast(unit_s: float, overhead_s: float, config: ParallelTeacherConfig):
+    """The actor factory for `TeacherPolicy`."""
+    def make(start: Start):
+        if start.key.agent == "ceo":
+            return CeoActor(start, unit_s, overhead_s, config)
+        return SolverActor(start, unit_s, config)
+    return make

@@ -1,0 +1,211 @@
+"""Environment 3: software build. Implement functions in the workspace; hidden tests grade them.
+
+A task asks for 2-3 functions (`functions.py` families) in `solution.py`, each shown with its
+signature, a one-line spec and two examples. `on_start` lays out `solution.py` with stubs.
+Grading (`grader.py`) runs fresh hidden tests (`tests_per_function` per function, inputs drawn
+from the session seed) against the workspace's code in the sandbox, outside the workspace.
+
+Reward: 1 / n_functions (label `function`) for each function whose hidden pass rate is at least
+`pass_threshold` (default 1.0: every test). Rewards come from `submit` (CEO only, terminal;
+declared duration `grade_cost_s`) or, if the episode ends without a submission (the CEO's
+final message, the wall clock), from grading the workspace at the end, so a rollout cut off at
+any point still yields a reward.
+
+Hardening against reward hacks (each has a test in tests/envs/test_software.py):
+- lookup tables: hidden inputs are fresh random draws per session, never the shown examples;
+- constant-answer floors: generators balance output classes (no constant passes more than
+  about half of a family's tests) and a function scores only above the pass threshold;
+- reading or editing the tests and grader: tests live only in the grader's parent process;
+  the sandboxed run sees inputs only, cannot read outside its directory and the standard
+  library, cannot import `avalon`, and its outputs are compared outside it, type-strictly;
+- writing outside the workspace: the graded copy runs with every write refused; symlinked
+  files are not copied in;
+- printing fake results or exiting early with status 0: results come from the harness's own
+  file, and without correct values they only lose cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import zlib
+
+import numpy as np
+
+from avalon.envs.base import Split, TaskTable, check_clock
+from avalon.envs.software.functions import BY_NAME, FAMILIES
+from avalon.envs.software.grader import GradeReport, grade
+from avalon.envs.software.teacher import TEACHER_WORDS, cast
+from avalon.envs.teacher import TeacherPolicy
+from avalon.org.env import (
+    CallContext,
+    EndContext,
+    EnvReward,
+    FinalOutcome,
+    Task,
+    ToolError,
+    ToolOutcome,
+    ToolSpec,
+)
+from avalon.org.workspace import Workspace, WorkspaceLimits
+from avalon.tokenizer.chat import ChatFormat
+
+SUBMIT = ToolSpec("submit", "grade solution.py with the hidden tests; ends the task",
+                  grantable=False)
+SOLUTION = "solution.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftwareConfig:
+    n_functions: tuple[int, int] = (2, 3)  # inclusive range
+    examples_per_function: int = 2
+    tests_per_function: int = 12
+    pass_threshold: float = 1.0
+    grade_cost_s: float = 30.0
+    grade_timeout_s: float = 10.0
+    clock_s: float = 1800.0
+    n_train: int = 256
+    n_heldout: int = 64
+    seed: int = 0
+
+    def __post_init__(self):
+        lo, hi = self.n_functions
+        if not 1 <= lo <= hi <= len(FAMILIES):
+            raise ValueError(f"SoftwareConfig.n_functions must be 1 <= lo <= hi <= "
+                             f"{len(FAMILIES)}, got {self.n_functions}")
+        if not 0 < self.pass_threshold <= 1:
+            raise ValueError(f"SoftwareConfig.pass_threshold must be in (0, 1], got "
+                             f"{self.pass_threshold}")
+        for name in ("examples_per_function", "tests_per_function"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SoftwareConfig.{name} must be >= 1, got "
+                                 f"{getattr(self, name)}")
+        for name in ("grade_cost_s", "grade_timeout_s", "clock_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SoftwareConfig.{name} must be > 0, got {getattr(self, name)}")
+
+
+DEFAULT_CONFIG = SoftwareConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftwareTask:
+    functions: tuple[str, ...]
+    examples: tuple[tuple[str, tuple, object], ...]  # (function, args, expected)
+
+
+def make_task(rng: np.random.Generator, config: SoftwareConfig) -> SoftwareTask:
+    n = int(rng.integers(config.n_functions[0], config.n_functions[1] + 1))
+    names = tuple(sorted(FAMILIES[i].name for i in rng.choice(len(FAMILIES), n, replace=False)))
+    examples = []
+    for name in names:
+        fam = BY_NAME[name]
+        ref = fam.reference()
+        for _ in range(config.examples_per_function):
+            args = fam.gen(rng)
+            examples.append((name, args, ref(*args)))
+    return SoftwareTask(names, tuple(examples))
+
+
+def _call_text(name: str, args: tuple) -> str:
+    return f"{name}({', '.join(repr(a) for a in args)})"
+
+
+def prompt(task: SoftwareTask) -> str:
+    lines = [f"Write {SOLUTION} (Python standard library only) defining these functions."]
+    for name in task.functions:
+        fam = BY_NAME[name]
+        lines.append(f"{fam.signature}: {fam.spec}")
+        lines += [f"  e.g. {_call_text(n, a)} == {e!r}" for n, a, e in task.examples
+                  if n == name]
+    lines.append("Hidden tests with new inputs grade it when the CEO calls submit or the task "
+                 "ends; a function scores only if it passes every test.")
+    return "\n".join(lines)
+
+
+def stub(task: SoftwareTask) -> str:
+    return "".join(f"def {BY_NAME[n].signature}:\n    raise NotImplementedError\n\n\n"
+                   for n in task.functions).rstrip() + "\n"
+
+
+class SoftwareSession:
+    def __init__(self, task_id: str, spec: SoftwareTask, seed: int, clock_s: float,
+                 config: SoftwareConfig):
+        self.spec, self.config = spec, config
+        self.rng = np.random.default_rng([seed, zlib.crc32(task_id.encode()), 7])
+        self.limits = WorkspaceLimits(run_timeout_s=config.grade_timeout_s)
+        self.report: GradeReport | None = None
+        self._task = Task(task_id=task_id, prompt=prompt(spec), tools=(SUBMIT,),
+                          wall_clock_s=clock_s)
+
+    @property
+    def task(self) -> Task:
+        return self._task
+
+    def on_start(self, budget: int, workspace: Workspace) -> None:
+        workspace.write(SOLUTION, stub(self.spec))
+
+    def brief(self, agent: str, index: int, title: str, role: str) -> str:
+        return ""
+
+    def _grade(self, workspace: Workspace) -> tuple[EnvReward, ...]:
+        self.report = grade(workspace, self.spec.functions, self.rng,
+                            self.config.tests_per_function, self.limits)
+        share = 1.0 / len(self.spec.functions)
+        return tuple(EnvReward(share, "function") for f in self.spec.functions
+                     if self.report.rate(f) >= self.config.pass_threshold)
+
+    def call(self, tool: str, args: dict, ctx: CallContext) -> ToolOutcome:
+        if tool != "submit":
+            raise ToolError(f"unknown tool {tool!r}")
+        if self.report is not None:
+            raise ToolError("already submitted")
+        rewards = self._grade(ctx.workspace)
+        r = self.report
+        text = "; ".join(f"{f} {r.passed[f]}/{r.total[f]}" for f in self.spec.functions)
+        return ToolOutcome(f"graded: {text}", rewards, terminal=True,
+                           duration_s=self.config.grade_cost_s)
+
+    def on_end(self, ctx: EndContext) -> FinalOutcome:
+        rewards = () if self.report is not None else self._grade(ctx.workspace)
+        r = self.report
+        metrics = {"functions": float(len(self.spec.functions)),
+                   "pass_rate": float(np.mean([r.rate(f) for f in self.spec.functions]))}
+        return FinalOutcome(rewards=rewards, metrics=metrics)
+
+
+class SoftwareBuild:
+    """Environment 3 (see the module docstring). Sessions use their seed for hidden inputs."""
+
+    name = "software"
+    uses_workspace = True
+
+    def __init__(self, config: SoftwareConfig = DEFAULT_CONFIG):
+        self.config = config
+        self.table = TaskTable("software", lambda rng: make_task(rng, config),
+                               lambda t: t.functions, config.n_train, config.n_heldout,
+                               config.seed)
+
+    def task_ids(self, split: Split) -> tuple[str, ...]:
+        return self.table.ids(split)
+
+    def spec(self, task_id: str) -> SoftwareTask:
+        return self.table.get(task_id)
+
+    def task(self, task_id: str, clock_s: float | None = None) -> Task:
+        return self.session(task_id, 0, clock_s).task
+
+    def session(self, task_id: str, seed: int, clock_s: float | None = None) -> SoftwareSession:
+        clock = check_clock(clock_s, self.config.clock_s, f"software task {task_id!r}")
+        return SoftwareSession(task_id, self.table.get(task_id), seed, clock, self.config)
+
+    def teacher(self, chat: ChatFormat) -> TeacherPolicy:
+        """The scripted teacher organisation (`teacher.py`)."""
+        return TeacherPolicy(chat, cast)
+
+    def vocabulary(self) -> tuple[str, ...]:
+        words = re.findall(r"[A-Za-z0-9_]{2,}", " ".join(
+            [prompt(SoftwareTask(tuple(f.name for f in FAMILIES), ())), *(
+                f.source for f in FAMILIES), stub(SoftwareTask(tuple(BY_NAME), ())),
+             "graded already submitted unknown tool", *TEACHER_WORDS]))
+        return tuple(dict.fromkeys(words))
