@@ -1,14 +1,17 @@
 """Every test runs on 8 fake CPU devices, so sharding is exercised in every run.
 
-XLA's CPU compiler dominates the suite's time, and many tests compile the same computation
-through different Python closures; the persistent compilation cache (keyed by the lowered
-program) turns those repeats into cache loads.
+XLA's CPU compiler dominates the suite's time. Two remedies: LLVM optimisation level 0 (halves
+the compile of a model gradient, ~25 s -> ~11 s on 2 cores, while the tiny programs run about as
+fast), and the persistent compilation cache (keyed by the lowered program), which turns the
+many tests that compile the same computation through different closures into cache loads.
 """
 
 import os
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_backend_optimization_level=0").strip()
 
 import jax  # noqa: E402
 

@@ -1,0 +1,146 @@
+"""Collective rewards and group-relative advantages (SPEC §3), host-side numpy.
+
+For rollout i of a group (K rollouts of one task, grouped by the explicit `group_id`):
+
+    R_i = Σ over every agent's reward events            (Objective.SUM)
+        = u_β(W_T / W_0)                                 (Objective.GKPO)
+    R_i ← R_i − underhire_slope · max(budget_i − hires_i, 0)
+    A_i = (R_i − mean_j R_j) / std_j R_j                 (population std, ddof = 0)
+
+A group whose std is ≤ `zero_std_tol` (including every group of one rollout) carries no
+learning signal and is dropped before the division, so no epsilon is ever added to the std.
+A_i then goes on every loss token of every agent row of rollout i (any number of rows: agents
+hired mid-episode, compaction segments), and per-token shaping is added after normalisation:
+`malformed_penalty` on each token of a malformed tool turn, `tool_error_penalty` on each token of
+a tool-error turn (`TrajectoryRow.flags`). Tokens outside the loss mask carry 0.
+
+A dropped group loses its shaping too (nothing of it is trained on); our reading of "dropped".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from avalon.rl.config import RLConfig
+from avalon.rl.types import Objective, Rollout, RolloutGroup, TokenFlag, TrajectoryRow
+
+
+def gkpo_utility(wealth_ratio, beta):
+    """GKPO's power utility u_β(x) = (x^β − 1) / β of the wealth ratio x = W_T / W_0.
+
+    Computed as expm1(β · log x) / β, which is exact near β = 0, where it tends to Kelly's
+    log x (β = 0 exactly returns log x; no division by zero). β = 1 gives x − 1 (risk-neutral).
+    For β > 0 it is bounded below by −1/β and finite at x = 0 (ruin). A negative ratio (more
+    than everything lost) is treated as ruin, x = 0. Works on arrays; returns a JAX array.
+    """
+    x = jnp.maximum(jnp.asarray(wealth_ratio, jnp.float32), 0.0)
+    beta = jnp.asarray(beta, jnp.float32)
+    log_x = jnp.log(x)  # -inf at ruin; expm1(-inf) = -1 keeps u finite for beta > 0
+    kelly = beta == 0
+    safe_beta = jnp.where(kelly, 1.0, beta)
+    return jnp.where(kelly, log_x, jnp.expm1(safe_beta * log_x) / safe_beta)
+
+
+def rollout_reward(rollout: Rollout, objective: Objective, cfg: RLConfig) -> float:
+    """R_i of one rollout, underhire penalty included (before group normalisation)."""
+    if objective == Objective.SUM:
+        values = [e.value for e in rollout.rewards]
+        bad = [e for e in rollout.rewards if not math.isfinite(e.value)]
+        if bad:
+            raise ValueError(f"RewardEvent.value={bad[0].value!r} (agent {bad[0].agent!r}, seq "
+                             f"{bad[0].seq}) is not finite")
+        r = float(np.sum(values, dtype=np.float64))
+    elif objective == Objective.GKPO:
+        x = rollout.wealth_ratio
+        if x is None or not math.isfinite(x):
+            raise ValueError(f"Rollout.wealth_ratio={x!r}: a GKPO rollout needs a finite W_T/W_0")
+        r = float(gkpo_utility(x, cfg.beta))
+    else:
+        raise ValueError(f"objective={objective!r}: must be an Objective")
+    unused = max(rollout.budget - rollout.hires, 0)
+    return r - cfg.underhire_slope * unused
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredGroup:
+    """One group after scoring. `advantages` is None when the group was dropped."""
+
+    group_id: int
+    task_id: str
+    rollouts: list[Rollout]
+    rewards: np.ndarray  # float64 [K], penalty included
+    std: float  # population std (ddof = 0) of `rewards`
+    advantages: np.ndarray | None  # float64 [K]
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageStats:
+    groups: int
+    kept_groups: int
+    dropped_groups: int  # zero variance (std <= zero_std_tol), groups of one included
+    rollouts: int  # in kept groups
+    reward_mean: float  # over all rollouts, kept or not
+    adv_mean: float  # over kept rollouts (NaN when none)
+    adv_std: float
+    adv_min: float
+    adv_max: float
+
+
+def merge_groups(groups: list[RolloutGroup]) -> list[RolloutGroup]:
+    """Group rollouts by the explicit `group_id` (never by position): pieces with the same id
+    are concatenated, in first-seen order; their task and objective must agree."""
+    merged: dict[int, RolloutGroup] = {}
+    for g in groups:
+        if g.group_id not in merged:
+            merged[g.group_id] = RolloutGroup(g.group_id, g.task_id, list(g.rollouts),
+                                              g.objective)
+            continue
+        m = merged[g.group_id]
+        if (m.task_id, m.objective) != (g.task_id, g.objective):
+            raise ValueError(f"RolloutGroup.group_id={g.group_id} is used for task {m.task_id!r} "
+                             f"({m.objective}) and task {g.task_id!r} ({g.objective})")
+        m.rollouts.extend(g.rollouts)
+    return list(merged.values())
+
+
+def score_groups(groups: list[RolloutGroup], cfg: RLConfig) -> tuple[list[ScoredGroup],
+                                                                      AdvantageStats]:
+    """Rewards and advantages per group (merged by `group_id`); zero-variance groups dropped."""
+    scored, all_rewards, kept_adv = [], [], []
+    for g in merge_groups(groups):
+        r = np.array([rollout_reward(ro, g.objective, cfg) for ro in g.rollouts], np.float64)
+        all_rewards.append(r)
+        std = float(r.std()) if len(r) else 0.0  # ddof = 0
+        adv = None
+        if std > cfg.zero_std_tol:
+            adv = (r - r.mean()) / std
+            kept_adv.append(adv)
+        scored.append(ScoredGroup(g.group_id, g.task_id, g.rollouts, r, std, adv))
+    kept = np.concatenate(kept_adv) if kept_adv else np.zeros(0)
+    rewards = np.concatenate(all_rewards) if all_rewards else np.zeros(0)
+    nan = float("nan")
+    stats = AdvantageStats(
+        groups=len(scored), kept_groups=len(kept_adv), dropped_groups=len(scored) - len(kept_adv),
+        rollouts=len(kept), reward_mean=float(rewards.mean()) if len(rewards) else nan,
+        adv_mean=float(kept.mean()) if len(kept) else nan,
+        adv_std=float(kept.std()) if len(kept) else nan,
+        adv_min=float(kept.min()) if len(kept) else nan,
+        adv_max=float(kept.max()) if len(kept) else nan)
+    return scored, stats
+
+
+def token_advantages(row: TrajectoryRow, advantage: float, cfg: RLConfig) -> np.ndarray:
+    """float32 [T]: A_i plus the shaping of each token's own turn on loss tokens, 0 elsewhere."""
+    flags = np.asarray(row.flags)
+    known = np.isin(flags, [int(f) for f in TokenFlag])
+    if not known.all():
+        raise ValueError(f"TrajectoryRow.flags has unknown value {int(flags[~known][0])} "
+                         f"(agent {row.agent!r}, segment {row.segment}); use TokenFlag values")
+    shaping = np.where(flags == TokenFlag.MALFORMED, cfg.malformed_penalty,
+                       np.where(flags == TokenFlag.TOOL_ERROR, cfg.tool_error_penalty, 0.0))
+    adv = np.where(np.asarray(row.loss_mask, bool), advantage + shaping, 0.0)
+    return adv.astype(np.float32)

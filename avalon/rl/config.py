@@ -1,0 +1,133 @@
+"""The RL core's configuration: one frozen dataclass, validated on construction.
+
+Every number the write-ups give is a default here (SPEC §3–4). Where they are silent the field
+says "our reading" and the choice is ours:
+
+- `cap_mode`: the report's "ε_high = 5" does not say whether the upper clip is `1 + ε_high`
+  (delta-from-1: verl, slime, SkyRL, NeMo-RL) or `ε_high` itself (an absolute cap: TRL, EasyDeL,
+  SkyRL-tx). Default DELTA, so the importance weight is clipped to [1 − ε_low, 6].
+- `eps_low = 1.0`: the lower bound 1 − ε_low = 0 never binds (ρ ≥ 0), i.e. no lower clip, as
+  slime recommends for CISPO.
+- `underhire_slope`: the penalty −slope · max(budget − hires, 0) is added to R_i before the group
+  normalisation; the slope is not published.
+- `weight_decay`, `b1`, `b2`, `adam_eps`, `clip_norm`: not published; common RL values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+
+class CapMode(enum.Enum):
+    """How `eps_high` bounds the importance weight from above."""
+
+    DELTA = "delta"  # upper bound 1 + eps_high (verl, slime, SkyRL, NeMo-RL)
+    ABSOLUTE = "absolute"  # upper bound eps_high itself (TRL/Liger, EasyDeL, SkyRL-tx)
+
+
+class LossKind(enum.Enum):
+    """Which loss the update step minimises (one step function, switched statically)."""
+
+    CISPO = "cispo"  # clipped importance-sampling policy gradient (RL; GKPO uses it too)
+    SFT = "sft"  # next-token cross-entropy on loss tokens (the SFT stage before RL)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """Advantages, losses, packing and optimiser settings of the RL core."""
+
+    loss: LossKind = LossKind.CISPO
+    # CISPO: weight sg(clip(rho, lo, hi)); lo = 1 - eps_low, hi per cap_mode.
+    eps_low: float = 1.0  # 1.0: no lower clip (rho >= 0 always)
+    eps_high: float = 5.0  # the report's value
+    cap_mode: CapMode = CapMode.DELTA
+    # GKPO: R_i = u_beta(W_T / W_0) = (x^beta - 1) / beta; bounded below by -1/beta.
+    beta: float = 0.2582
+    # Advantages and shaping.
+    underhire_slope: float = 0.1  # our reading: reward units per unused hire slot
+    malformed_penalty: float = -0.1  # per token of a turn whose tool call did not parse
+    tool_error_penalty: float = -0.05  # per token of a turn whose tool call failed
+    zero_std_tol: float = 1e-6  # a group whose reward std (ddof=0) is <= this is dropped
+    # Log-probs: must match the sampler (the engine samples from softmax(logits / temperature)).
+    temperature: float = 1.0
+    logprob_chunk: int = 512  # positions per LM-head chunk (see logprobs.py for why positions)
+    # Update step.
+    micro_batches: int = 1  # gradient accumulation steps per update
+    freeze_router: bool = True  # SPEC §4: router weight and correction bias never change
+    lr: float = 4e-6  # constant (SPEC §4)
+    weight_decay: float = 0.01  # our reading
+    b1: float = 0.9
+    b2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_norm: float = 1.0  # global-norm gradient clipping; 0 disables
+
+    def __post_init__(self):
+        _validate(self)
+
+    def replace(self, **kw) -> RLConfig:
+        return dataclasses.replace(self, **kw)
+
+    @property
+    def clip_bounds(self) -> tuple[float, float]:
+        """(lo, hi) of the CISPO importance weight under `cap_mode`."""
+        return clip_bounds(self.eps_low, self.eps_high, self.cap_mode)
+
+
+def clip_bounds(eps_low: float, eps_high: float, cap_mode: CapMode) -> tuple[float, float]:
+    """The CISPO weight bounds: lo = 1 − eps_low; hi = 1 + eps_high (DELTA) or eps_high
+    (ABSOLUTE)."""
+    if not isinstance(cap_mode, CapMode):
+        raise ValueError(f"cap_mode={cap_mode!r}: must be a CapMode (DELTA or ABSOLUTE)")
+    lo = 1.0 - eps_low
+    hi = 1.0 + eps_high if cap_mode == CapMode.DELTA else eps_high
+    return lo, hi
+
+
+def _fail(field: str, value, why: str):
+    raise ValueError(f"RLConfig.{field}={value!r}: {why}")
+
+
+def _finite(c: RLConfig, field: str):
+    v = getattr(c, field)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        _fail(field, v, "must be a finite number")
+    return v
+
+
+def _validate(c: RLConfig):
+    for f, enum_type in (("loss", LossKind), ("cap_mode", CapMode)):
+        if not isinstance(getattr(c, f), enum_type):
+            _fail(f, getattr(c, f), f"must be a {enum_type.__name__}")
+    for f in ("eps_low", "eps_high", "beta", "underhire_slope", "malformed_penalty",
+              "tool_error_penalty", "zero_std_tol", "temperature", "lr", "weight_decay", "b1",
+              "b2", "adam_eps", "clip_norm"):
+        _finite(c, f)
+    if not 0.0 <= c.eps_low <= 1.0:
+        _fail("eps_low", c.eps_low, "must be in [0, 1] (lower weight bound 1 - eps_low >= 0)")
+    lo, hi = c.clip_bounds
+    if hi <= max(lo, 0.0) or hi < 1.0:
+        _fail("eps_high", c.eps_high, f"gives an upper weight bound {hi} under {c.cap_mode}; it "
+              "must be >= 1 and above the lower bound (an on-policy token has weight 1)")
+    if c.beta <= 0:
+        _fail("beta", c.beta, "must be > 0 (at 0, Kelly's log utility, a ruined rollout gets "
+              "-inf and the group's advantages become NaN)")
+    for f in ("underhire_slope", "zero_std_tol", "weight_decay", "clip_norm"):
+        if getattr(c, f) < 0:
+            _fail(f, getattr(c, f), "must be >= 0")
+    for f in ("malformed_penalty", "tool_error_penalty"):
+        if getattr(c, f) > 0:
+            _fail(f, getattr(c, f), "is a penalty: must be <= 0")
+    for f in ("temperature", "lr", "adam_eps"):
+        if getattr(c, f) <= 0:
+            _fail(f, getattr(c, f), "must be > 0")
+    for f in ("b1", "b2"):
+        if not 0.0 <= getattr(c, f) < 1.0:
+            _fail(f, getattr(c, f), "must be in [0, 1)")
+    for f in ("logprob_chunk", "micro_batches"):
+        v = getattr(c, f)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            _fail(f, v, "must be a positive integer")
+    if not isinstance(c.freeze_router, bool):
+        _fail("freeze_router", c.freeze_router, "must be a bool")

@@ -1,0 +1,80 @@
+"""Token log-probs and entropies from the model's hidden states, chunked over positions.
+
+A 131,072-entry vocabulary makes full logits the largest activation of a long row (fp32: 512 KiB
+per token, 2 GiB for one 4,096-token sequence, more again for their gradient). We never build
+them for the whole batch: the LM head runs on `chunk` positions at a time inside a `lax.map`,
+each chunk under `jax.checkpoint`, so the backward pass recomputes one chunk's logits instead of
+storing them all. Peak memory is O(B · chunk · V) instead of O(B · S · V). The price is a second
+LM-head matmul per token in the backward pass (not counted as model FLOPs).
+
+Why positions rather than vocabulary chunks with a running logsumexp: the LM head's vocabulary
+axis is sharded over the `tensor` mesh axis (TRAIN_RULES), and slicing a sharded axis into
+chunks forces either a re-layout or chunk-sized collectives. Chunking positions leaves every
+chunk's logits laid out exactly like full logits (batch over data/fsdp, vocab over tensor); the
+log-softmax of each position then sees its whole row of logits, so it is the ordinary, exact
+`logsumexp`, with one cross-shard reduction.
+
+Notation: b batch, s positions, c chunk, d width, v vocabulary.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from avalon import model as M
+from avalon.model.config import ModelConfig
+
+
+def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: ModelConfig, *,
+                   chunk: int, temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """log π(targets[b, s] | prefix) and the policy entropy at every position.
+
+    hidden [b, s, d] is the pre-final-norm residual stream (`ForwardResult.hidden`); targets
+    [b, s] int. The distribution is softmax(logits / temperature), the sampler's. Returns
+    (logp [b, s] fp32, entropy [b, s] fp32); the entropy is a diagnostic and carries no gradient.
+    """
+    b, s, d = hidden.shape
+    if targets.shape != (b, s):
+        raise ValueError(f"targets shape {targets.shape} does not match hidden {hidden.shape}")
+    if chunk <= 0:
+        raise ValueError(f"chunk={chunk}: must be a positive number of positions")
+
+    def one(h, tgt):  # h [b, c, d], tgt [b, c]
+        logits = M.lm_logits(params, h, cfg)  # [b, c, v] fp32
+        if temperature != 1.0:
+            logits = logits / temperature
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        # A one-hot select instead of a gather: elementwise on the vocab-sharded logits, so no
+        # cross-shard gather is needed.
+        hit = jnp.arange(logits.shape[-1], dtype=jnp.int32) == tgt[..., None].astype(jnp.int32)
+        logp = jnp.sum(jnp.where(hit, logits, 0.0), axis=-1) - lse
+        lg, lse_sg = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(lse)
+        entropy = lse_sg - jnp.sum(jnp.exp(lg - lse_sg[..., None]) * lg, axis=-1)
+        return logp, entropy
+
+    if s <= chunk:
+        return one(hidden, targets)
+    pad = (-s) % chunk
+    if pad:
+        hidden = jnp.pad(hidden, [(0, 0), (0, pad), (0, 0)])
+        targets = jnp.pad(targets, [(0, 0), (0, pad)])
+    n = (s + pad) // chunk
+    hs = hidden.reshape(b, n, chunk, d).swapaxes(0, 1)  # [n, b, c, d]
+    ts = targets.reshape(b, n, chunk).swapaxes(0, 1)
+    body = jax.checkpoint(one)
+    logp, entropy = jax.lax.map(lambda xs: body(*xs), (hs, ts))  # [n, b, c] each
+    unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :s]
+    return unchunk(logp), unchunk(entropy)
+
+
+def sequence_logprobs(params: dict, tokens: jax.Array, targets: jax.Array, cfg: ModelConfig, *,
+                      segment_ids=None, routing=None, chunk: int, temperature: float = 1.0
+                      ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """Forward (with routing replay when `routing` [m, b, s, k] is given) then chunked token
+    log-probs. Returns (logp [b, s], entropy [b, s], routing used [m, b, s, k] or None)."""
+    r = M.forward(params, tokens, cfg, segment_ids=segment_ids, routing=routing,
+                  return_logits=False)
+    logp, entropy = token_logprobs(params, r.hidden, targets, cfg, chunk=chunk,
+                                   temperature=temperature)
+    return logp, entropy, r.routing

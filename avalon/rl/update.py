@@ -1,0 +1,268 @@
+"""The update step: one jitted function from (train state, packed batch) to the next state.
+
+    forward (routing replay, frozen router, TRAIN_RULES) → chunked token log-probs → loss
+    (CISPO or SFT, token-normalised over the whole batch) → gradients, accumulated over
+    micro-batches by `lax.scan` → global-norm clip → AdamW (constant lr) → new params
+
+The router weight and correction bias are frozen twice: the model config used for training has
+`router_frozen=True` (no gradient reaches them) and the optimizer labels them `set_to_zero`, so
+weight decay cannot touch them either; their arrays are passed through unchanged (bit-identical).
+A non-finite gradient norm or loss skips the update: params and optimizer state are returned
+unchanged and `skipped` = 1 is reported. So does a batch without loss tokens (every group
+dropped for zero variance: a result the policy can cause), where AdamW would otherwise still
+apply momentum and weight decay. The state is donated; with a mesh, every input and
+output has a declared sharding (params per TRAIN_RULES, batch over data × fsdp).
+
+Metrics (scalars): loss, loss_tokens, tokens (real, non-padding), entropy (mean over loss
+tokens), grad_norm (before clipping), skipped; CISPO adds ratio_mean/max/min, clipped_frac
+(clipped_high_frac, clipped_low_frac) and token_adv_mean/std/min/max; SFT adds nll.
+
+Micro-batch j takes sequences j, j + n, j + 2n, ... of the batch (an interleaved split), so with
+the batch sharded over data × fsdp every device holds its share of every micro-batch and the
+split moves no data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from avalon import model as M
+from avalon.model.config import ModelConfig
+from avalon.rl.batch import TrainBatch
+from avalon.rl.config import LossKind, RLConfig
+from avalon.rl.logprobs import sequence_logprobs
+from avalon.rl.losses import cispo_loss, combine_metrics, sft_loss
+from avalon.sharding import TRAIN_RULES, param_shardings, use_rules
+
+FROZEN_LEAVES = ("router", "router_bias")
+
+
+@struct.dataclass
+class TrainState:
+    step: jax.Array  # int32 []: updates applied (skipped ones are not counted)
+    params: dict
+    opt_state: Any
+
+
+def is_frozen(path, rl_cfg: RLConfig) -> bool:
+    """True for the MoE router weight and correction bias when `freeze_router` is set."""
+    last = path[-1]
+    return (rl_cfg.freeze_router and isinstance(last, jax.tree_util.DictKey)
+            and last.key in FROZEN_LEAVES)
+
+
+def frozen_mask(params, rl_cfg: RLConfig):
+    """A bool per leaf of `params` (arrays or abstract): True where the optimizer never writes."""
+    return jax.tree_util.tree_map_with_path(lambda p, _: is_frozen(p, rl_cfg), params)
+
+
+def make_optimizer(rl_cfg: RLConfig) -> optax.GradientTransformation:
+    """Global-norm clip + AdamW at a constant lr on trainable leaves; frozen leaves get zero
+    updates and keep no optimizer state."""
+    parts = [optax.clip_by_global_norm(rl_cfg.clip_norm)] if rl_cfg.clip_norm > 0 else []
+    parts.append(optax.adamw(rl_cfg.lr, b1=rl_cfg.b1, b2=rl_cfg.b2, eps=rl_cfg.adam_eps,
+                             weight_decay=rl_cfg.weight_decay))
+    train = optax.chain(*parts)
+
+    def labels(params):
+        return jax.tree.map(lambda f: "frozen" if f else "train", frozen_mask(params, rl_cfg))
+
+    return optax.multi_transform({"train": train, "frozen": optax.set_to_zero()}, labels)
+
+
+def training_model_config(model_cfg: ModelConfig, rl_cfg: RLConfig) -> ModelConfig:
+    """The model config the update step runs: router frozen when `rl_cfg.freeze_router`."""
+    if model_cfg.param_dtype not in ("float32", "float64"):
+        raise ValueError(
+            f"ModelConfig.param_dtype={model_cfg.param_dtype!r}: the update step keeps the "
+            "params it trains, and an AdamW step of lr ~4e-6 is below bfloat16/float16 "
+            "resolution (it would round to no change); train with param_dtype='float32' and "
+            "dtype='bfloat16' (fp32 master weights, bf16 compute)")
+    return model_cfg.replace(router_frozen=model_cfg.router_frozen or rl_cfg.freeze_router)
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateStep:
+    """The jitted step and the shardings it declares. Build with `make_update_step`."""
+
+    model_cfg: ModelConfig  # the training config (router frozen)
+    rl_cfg: RLConfig
+    mesh: Mesh | None
+    optimizer: optax.GradientTransformation
+    step_fn: Any  # jitted (state, batch) -> (state, metrics); donates state
+    logprob_fn: Any  # jitted (params, batch) -> (logp [B, S], entropy [B, S])
+    state_shardings: Any  # TrainState of NamedSharding, or None without a mesh
+    batch_sharding: Any  # one NamedSharding for every batch leaf, or None
+
+    def init_state(self, params) -> TrainState:
+        """A TrainState for `params` (placed per the state shardings when there is a mesh)."""
+        make = lambda p: TrainState(jnp.zeros((), jnp.int32), p, self.optimizer.init(p))
+        if self.mesh is None:
+            return jax.jit(make)(params)
+        return jax.jit(make, in_shardings=(self.state_shardings.params,),
+                       out_shardings=self.state_shardings)(params)
+
+    def put_batch(self, batch: TrainBatch) -> TrainBatch:
+        """Check a host batch's shape against the micro-batches and mesh; move it to devices."""
+        b = batch.tokens.shape[0]
+        dp = 1 if self.mesh is None else _dp_size(self.mesh)
+        n = self.rl_cfg.micro_batches
+        if b % (n * dp):
+            raise ValueError(f"batch has {b} sequences; it must be a multiple of micro_batches "
+                             f"({n}) x data-parallel devices ({dp}); pack with "
+                             f"num_seqs_multiple={n * dp}")
+        if self.mesh is None:
+            return jax.device_put(batch)
+        return jax.device_put(batch, self.batch_sharding)
+
+    def __call__(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict]:
+        return self.step_fn(state, self.put_batch(batch))
+
+    def logprobs(self, params, batch: TrainBatch):
+        """The policy's (logp, entropy) [B, S] at every target of a batch (replaying routing)."""
+        return self.logprob_fn(params, self.put_batch(batch))
+
+
+def _dp_size(mesh: Mesh) -> int:
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def _split_micro(x, n: int):
+    """[B, ...] -> [n, B/n, ...], micro-batch j = rows j, j+n, ... (see module doc)."""
+    return x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1)
+
+
+def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | None = None
+                     ) -> UpdateStep:
+    """Build the jitted update step (and a jitted log-prob pass) for these configs."""
+    cfg = training_model_config(model_cfg, rl_cfg)
+    opt = make_optimizer(rl_cfg)
+    n_micro = rl_cfg.micro_batches
+    rules = (lambda: use_rules(mesh, TRAIN_RULES)) if mesh is not None else None
+    p_shard = param_shardings(cfg, mesh, TRAIN_RULES) if mesh is not None else None
+
+    def policy_logprobs(params, mb: TrainBatch):
+        return sequence_logprobs(params, mb.tokens, mb.targets, cfg, segment_ids=mb.segment_ids,
+                                 routing=mb.model_routing(), chunk=rl_cfg.logprob_chunk,
+                                 temperature=rl_cfg.temperature)[:2]
+
+    def loss_fn(params, mb: TrainBatch, num_tokens):
+        logp, entropy = policy_logprobs(params, mb)
+        if rl_cfg.loss == LossKind.CISPO:
+            lo_hi = dict(eps_low=rl_cfg.eps_low, eps_high=rl_cfg.eps_high,
+                         cap_mode=rl_cfg.cap_mode)
+            loss, metrics = cispo_loss(logp, mb.old_logp, mb.advantages, mb.loss_mask,
+                                       num_tokens=num_tokens, **lo_hi)
+        else:
+            loss, metrics = sft_loss(logp, mb.loss_mask, num_tokens=num_tokens)
+        count = jnp.maximum(metrics["loss_tokens"], 1)
+        metrics["entropy"] = jnp.sum(jnp.where(mb.loss_mask, entropy, 0.0)) / count
+        return loss, metrics
+
+    def grads_and_metrics(params, batch: TrainBatch, num_tokens):
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        if n_micro == 1:
+            (_, metrics), grads = grad_fn(params, batch, num_tokens)
+            return grads, metrics
+
+        def one(acc, mb):
+            (_, metrics), g = grad_fn(params, mb, num_tokens)
+            acc = jax.tree.map(lambda a, x: a + x.astype(a.dtype), acc, g)
+            if p_shard is not None:
+                acc = jax.lax.with_sharding_constraint(acc, p_shard)
+            return acc, metrics
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype,
+                                                                             jnp.float32)), params)
+        micro = jax.tree.map(lambda x: _split_micro(x, n_micro), batch)
+        grads, stacked = jax.lax.scan(one, zeros, micro)
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+        return grads, combine_metrics(stacked)
+
+    def step(state: TrainState, batch: TrainBatch):
+        num_tokens = jnp.sum(batch.loss_mask, dtype=jnp.int32)
+        if rules is not None:
+            with rules():
+                grads, metrics = grads_and_metrics(state.params, batch, num_tokens)
+        else:
+            grads, metrics = grads_and_metrics(state.params, batch, num_tokens)
+        grad_norm = optax.tree.norm(grads)
+        ok = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"]) & (num_tokens > 0)
+        updates, opt_state = opt.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        # Frozen leaves: the old arrays themselves (p + 0.0 would turn a -0.0 into +0.0).
+        params = jax.tree.map(lambda f, old, new: old if f else new,
+                              frozen_mask(state.params, rl_cfg), state.params, params)
+        keep = lambda old, new: jnp.where(ok, new, old)
+        new_state = TrainState(step=state.step + ok.astype(jnp.int32),
+                               params=jax.tree.map(keep, state.params, params),
+                               opt_state=jax.tree.map(keep, state.opt_state, opt_state))
+        metrics.update(_batch_metrics(batch, rl_cfg))
+        metrics["grad_norm"] = grad_norm
+        metrics["skipped"] = 1 - ok.astype(jnp.int32)
+        return new_state, metrics
+
+    def logprob_pass(params, batch: TrainBatch):
+        if rules is not None:
+            with rules():
+                return policy_logprobs(params, batch)
+        return policy_logprobs(params, batch)
+
+    if mesh is None:
+        return UpdateStep(cfg, rl_cfg, None, opt, jax.jit(step, donate_argnames="state"),
+                          jax.jit(logprob_pass), None, None)
+
+    replicated = NamedSharding(mesh, PartitionSpec())
+    dp_axes = tuple(a for a in ("data", "fsdp") if mesh.shape[a] > 1)
+    batch_sh = NamedSharding(mesh, PartitionSpec(dp_axes or None))
+    state_sh = TrainState(step=replicated, params=p_shard,
+                          opt_state=opt_state_shardings(opt, cfg, p_shard, replicated))
+    step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh),
+                      out_shardings=(state_sh, replicated), donate_argnames="state")
+    logprob_fn = jax.jit(logprob_pass, in_shardings=(p_shard, batch_sh),
+                         out_shardings=batch_sh)
+    return UpdateStep(cfg, rl_cfg, mesh, opt, step_fn, logprob_fn, state_sh, batch_sh)
+
+
+def _batch_metrics(batch: TrainBatch, rl_cfg: RLConfig) -> dict:
+    """Real tokens, and advantage statistics over loss tokens (shaping included; the per-rollout
+    ones, with kept/dropped groups, come from the host: `BuildStats.as_metrics`)."""
+    out = {"tokens": jnp.sum(batch.segment_ids > 0, dtype=jnp.int32)}
+    if rl_cfg.loss == LossKind.CISPO:
+        mask = batch.loss_mask
+        count = jnp.maximum(jnp.sum(mask), 1)
+        a = batch.advantages
+        mean = jnp.sum(jnp.where(mask, a, 0.0)) / count
+        out["token_adv_mean"] = mean
+        out["token_adv_std"] = jnp.sqrt(jnp.sum(jnp.where(mask, (a - mean) ** 2, 0.0)) / count)
+        out["token_adv_min"] = jnp.min(jnp.where(mask, a, jnp.inf))
+        out["token_adv_max"] = jnp.max(jnp.where(mask, a, -jnp.inf))
+    return out
+
+
+def opt_state_shardings(opt: optax.GradientTransformation, cfg: ModelConfig, p_shard,
+                        replicated: NamedSharding):
+    """Shardings of the optimizer state: each moment leaf takes the sharding of the parameter
+    whose tree path ends its own path (mu/nu mirror the params); scalars are replicated."""
+    abstract = M.abstract_params(cfg)
+    by_path = {tuple(path): (s, a.shape) for (path, s), a in zip(
+        jax.tree_util.tree_flatten_with_path(p_shard)[0], jax.tree.leaves(abstract))}
+
+    def pick(path, leaf):
+        for i in range(len(path)):
+            hit = by_path.get(tuple(path[i:]))
+            if hit is not None and hit[1] == leaf.shape:
+                return hit[0]
+        if leaf.ndim == 0:
+            return replicated
+        raise ValueError(f"optimizer state leaf {jax.tree_util.keystr(path)} {leaf.shape} "
+                         "matches no parameter; cannot choose its sharding")
+
+    return jax.tree_util.tree_map_with_path(pick, jax.eval_shape(opt.init, abstract))
