@@ -1,8 +1,8 @@
 """Scripted teacher organisations: the policy behind every environment's `teacher(...)`.
 
 A teacher is an org `Policy` whose agents are deterministic `Actor`s. It reads what the model
-would read and nothing else: an actor is cast from the decoded text of its agent's first prompt
-(the role card: task prompt, private brief, roster, tools; and the first observation), then
+would read and nothing else: an actor is cast from its agent's first prompt as text (the role
+card `AgentView.system`: task prompt, private brief, roster, tools; and the first observation), then
 sees each turn's `AgentView` (observation, title, role) and a random generator seeded by the
 turn's sampling seed. Information moves between actors only through the simulator (hire roles,
 messages, reports, tool results), so the traces are valid SFT data, and a teacher plays sessions
@@ -34,7 +34,7 @@ _REPORT = re.compile(r"^report (\S+) m\d+: (.*)$")
 
 @dataclasses.dataclass(frozen=True)
 class Start:
-    """What an actor is cast from: its agent's first prompt, decoded."""
+    """What an actor is cast from: its agent's first prompt, as text."""
 
     key: AgentKey
     context: str  # the role card (task, brief, roster, tools) and the first observation
@@ -60,7 +60,7 @@ class TeacherPolicy:
         for turn in turns:
             actor = self._actors.get(turn.key)
             if actor is None:
-                context = self.chat.tok.decode([int(i) for i in turn.new_tokens])
+                context = f"{turn.view.system}\n{turn.view.obs}"
                 actor = self.cast(Start(turn.key, context, turn.view.title, turn.view.role))
                 self._actors[turn.key] = actor
             if turn.view.summary:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import enum
 
@@ -52,6 +53,7 @@ class Agent:
     tools: tuple[str, ...]  # every tool name the agent may call
     context: AgentContext
     last_seq: int  # its latest event (the cause of its next model call)
+    card: str  # the role card its context starts with (AgentView.system)
     state: AgentState = AgentState.READY
     turns: int = 0  # ordinary turns taken (summary turns not counted)
     model_calls: int = 0  # every model call (the turn cap counts these)
@@ -63,7 +65,23 @@ class Agent:
     restart_summary: str | None = None  # the summary, until the next turn's observation
     last_report: dict | None = None  # its latest report_to_ceo (pinned as commitments)
     stats: AgentStats = dataclasses.field(default_factory=AgentStats)
+    # (trace length, seq of the agent's latest event when the trace reached it), in order: when
+    # each part of the trace came to exist, for `read_trace` (latency.py).
+    trace_marks: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
     @property
     def active(self) -> bool:
         return self.state in (AgentState.READY, AgentState.PARKED)
+
+    def mark_trace(self) -> None:
+        """Records that the trace has its current length as of event `last_seq`."""
+        n = len(self.context.trace)
+        if not self.trace_marks or self.trace_marks[-1][0] < n:
+            self.trace_marks.append((n, self.last_seq))
+
+    def trace_seq(self, end: int) -> int:
+        """The event at which the trace first held `end` tokens."""
+        i = bisect.bisect_left(self.trace_marks, (end, -1))
+        if i == len(self.trace_marks):
+            raise ValueError(f"agent {self.id}'s trace never held {end} tokens")
+        return self.trace_marks[i][1]

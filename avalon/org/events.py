@@ -19,7 +19,9 @@ Kinds, their `cause`, and their fields (besides seq, agent, kind, cause):
   tool_call   its model_call  tool, duration_s (seconds on the derived clock), error (bool);
                               optional: measured (duration is wall time), rewards
                               ([{value, label}]), late (rewards dropped: finished after the
-                              clock cap), args, result (when logging text).
+                              clock cap), content_seq (the event at which the newest
+                              teammates' content returned existed: see latency.py), args,
+                              result (when logging text).
   send        its tool_call   message_id, message_kind ("post" | "dm" | "reaction" | "report"),
                               channel (or null), to (recipients that will get a delivery);
                               optional: text.

@@ -9,11 +9,21 @@ The five rules, as applied to the events of `avalon/org/events.py`:
    let specialists hire); `deliver` moves the receiver's clock up to the sender's clock at the
    `send`, if that is later.
 5. Task latency is the largest clock.
+Our reading of rule 4 for reading (SPEC §2, "our reading"): content an agent reads was made
+by its author at the author's clock, so a `tool_call` whose result shows teammates' content
+(`read_message`, `read_channel`, `read_trace`, `archive_read`, `archive_list`, `read_file`,
+`list_files`) carries `content_seq`, the event at which the newest content returned existed:
+a message's `send`; the `model_call` (or, for a prompt, the agent's latest event at that turn
+boundary) that brought a trace to the last token returned; the `tool_call` that last wrote a
+note (`archive_write`) or a file (`write_file`, or `run_code` that changed it). The reader's
+clock moves up to the clock its author had right after that event, if that is later, and then
+the call's duration is added (rule 2). Only the seq is logged: the clock is replayed.
 
 Critical path. Each event has a clock predecessor: the event its agent's clock continued from.
 That is the agent's previous event, except (a) a `deliver` that moved the clock (send time
-strictly later than the receiver's clock) continues from its `send`, and (b) a new agent's first
-event continues from its `hire`. The critical path is the chain of predecessors walked back from
+strictly later than the receiver's clock) continues from its `send`, (b) a `tool_call` whose
+`content_seq` moved the clock continues from that event, and (c) a new agent's first event
+continues from its `hire`. The critical path is the chain of predecessors walked back from
 the last event of the agent with the largest clock (ties: the agent seen first in the log).
 "Tokens" are n_in_new + n_out of model calls; `critical_token_share` = tokens of the model calls
 on the path / tokens of all model calls (0 when there are none): 1.0 for a single agent.
@@ -66,6 +76,7 @@ class ClockReplay:
         self._last: dict[str, int] = {}  # agent -> seq of its last event
         self._hired_at: dict[str, int] = {}  # new agent -> seq of its hire
         self._send: dict[str, tuple[int, float]] = {}  # message id -> (send seq, send clock)
+        self._at: dict[int, float] = {}  # seq -> its agent's clock right after the event
         self._pred: dict[int, int | None] = {}
         self._cost: dict[int, tuple[str, float, int]] = {}  # seq -> (agent, seconds, tokens)
         self._total_tokens = 0
@@ -76,6 +87,12 @@ class ClockReplay:
     @property
     def clocks(self) -> Mapping[str, float]:
         return self._clocks
+
+    def clock_at(self, seq: int) -> float:
+        """The clock the agent of event `seq` had right after it."""
+        if seq not in self._at:
+            raise ValueError(f"no event seq {seq!r} applied yet")
+        return self._at[seq]
 
     def apply(self, event: Mapping) -> None:
         seq = _field(event, "seq")
@@ -91,6 +108,14 @@ class ClockReplay:
             self._cost[seq] = (agent, dt, n_in + n_out)
             self._total_tokens += n_in + n_out
         elif kind is EventKind.TOOL_CALL:
+            content = event.get("content_seq")
+            if content is not None:
+                if content not in self._at or content >= seq:
+                    raise ValueError(f"event seq {seq}: content_seq {content!r} is not an "
+                                     "earlier event")
+                if self._at[content] > self._clocks[agent]:
+                    self._clocks[agent] = self._at[content]
+                    pred = content
             dt = float(_field(event, "duration_s"))
             self._clocks[agent] += dt
             self._cost[seq] = (agent, dt, 0)
@@ -110,6 +135,7 @@ class ClockReplay:
             self._hired_at[new] = seq
         self._pred[seq] = pred
         self._last[agent] = seq
+        self._at[seq] = self._clocks[agent]
 
     def report(self) -> LatencyReport:
         if not self._clocks:

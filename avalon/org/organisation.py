@@ -109,6 +109,10 @@ class Organisation:
         self.clocks = ClockReplay()
         self.post = PostOffice(config.default_subscription)
         self.archive: dict[str, str] = {}
+        # Where shared content was last written (the tool_call's seq): read tools report it as
+        # `content_seq` so reading moves the reader's clock (latency.py).
+        self.archive_seq: dict[str, int] = {}
+        self.file_seq: dict[str, int] = {}  # Workspace.key -> seq (write_file, run_code)
         self.agents: dict[str, Agent] = {}
         self.hires = 0
         self.tokens_out = 0
@@ -183,9 +187,11 @@ class Organisation:
         index = len(self.agents)
         brief = self.session.brief(a_id, index, title, role)
         self.post.add_agent(a_id)
-        system = self.chat.system(self._card(a_id, title, role, brief, tools, pinned=False))
+        card = self._card(a_id, title, role, brief, tools, pinned=False)
         agent = Agent(id=a_id, index=index, title=title, role=role, brief=brief, tools=tools,
-                      context=AgentContext(system, a_id, title), last_seq=last_seq)
+                      context=AgentContext(self.chat.system(card), a_id, title),
+                      last_seq=last_seq, card=card)
+        agent.mark_trace()
         self.agents[a_id] = agent
         return agent
 
@@ -195,6 +201,11 @@ class Organisation:
 
     def key(self, a: Agent) -> AgentKey:
         return AgentKey(self.rollout, a.id)
+
+    def newest(self, seqs) -> int | None:
+        """Of these events, the one whose agent's clock right after it was latest (ties: the
+        later event); None for none."""
+        return max(seqs, key=lambda s: (self.clocks.clock_at(s), s), default=None)
 
     # ----- events -----
 
@@ -259,8 +270,9 @@ class Organisation:
             self._stop(a, StopReason.CONTEXT_FULL)
             return None
         ctx.add_prompt(prompt, trace_prompt)
-        view = AgentView(key=self.key(a), title=a.title, role=a.role, turn=a.turns, obs=obs,
-                         summary=a.summary_turn, tools=a.tools)
+        a.mark_trace()  # the observation exists at the agent's clock at this boundary
+        view = AgentView(key=self.key(a), title=a.title, role=a.role, system=a.card,
+                         turn=a.turns, obs=obs, summary=a.summary_turn, tools=a.tools)
         return Turn(key=self.key(a), segment=ctx.segment,
                     new_tokens=np.asarray(ctx.unsynced(), np.int32), max_new_tokens=max_new,
                     seed=turn_seed(self.seed, a.index, a.model_calls), view=view)
@@ -305,6 +317,7 @@ class Organisation:
         if self.config.log_text:
             fields["text"] = self.chat.tok.decode(out_ids)
         mc = self._emit(EventKind.MODEL_CALL, a.id, a.last_seq, **fields)
+        a.mark_trace()  # last_seq is now `mc`: the output exists at the clock after the call
         if skipped:
             return
         if a.summary_turn:
@@ -379,9 +392,13 @@ class Organisation:
         fields = dict(tool=call.name, duration_s=duration, error=result.error)
         if result.measured:
             fields["measured"] = True
+        start = self.clocks.clock(a.id)
+        if result.content_seq is not None:
+            fields["content_seq"] = result.content_seq
+            start = max(start, self.clocks.clock_at(result.content_seq))
         late = False
         if result.rewards:
-            late = self.clocks.clock(a.id) + duration > self.task.wall_clock_s
+            late = start + duration > self.task.wall_clock_s
             fields["rewards"] = [{"value": float(r.value), "label": r.label}
                                  for r in result.rewards]
             if late:
@@ -398,6 +415,7 @@ class Organisation:
             self.rewards += [RewardEvent(a.id, float(r.value), tc, r.label)
                              for r in result.rewards]
         a.pending.append(result_line(tc, call.name, text, result.error))
+        self.file_seq.update(dict.fromkeys(result.wrote, tc))
         if result.effect is not None and not result.error:
             result.effect(tc)
         if result.terminal and self.end_reason is None:
@@ -429,8 +447,8 @@ class Organisation:
         ctx = a.context
         before = ctx.length
         summary = self.chat.split_output(out_ids).text.strip()
-        ctx.restart(self.chat.system(self._card(a.id, a.title, a.role, a.brief, a.tools,
-                                                pinned=True)))
+        a.card = self._card(a.id, a.title, a.role, a.brief, a.tools, pinned=True)
+        ctx.restart(self.chat.system(a.card))
         a.summary_turn = False
         a.pending.insert(0, a.stash)  # the held observation, then whatever arrives next
         a.stash, a.restart_summary = None, summary

@@ -7,8 +7,10 @@
   compactions, malformed_turns, tool_error_turns, end/<reason> (1.0 for the episode's end
   reason), and per agent `<id>/tokens_out`, `<id>/messages`, `<id>/trace_reads`,
   `<id>/critical_time_s`.
-`OrgReport` carries what is not a float: job titles (for title statistics), the end reason,
-the CEO's final message.
+`Rollout.info` (plain JSON values, for the training driver's logs of what is not a float):
+  titles (the specialists' job titles in hire order, fired ones too), end_reason (EndReason
+  value), tokens_out_by_title (sampled tokens summed per job title, "CEO" included).
+`OrgReport` carries the same titles by agent id, the end reason and the CEO's final message.
 """
 
 from __future__ import annotations
@@ -68,8 +70,13 @@ def build_rollout(org: Organisation) -> Rollout:
         metrics[f"{a.id}/trace_reads"] = float(a.stats.trace_reads)
         metrics[f"{a.id}/critical_time_s"] = report.critical_time_s.get(a.id, 0.0)
     metrics.update({f"env/{k}": float(v) for k, v in org.final.metrics.items()})
+    by_title: dict[str, int] = {}
+    for a in agents:
+        by_title[a.title] = by_title.get(a.title, 0) + a.stats.tokens_out
+    info = {"titles": [a.title for a in agents[1:]], "end_reason": org.end_reason.value,
+            "tokens_out_by_title": by_title}
     return Rollout(rows=rows, rewards=list(org.rewards), budget=org.budget, hires=org.hires,
-                   wealth_ratio=org.final.wealth_ratio, metrics=metrics)
+                   wealth_ratio=org.final.wealth_ratio, metrics=metrics, info=info)
 
 
 def org_report(org: Organisation) -> OrgReport:

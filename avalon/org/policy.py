@@ -34,6 +34,9 @@ class AgentView:
     key: AgentKey
     title: str
     role: str
+    # The role card the agent's context starts with (task, private brief, roster, tools;
+    # after a tier-2 compaction, the pinned card), as text.
+    system: str
     turn: int  # ordinary turns taken before this one
     obs: str  # the observation text of this turn
     summary: bool  # this turn must write a compaction summary

@@ -14,6 +14,13 @@ A handler validates, then returns a `ToolResult`. Side effects that log events o
 (a send, a hire, a fire, a wait) go in `ToolResult.effect`, which the organisation runs after
 logging the `tool_call`, with its seq, so every event's cause comes before it. Handlers raise
 `ToolError` for a bad call; the organisation turns it into a tool-error result.
+
+Reading moves the reader's clock (`avalon/org/latency.py`): a handler whose result shows
+teammates' content (messages, channels, traces, archive notes and names, workspace files and
+names) sets `ToolResult.content_seq` to the event at which the newest of it existed, and the
+organisation logs it on the `tool_call`. Writes are remembered for that: `archive_write` in
+`Organisation.archive_seq`, `write_file` and the files a `run_code` program changed (`wrote`)
+in `Organisation.file_seq`. `run_code` itself moves no clock: what the program read is unknown.
 """
 
 from __future__ import annotations
@@ -116,6 +123,10 @@ class ToolResult:
     rewards: tuple[EnvReward, ...] = ()
     terminal: bool = False
     effect: Callable[[int], None] | None = None  # run with the tool_call's seq, after logging
+    # The event at which the newest teammates' content in `text` existed (latency.py: reading
+    # moves the reader's clock up to its author's clock there); None when nothing was read.
+    content_seq: int | None = None
+    wrote: tuple[str, ...] = ()  # workspace files (`Workspace.key`) this call wrote, even failing
 
 
 def _text(args: dict, name: str, *, allow_empty: bool = False) -> str:
@@ -244,7 +255,7 @@ def _report(org: Organisation, a: Agent, args: dict) -> ToolResult:
 def _read_message(org: Organisation, a: Agent, args: dict) -> ToolResult:
     m = _visible(org, a, args["message_id"])
     where = m.channel or m.kind.value
-    return ToolResult(f"{where} {m.sender} {m.id}: {m.text}")
+    return ToolResult(f"{where} {m.sender} {m.id}: {m.text}", content_seq=m.send_seq)
 
 
 def _read_channel(org: Organisation, a: Agent, args: dict) -> ToolResult:
@@ -254,7 +265,8 @@ def _read_channel(org: Organisation, a: Agent, args: dict) -> ToolResult:
         raise ToolError(f"last must be 1..100, got {last}")
     ids = org.post.channels[key][-last:]
     msgs = [org.post.messages[i] for i in ids]
-    return ToolResult("\n".join(f"{m.sender} {m.id}: {m.text}" for m in msgs) or "(empty)")
+    return ToolResult("\n".join(f"{m.sender} {m.id}: {m.text}" for m in msgs) or "(empty)",
+                      content_seq=org.newest(m.send_seq for m in msgs))
 
 
 def _roster(org: Organisation, a: Agent, args: dict) -> ToolResult:
@@ -273,7 +285,8 @@ def _read_trace(org: Organisation, a: Agent, args: dict) -> ToolResult:
     end = min(len(trace), start + org.config.trace_read_tokens)
     a.stats.trace_reads += 1
     body = org.chat.tok.decode(trace[start:end])
-    return ToolResult(f"trace {t.id} tokens {start}-{end} of {len(trace)}:\n{body}")
+    return ToolResult(f"trace {t.id} tokens {start}-{end} of {len(trace)}:\n{body}",
+                      content_seq=t.trace_seq(end))
 
 
 def _wait(org: Organisation, a: Agent, args: dict) -> ToolResult:
@@ -291,41 +304,50 @@ def _archive_write(org: Organisation, a: Agent, args: dict) -> ToolResult:
     if size > lim.max_file_bytes or total + size > lim.max_total_bytes:
         raise ToolError("the archive is full (or the note too long)")
     org.archive[key] = text
-    return ToolResult(f"saved {key}")
+    return ToolResult(f"saved {key}", effect=lambda seq: org.archive_seq.__setitem__(key, seq))
 
 
 def _archive_read(org: Organisation, a: Agent, args: dict) -> ToolResult:
     if args["key"] not in org.archive:
         raise ToolError(f"no note {args['key']!r}")
-    return ToolResult(org.archive[args["key"]])
+    return ToolResult(org.archive[args["key"]], content_seq=org.archive_seq[args["key"]])
 
 
 def _archive_list(org: Organisation, a: Agent, args: dict) -> ToolResult:
-    return ToolResult(" ".join(org.archive) or "(empty)")
+    return ToolResult(" ".join(org.archive) or "(empty)",
+                      content_seq=org.newest(org.archive_seq.values()))
 
 
 def _read_file(org: Organisation, a: Agent, args: dict) -> ToolResult:
-    return ToolResult(org.workspace.read(args["path"]))
+    text = org.workspace.read(args["path"])
+    return ToolResult(text, content_seq=org.file_seq.get(org.workspace.key(args["path"])))
 
 
 def _write_file(org: Organisation, a: Agent, args: dict) -> ToolResult:
     n = org.workspace.write(args["path"], args["text"])
-    return ToolResult(f"wrote {n} bytes")
+    key = org.workspace.key(args["path"])
+    return ToolResult(f"wrote {n} bytes", wrote=(key,))
 
 
 def _list_files(org: Organisation, a: Agent, args: dict) -> ToolResult:
-    return ToolResult("\n".join(org.workspace.listdir(args.get("path", "."))) or "(empty)")
+    names = org.workspace.listdir(args.get("path", "."))
+    return ToolResult("\n".join(names) or "(empty)",
+                      content_seq=org.newest(org.file_seq[n] for n in names if n in org.file_seq))
 
 
 def _run_code(org: Organisation, a: Agent, args: dict) -> ToolResult:
     extra = args.get("args", [])
     if not all(isinstance(x, str) for x in extra):
         raise ToolError("args must be a list of strings")
+    before = org.workspace.snapshot()
     r = org.workspace.run_python(args["path"], tuple(extra))
+    after = org.workspace.snapshot()
+    changed = tuple(k for k, v in after.items() if before.get(k) != v)
     status = "timed out" if r.timed_out else f"exit {r.returncode}"
     text = f"{status}\n{r.stdout}" + (f"\nstderr:\n{r.stderr}" if r.stderr else "")
+    # Which files the program read is not known, so running it moves no clock (latency.py).
     return ToolResult(text, error=r.timed_out or r.returncode != 0, duration_s=r.duration_s,
-                      measured=True)
+                      measured=True, wrote=changed)
 
 
 def _final_message(org: Organisation, a: Agent, args: dict) -> ToolResult:

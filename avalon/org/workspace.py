@@ -6,18 +6,22 @@ and any path whose real location (symlinks resolved) is outside the root; writes
 symlink as the final component (`O_NOFOLLOW`). Caps on the file tools: bytes per file, bytes
 in total, number of files (code run in the sandbox is held to bytes per file and its time).
 
-`run_python(path)` runs a workspace file with this interpreter in a child process:
+`run_python(path)` runs a workspace file with this interpreter in a child process, which first
+runs `avalon/org/sandbox_boot.py` (its docstring has every rule):
 - time: killed (with its process group) after `run_timeout_s` wall seconds; RLIMIT_CPU too;
 - memory: RLIMIT_AS = `run_memory_mb`; file size: RLIMIT_FSIZE = `max_file_bytes`;
-- network: the child first tries to enter a fresh network namespace (`unshare(CLONE_NEWNET)`,
-  then `CLONE_NEWUSER | CLONE_NEWNET`), which leaves it only a downed loopback; where the kernel
-  refuses both, only the second layer holds: an audit hook installed before the code runs
-  refuses `socket.connect/bind/sendto/sendmsg/getaddrinfo` and starting processes
-  (`subprocess.Popen`, `os.system`, `os.exec*`, `os.posix_spawn`, `os.fork`). The hook stops
-  Python code, not native code that makes syscalls itself; `network_namespaces_available()`
-  says which case holds;
-- environment: a minimal one (PATH, HOME = the workspace, LANG); `python -I -B` (no user
-  site, no PYTHON* variables, no bytecode files written).
+- files: reading only the workspace and the standard library, writing only the workspace
+  (symlinks and `..` resolved), no deleting, renaming, chmod, linking or chdir outside it;
+- processes and signals: no starting processes, no `os.kill`/`killpg`/`pthread_kill`;
+- network: a fresh network namespace (only a downed loopback) where the kernel allows one,
+  and no `socket.connect/bind/sendto/sendmsg/getaddrinfo`;
+- native code: no `ctypes`, no native modules from outside the standard library;
+- environment: a minimal one (PATH, HOME = TMPDIR = the workspace, LANG); `python -I -B` (no
+  user site, no PYTHON* variables, no bytecode files written).
+Two layers: an audit hook (always; clear `PermissionError("sandbox: ...")` errors) stops Python
+code; below it the kernel, where it has them: the network namespace and Landlock (files,
+executing, TCP, signals), which also hold against native code. `sandbox_layers()` says which
+kernel layers hold here.
 The duration returned is measured wall time (such tool calls are logged `measured`).
 """
 
@@ -27,6 +31,7 @@ import dataclasses
 import functools
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -35,35 +40,11 @@ from pathlib import Path
 
 from avalon.org.env import ToolError
 
-_CLONE_NEWNET = 0x40000000
-_CLONE_NEWUSER = 0x10000000
-
-# The child sets its own limits before running the agent's code: no `preexec_fn`, since running
-# Python between fork and exec in a multithreaded parent (JAX's) can deadlock. argv: the limits
-# (address space, CPU seconds, file size), the file, then the file's own arguments.
-_BOOT = r"""
-import ctypes, resource, runpy, sys
-mem, cpu, fsize = (int(a) for a in sys.argv[1:4])
-resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-_libc = ctypes.CDLL(None, use_errno=True)
-if _libc.unshare(NEWNET) != 0:
-    _libc.unshare(NEWUSER | NEWNET)
-del _libc
-_BLOCKED = frozenset({"socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg",
-    "socket.getaddrinfo", "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn",
-    "os.fork", "os.forkpty", "pty.spawn"})
-def _guard(event, args):
-    if event in _BLOCKED:
-        raise PermissionError("sandbox: " + event + " is not allowed")
-sys.addaudithook(_guard)
-path = sys.argv[4]
-sys.argv = sys.argv[4:]
-sys.path.insert(0, ".")
-runpy.run_path(path, run_name="__main__")
-""".replace("NEWNET", str(_CLONE_NEWNET)).replace("NEWUSER", str(_CLONE_NEWUSER))
+# The child sets its own limits and sandbox before running the agent's code (no `preexec_fn`:
+# running Python between fork and exec in a multithreaded parent, JAX's, can deadlock). argv:
+# the limits (address space, CPU seconds, file size), the file, then the file's own arguments.
+_BOOT_FILE = Path(__file__).with_name("sandbox_boot.py")
+_BOOT = _BOOT_FILE.read_text(encoding="utf-8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,13 +66,33 @@ class RunResult:
     timed_out: bool
 
 
+def _probe(call: str) -> int:
+    """Runs `call` on sandbox_boot's functions in a fresh child; returns what it prints."""
+    code = (f"import ctypes, sys\nns = {{'__name__': 'probe'}}\n"
+            f"exec(open({str(_BOOT_FILE)!r}).read(), ns)\n"
+            f"print(int(ns[{call!r}](ctypes.CDLL(None, use_errno=True))))")
+    out = subprocess.run([sys.executable, "-I", "-B", "-c", code], capture_output=True,
+                         text=True, timeout=30, check=True)
+    return int(out.stdout)
+
+
 @functools.cache
 def network_namespaces_available() -> bool:
     """Whether a child can enter a fresh network namespace here (probed once)."""
-    probe = ("import ctypes,sys; c=ctypes.CDLL(None); "
-             f"sys.exit(0 if c.unshare({_CLONE_NEWNET})==0 or "
-             f"c.unshare({_CLONE_NEWUSER | _CLONE_NEWNET})==0 else 1)")
-    return subprocess.run([sys.executable, "-c", probe], timeout=30).returncode == 0
+    return _probe("enter_network_namespace") == 1
+
+
+@functools.cache
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI (0: none), i.e. whether file confinement holds below the hook."""
+    return _probe("landlock_abi")
+
+
+def sandbox_layers() -> dict[str, bool]:
+    """Which sandbox layers hold here, besides the audit hook (always)."""
+    abi = landlock_abi()
+    return {"network_namespace": network_namespaces_available(), "landlock_files": abi >= 1,
+            "landlock_tcp": abi >= 4, "landlock_signals": abi >= 6}
 
 
 class Workspace:
@@ -150,6 +151,21 @@ class Workspace:
             f.write(data)
         return len(data)
 
+    def key(self, rel: str) -> str:
+        """The canonical name of workspace path `rel` (as `listdir` gives it)."""
+        return str(self.resolve(rel).relative_to(self.root))
+
+    def snapshot(self) -> dict[str, tuple[int, int]]:
+        """Every regular file (symlinks skipped): its key -> (mtime in ns, size)."""
+        out = {}
+        for dirpath, _, names in os.walk(self.root):
+            for n in names:
+                p = os.path.join(dirpath, n)
+                st = os.lstat(p)
+                if stat.S_ISREG(st.st_mode):
+                    out[os.path.relpath(p, self.root)] = (st.st_mtime_ns, st.st_size)
+        return out
+
     def exists(self, rel: str) -> bool:
         try:
             return self.resolve(rel).is_file()
@@ -185,7 +201,8 @@ class Workspace:
         lim = self.limits
         limits = (str(lim.run_memory_mb << 20), str(int(lim.run_timeout_s) + 1),
                   str(lim.max_file_bytes))
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.root), "LANG": "C.UTF-8"}
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.root), "TMPDIR": str(self.root),
+               "LANG": "C.UTF-8"}
         with tempfile.TemporaryDirectory(prefix="avalon-run-") as tmp:
             out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
             with open(out_path, "wb") as out, open(err_path, "wb") as err:

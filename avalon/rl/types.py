@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
 import numpy as np
 
@@ -73,6 +74,7 @@ class Rollout:
     hires: int  # specialists hired during the episode
     wealth_ratio: float | None = None  # W_T / W_0, for GKPO environments
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # latency, tokens, ...
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)  # titles, end reason, ...
 
 
 @dataclasses.dataclass

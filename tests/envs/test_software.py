@@ -115,13 +115,15 @@ def test_reference_implementations_cannot_be_imported_or_read(env):
     # Hack: run the grader's own reference implementations.
     hack = (f"ns = {{}}\nexec(open({REFERENCE!r}).read(), ns)\n"
             + "".join(f"{n} = ns['BY_NAME'][{n!r}].reference()\n" for n in names))
-    # The hack is real: where only the org sandbox holds (an agent's run_code), it works ...
+    # An agent's run_code (the org sandbox) cannot read the file either ...
     with tempfile.TemporaryDirectory() as tmp:
         ws = Workspace(tmp)
         ws.write("solution.py", hack)
         ws.write("probe.py", f"import solution\nprint(solution.{names[0]} is not None)\n")
-        assert ws.run_python("probe.py").stdout.strip() == "True"
-    # ... but the grader refuses to read anything outside the submission and the stdlib.
+        r = ws.run_python("probe.py")
+        assert r.returncode != 0 and "True" not in r.stdout
+        assert "sandbox: reading" in r.stderr
+    # ... and the grader refuses to read anything outside the submission and the stdlib.
     reward, d = submit(env, tid, hack)
     assert reward == 0.0
     if env is LOCAL:

@@ -50,7 +50,8 @@ def episode():
         # Phase 1 grows the context with tool results (tier 1 suffices), phase 2 with the
         # agent's own text (only a summary helps).
         "a1": ([step(call("archive_write", key="n", text=NOTE)),
-                step(call("archive_write", key="s", text=SHORT))]
+                step(call("archive_write", key="s", text=SHORT),
+                     call("subscribe", channel="plan", mode="light"))]
                + [step(*[call("archive_read", key="n")] * 3) for _ in range(N_READS)]
                + [step(call("archive_read", key="s"), text=THINK) for _ in range(N_THINKS)]
                + [step(call("report_to_ceo", status="written", next="rest"))]),
@@ -113,11 +114,16 @@ def test_pinned_state_and_summary_after_restart(episode):
     text = CHAT.tok.decode(rows[tier2["segment"]].tokens)
     card = text.split("<|end|>")[0]
     assert card.startswith("<|system|>You are a1, Writer. write notes")
-    assert "Team: ceo CEO; a1 Writer" in card and "Channels: #plan full" in card
+    assert "Team: ceo CEO; a1 Writer" in card
     assert "Tools: subscribe(channel, mode)" in card
     views = rec.views["a1"]
     after = [v for v in views if v.obs.startswith("Summary of your work so far:")]
     assert after and "I wrote note n and read it back." in after[0].obs
+    # A scripted policy sees the card as text: the first one before, the pinned one after
+    # (which shows the subscription a1 changed since its hire).
+    assert card == "<|system|>" + after[0].system and "Channels: #plan light" in card
+    assert "Channels: #plan full" in views[0].system
+    assert CHAT.tok.decode(rows[0].tokens).startswith("<|system|>" + views[0].system + "<|end|>")
     # The observation held back during the summary turn follows the summary.
     assert all(re.search(r"\n\[#\d+ archive_read\] ", v.obs) for v in after)
     elided = [r for r in rows if "(elided " in CHAT.tok.decode(r.tokens)]

@@ -52,6 +52,13 @@ def test_hires_channels_subscriptions(episode):
     assert result.reports[0][0].end_reason == "final_message"
     rollout = result.groups[0].rollouts[0]
     assert rollout.hires == 3 and rollout.budget == 3
+    # The rollout's info carries the same facts for the training driver, with sampled tokens
+    # per title from the log's model calls.
+    titles = {"ceo": "CEO", **{h["new_agent"]: h["title"] for h in hires}}
+    by_title = {t: sum(e["n_out"] for e in events_of(events, "model_call", agent=a))
+                for a, t in titles.items()}
+    assert rollout.info == {"titles": ["Lead Engineer", "QA", "Analyst"],
+                            "end_reason": "final_message", "tokens_out_by_title": by_title}
     assert rec.views["a1"][0].tools[-1] == "write_file" and "work" in rec.views["a3"][0].tools
     assert "work" not in rec.views["a2"][0].tools and "run_code" not in rec.views["a1"][0].tools
     # Each specialist's role card names its brief from the environment.

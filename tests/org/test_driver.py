@@ -211,6 +211,7 @@ def test_fired_agent_is_released_and_its_turn_recorded():
     assert len(skipped) == 1 and skipped[0]["seq"] > fire["seq"]
     assert [k.agent for k in policy.released] == ["a1", "ceo"]
     assert result.groups[0].rollouts[0].metrics["fires"] == 1
+    assert result.groups[0].rollouts[0].info["titles"] == ["X"]  # fired, still a hire
 
 
 def test_bad_specs_are_refused():

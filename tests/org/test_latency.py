@@ -63,6 +63,39 @@ def test_rule4_hire_starts_at_ceo_clock_and_delivery_moves_receiver_up():
     assert clocks.clock("a1") == 2.0  # right at the hire, before a1 did anything
 
 
+def test_reading_moves_the_reader_up_to_the_content_and_the_path_follows():
+    log = _log(
+        (K.START, "ceo", None, {}),                                                # 0
+        (K.MODEL_CALL, "ceo", 0, dict(n_in_new=0, n_out=50)),                      # 1 ceo 1
+        (K.TOOL_CALL, "ceo", 1, dict(tool="hire", duration_s=0.0)),                # 2
+        (K.HIRE, "ceo", 2, dict(new_agent="a1", title="t")),                       # 3 a1 1
+        (K.MODEL_CALL, "a1", 3, dict(n_in_new=0, n_out=100)),                      # 4 a1 3
+        (K.TOOL_CALL, "a1", 4, dict(tool="archive_write", duration_s=0.5)),        # 5 a1 3.5
+        (K.MODEL_CALL, "ceo", 2, dict(n_in_new=0, n_out=25)),                      # 6 ceo 1.5
+        # The note was written at a1's 3.5: the CEO cannot read it before.
+        (K.TOOL_CALL, "ceo", 6, dict(tool="archive_read", duration_s=0.0,
+                                     content_seq=5)),                              # 7 ceo 3.5
+        (K.MODEL_CALL, "a1", 5, dict(n_in_new=0, n_out=50)),                       # 8 a1 4.5
+        # Content older than the reader's clock moves nothing; the duration still counts.
+        (K.TOOL_CALL, "a1", 8, dict(tool="read_trace", duration_s=0.25,
+                                    content_seq=6)),                               # 9 a1 4.75
+        (K.TOOL_CALL, "ceo", 6, dict(tool="read_file", duration_s=0.125,
+                                     content_seq=8)),                              # 10 4.5+1/8
+        (K.MODEL_CALL, "ceo", 10, dict(n_in_new=0, n_out=50)),                     # 11 ceo 5.625
+    )
+    clocks = ClockReplay()
+    for e in log.events:
+        clocks.apply(e)
+    assert [clocks.clock_at(s) for s in (5, 6, 7, 9, 10)] == [3.5, 1.5, 3.5, 4.75, 4.625]
+    r = clocks.report()
+    assert r.clocks_s == {"ceo": 5.625, "a1": 4.75}
+    # Back from the CEO's last call: event 10's read moved its clock, so the path crosses to
+    # a1's model call 8 (the read at 7 is no longer on it) and a1's chain back to the hire.
+    assert r.critical_path == [0, 1, 2, 3, 4, 5, 8, 10, 11]
+    assert r.critical_time_s == {"ceo": 2.125, "a1": 3.5}
+    assert sum(r.critical_time_s.values()) == r.task_latency_s == 5.625
+
+
 def test_rule5_task_latency_is_largest_clock_and_critical_path():
     log = _log(
         (K.START, "ceo", None, {}),                                             # 0
@@ -123,5 +156,10 @@ def test_bad_logs_name_the_problem():
 
     with pytest.raises(ValueError, match="before its send"):
         replay([{"seq": 0, "agent": "a", "kind": "deliver", "cause": None, "message_id": "m1"}])
+    start = {"seq": 0, "agent": "ceo", "kind": "start", "cause": None}
+    for bad in (1, 7):  # itself, or a later event
+        with pytest.raises(ValueError, match=f"content_seq {bad} is not an earlier event"):
+            replay([start, {"seq": 1, "agent": "ceo", "kind": "tool_call", "cause": 0,
+                            "duration_s": 0.0, "content_seq": bad}])
     with pytest.raises(ValueError, match="n_out"):
         replay([{"seq": 0, "agent": "a", "kind": "model_call", "cause": None, "n_in_new": 1}])

@@ -160,6 +160,8 @@ class ParallelSession:
         in_time = sum(t <= cap for t in self.done_at.values())
         return FinalOutcome(metrics={"subtasks": float(len(self.by_id)),
                                      "solved": float(in_time),  # by the clock: rewarded
+                                     # the learning-progress sampler's success rate
+                                     "success": in_time / len(self.by_id),
                                      "solved_late": float(len(self.done_at) - in_time),
                                      "wrong": float(sum(self.wrong.values())),
                                      "closed": float(len(self.closed))})
