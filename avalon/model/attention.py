@@ -63,6 +63,17 @@ def _full_attention(q, k, v, segment_ids, cfg: ModelConfig, scale):
     chunk = cfg.attention_query_chunk
     if cfg.attention_impl == AttentionImpl.NAIVE or t <= chunk:
         return block(q, pos, seg)
+    if cfg.attention_impl == AttentionImpl.BLOCK_CAUSAL:
+        # Query chunk i only reads keys [0, end of chunk i]: the blocks above the causal
+        # diagonal, all masked, are never computed (about half the FLOPs of NAIVE).
+        outs = []
+        for lo in range(0, t, chunk):
+            hi = min(lo + chunk, t)
+            causal = pos[lo:hi, None] >= pos[None, :hi]
+            same = seg[:, lo:hi, None] == seg[:, None, :hi]
+            mask = (causal[None] & same)[:, None, None]
+            outs.append(_scores_to_out(q[:, lo:hi], kt[:, :, :hi], vt[:, :, :hi], mask, scale))
+        return jnp.concatenate(outs, axis=1)
     # Query-chunked: scores for one chunk of queries at a time (memory O(t * chunk)).
     pad = (-t) % chunk
     qp = jnp.pad(q, [(0, 0), (0, pad)] + [(0, 0)] * 3)

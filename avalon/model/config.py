@@ -44,6 +44,7 @@ class AttentionImpl(enum.Enum):
 
     NAIVE = "naive"  # materialise [b, h, t, t] scores
     QUERY_CHUNKED = "query_chunked"  # scores one query chunk at a time: memory O(t * chunk)
+    BLOCK_CAUSAL = "block_causal"  # query chunks skip the key blocks above the diagonal
 
 
 @dataclasses.dataclass(frozen=True)

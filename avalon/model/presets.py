@@ -27,12 +27,14 @@ def _tiny() -> ModelConfig:
 
 
 def _toy() -> ModelConfig:
+    # ~0.94M parameters (0.54M active): sized so an RLCR step of the toy organisation (tens of
+    # thousands of tokens through the engine and the update) takes seconds on 2 CPU cores.
     return ModelConfig(
-        vocab_size=512, hidden_size=256, pattern="MEM*ME",
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=512,
-        mamba_num_heads=8, mamba_head_dim=32, ssm_state_size=32, n_groups=2, conv_kernel=4,
-        chunk_size=32, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
-        moe_shared_expert_intermediate_size=256, routed_scaling_factor=1.0, max_context=2048)
+        vocab_size=512, hidden_size=128, pattern="MEM*ME",
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=256,
+        mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=16, n_groups=1, conv_kernel=4,
+        chunk_size=32, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=128,
+        moe_shared_expert_intermediate_size=128, routed_scaling_factor=1.0, max_context=2048)
 
 
 def _hybrid_2b_a06b() -> ModelConfig:

@@ -42,10 +42,11 @@ def test_remat_gives_the_same_gradients(tokens, remat):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
 
 
-def test_query_chunked_attention_equals_naive(tokens):
+@pytest.mark.parametrize("impl", [AttentionImpl.QUERY_CHUNKED, AttentionImpl.BLOCK_CAUSAL])
+def test_chunked_attention_equals_naive(tokens, impl):
     params = init_params(jax.random.key(6), ATTN)
     seg = jnp.concatenate([jnp.ones((2, 12), jnp.int32), jnp.full((2, 9), 2)], axis=1)
-    chunked = ATTN.replace(attention_impl=AttentionImpl.QUERY_CHUNKED, attention_query_chunk=8)
+    chunked = ATTN.replace(attention_impl=impl, attention_query_chunk=8)
     base_loss, base_grad = _loss_and_grad(ATTN, params, tokens, seg)
     loss, grad = _loss_and_grad(chunked, params, tokens, seg)
     np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
