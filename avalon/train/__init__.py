@@ -1,0 +1,1 @@
+"""The SFT -> RLCR training driver (`loop.run`), its config, telemetry and evaluation."""

@@ -1,0 +1,322 @@
+"""The experiment configuration: ml_collections at the edge, frozen dataclasses inside.
+
+A config file (`configs/<name>.py::get_config()`) returns a `ConfigDict`; `from_config_dict`
+converts it once into a `TrainConfig`, checking every key: an unknown key, a missing section, a
+value of the wrong type, an impossible mesh or a budget above the configured maximum stops the
+run at start-up with a message naming the field (`config.rl.lr=...`). Enum fields accept the
+enum member or its value string (so `--config.rl.cap_mode=absolute` works on the command line).
+
+`env` is a free-form section read only by `make_environments(config.env)`. Two fields are code,
+not data: `make_environments(config) -> list[Environment]` and
+`make_teacher(env, chat) -> Policy` (the SFT teacher organisation of an environment), so
+environments are chosen by constructing them, never by a registry of names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ml_collections
+
+from avalon.envs.curriculum import ClockSchedule
+from avalon.envs.samplers import BudgetConfig, ProgressConfig
+from avalon.inference.api import SamplingParams
+from avalon.model import presets
+from avalon.model.config import ModelConfig
+from avalon.org.config import OrgConfig
+from avalon.rl.config import RLConfig
+from avalon.sharding import MESH_AXES
+
+
+class TokenizerKind(enum.Enum):
+    WORD = "word"  # compact word list from the environments' and the organisation's vocabulary
+    BYTE = "byte"  # 256 bytes + specials
+    HF = "hf"  # `tokenizer.json` from `tokenizer_path` (a checkpoint directory)
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    teacher_episodes: int = 256  # teacher rollouts whose rows form the SFT set
+    steps: int = 200  # SFT updates
+    batch_seqs: int = 16  # packed sequences per SFT update
+    lr: float = 1e-3  # constant
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    steps: int = 40  # RLCR updates
+    groups_per_step: int = 4  # tasks per step at step 0 (the report: 200 rising to 800)
+    groups_per_step_end: int = 0  # 0: constant; else the count reached at groups_ramp_steps
+    groups_ramp_steps: int = 1  # linear ramp of the group count
+    rollouts_per_group: int = 8  # K (the report: 16)
+    seq_len: int = 2048  # packed training sequence length
+    seq_bucket: int = 8  # sequences per batch padded to a multiple of this (fewer compiles)
+    temperature: float = 1.0  # sampling temperature (the log-probs use the same)
+    top_p: float = 1.0
+
+
+def groups_at(rollout: RolloutConfig, rl_step: int) -> int:
+    """Task groups in RLCR step `rl_step` (a linear ramp when `groups_per_step_end` is set)."""
+    if not rollout.groups_per_step_end:
+        return rollout.groups_per_step
+    frac = min(rl_step, rollout.groups_ramp_steps) / rollout.groups_ramp_steps
+    return int(round(rollout.groups_per_step
+                     + frac * (rollout.groups_per_step_end - rollout.groups_per_step)))
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    slots: int = 256  # engine slots (>= rollouts alive at once x (1 + max budget))
+    steps_per_dispatch: int = 8
+    prefill_chunk: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    every: int = 10  # RL steps between held-out evaluations (and at step 0, after SFT)
+    tasks: int = 16  # held-out tasks per evaluation (per environment)
+    seeds: int = 2  # sampled rollouts per task and arm
+    budget: int = 8  # the organisation arm's hire budget (the single agent has 0)
+    clock_s: float = 300.0  # wall-clock cap of evaluation rollouts
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 10  # RL steps between checkpoints (SFT saves once at its end)
+    keep: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    seed: int
+    model: ModelConfig
+    init_from: str  # "" = random init; else a Hugging Face Nemotron-H checkpoint directory
+    mesh: dict[str, int]
+    tokenizer: TokenizerKind
+    tokenizer_path: str
+    org: OrgConfig
+    make_environments: Callable
+    make_teacher: Callable
+    budget: BudgetConfig
+    clock: ClockSchedule
+    progress: ProgressConfig
+    sft: SFTConfig
+    rollout: RolloutConfig
+    rl: RLConfig
+    engine: EngineConfig
+    eval: EvalConfig
+    checkpoint: CheckpointConfig
+    plots: bool
+    keep_event_logs: bool  # write every rollout's event log under WORKDIR/events/
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.rollout.temperature, top_p=self.rollout.top_p)
+
+
+def _fail(path: str, value, why: str):
+    raise ValueError(f"config.{path}={value!r}: {why}")
+
+
+def _coerce(path: str, value, annotation):
+    """Check (and for enums and tuples, convert) one value against its field's type."""
+    origin = typing.get_origin(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        if isinstance(value, annotation):
+            return value
+        try:
+            return annotation(value)
+        except ValueError:
+            _fail(path, value, f"must be one of {[m.value for m in annotation]}")
+    if annotation is bool:
+        if not isinstance(value, bool):
+            _fail(path, value, "must be a bool")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(path, value, "must be an int")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            _fail(path, value, "must be a number")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            _fail(path, value, "must be a string")
+        return value
+    if origin is tuple and isinstance(value, (list, tuple)):
+        return tuple(value)
+    return value
+
+
+def build_dataclass(cls, section, path: str):
+    """`cls(**section)` with every key checked against `cls`'s fields."""
+    if isinstance(section, cls):
+        return section
+    if not isinstance(section, (Mapping, ml_collections.ConfigDict)):
+        _fail(path, section, f"must be a section of {cls.__name__} fields")
+    items = dict(section.items())
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(items) - names)
+    if unknown:
+        raise ValueError(f"config.{path}: unknown key(s) {unknown}; {cls.__name__} has "
+                         f"{sorted(names)}")
+    kwargs = {k: _coerce(f"{path}.{k}", v, hints[k]) for k, v in items.items()}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config.{path}: {e}") from None
+
+
+_TOP = {"seed", "model", "init_from", "env", "mesh", "tokenizer", "tokenizer_path", "org",
+        "make_environments", "make_teacher", "budget", "clock", "progress", "sft", "rollout",
+        "rl", "engine", "eval", "checkpoint", "plots", "keep_event_logs"}
+
+
+def from_config_dict(config: ml_collections.ConfigDict, *, num_devices: int,
+                     num_processes: int = 1) -> TrainConfig:
+    """Convert and validate (see the module docstring)."""
+    items = dict(config.items())
+    unknown = sorted(set(items) - _TOP)
+    if unknown:
+        raise ValueError(f"config: unknown key(s) {unknown}; the sections are {sorted(_TOP)}")
+    missing = sorted(_TOP - set(items))
+    if missing:
+        raise ValueError(f"config: missing key(s) {missing}")
+
+    model_section = dict(items["model"].items())
+    if set(model_section) - {"preset", "overrides"}:
+        raise ValueError(f"config.model: unknown key(s) "
+                         f"{sorted(set(model_section) - {'preset', 'overrides'})}; "
+                         "use model.preset and model.overrides")
+    preset = model_section.get("preset")
+    if preset not in presets.NAMES:
+        _fail("model.preset", preset, f"must be one of {list(presets.NAMES)}")
+    overrides = dict(model_section.get("overrides", {}).items())
+    hints = typing.get_type_hints(ModelConfig)
+    for k, v in overrides.items():
+        if k not in hints:
+            raise ValueError(f"config.model.overrides: unknown ModelConfig field {k!r}")
+        overrides[k] = _coerce(f"model.overrides.{k}", v, hints[k])
+    try:
+        model = presets.get(preset, **overrides)
+    except ValueError as e:
+        raise ValueError(f"config.model: {e}") from None
+
+    mesh = {k: v for k, v in dict(items["mesh"].items()).items()}
+    for k, v in mesh.items():
+        if k not in MESH_AXES:
+            _fail(f"mesh.{k}", v, f"unknown mesh axis; the axes are {list(MESH_AXES)}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            _fail(f"mesh.{k}", v, "must be an int >= 1")
+    size = 1
+    for v in mesh.values():
+        size *= v
+    if size != num_devices:
+        _fail("mesh", mesh, f"needs {size} devices but {num_devices} are available")
+
+    org_section = dict(items["org"].items())
+    window = org_section.pop("window", None)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 64:
+        _fail("org.window", window, "must be an int >= 64")
+    org_fields = typing.get_type_hints(OrgConfig)
+    for k in org_section:
+        if k not in org_fields:
+            raise ValueError(f"config.org: unknown OrgConfig field {k!r}")
+    org_section = {k: _coerce(f"org.{k}", v, org_fields[k]) for k, v in org_section.items()}
+    try:
+        org = OrgConfig.scaled(window, **org_section)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config.org: {e}") from None
+
+    if items["init_from"] and not os.path.isdir(items["init_from"]):
+        _fail("init_from", items["init_from"], "no such checkpoint directory")
+    for name in ("make_environments", "make_teacher"):
+        if not callable(items[name]):
+            _fail(name, items[name], "must be a function")
+
+    cfg = TrainConfig(
+        seed=_coerce("seed", items["seed"], int),
+        model=model,
+        init_from=_coerce("init_from", items["init_from"], str),
+        mesh=mesh,
+        tokenizer=_coerce("tokenizer", items["tokenizer"], TokenizerKind),
+        tokenizer_path=_coerce("tokenizer_path", items["tokenizer_path"], str),
+        org=org,
+        make_environments=items["make_environments"],
+        make_teacher=items["make_teacher"],
+        budget=build_dataclass(BudgetConfig, items["budget"], "budget"),
+        clock=build_dataclass(ClockSchedule, items["clock"], "clock"),
+        progress=build_dataclass(ProgressConfig, items["progress"], "progress"),
+        sft=build_dataclass(SFTConfig, items["sft"], "sft"),
+        rollout=build_dataclass(RolloutConfig, items["rollout"], "rollout"),
+        rl=build_dataclass(RLConfig, items["rl"], "rl"),
+        engine=build_dataclass(EngineConfig, items["engine"], "engine"),
+        eval=build_dataclass(EvalConfig, items["eval"], "eval"),
+        checkpoint=build_dataclass(CheckpointConfig, items["checkpoint"], "checkpoint"),
+        plots=_coerce("plots", items["plots"], bool),
+        keep_event_logs=_coerce("keep_event_logs", items["keep_event_logs"], bool),
+    )
+    _check_consistency(cfg, num_processes)
+    return cfg
+
+
+def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
+    """Cross-field rules, each naming the field to change."""
+    if cfg.eval.budget > cfg.budget.max_budget:
+        _fail("eval.budget", cfg.eval.budget,
+              f"is above the configured maximum budget.max_budget={cfg.budget.max_budget}")
+    if cfg.tokenizer is TokenizerKind.HF and not cfg.tokenizer_path:
+        _fail("tokenizer_path", cfg.tokenizer_path, "is required with tokenizer='hf'")
+    if cfg.rollout.temperature != cfg.rl.temperature:
+        _fail("rl.temperature", cfg.rl.temperature,
+              f"must equal rollout.temperature={cfg.rollout.temperature}: the trainer must "
+              "recompute log-probs under the distribution the engine sampled from")
+    most_groups = max(cfg.rollout.groups_per_step, cfg.rollout.groups_per_step_end)
+    per_process = -(-most_groups // num_processes)  # each process's engine runs its share
+    alive = per_process * cfg.rollout.rollouts_per_group * (1 + cfg.budget.max_budget)
+    if cfg.engine.slots < alive:
+        _fail("engine.slots", cfg.engine.slots, f"must be >= this process's rollouts alive at "
+              f"once x (1 + max budget) = {alive}")
+    eval_alive = cfg.eval.seeds * (2 + cfg.eval.budget)  # one task, both arms
+    if cfg.engine.slots < eval_alive:
+        _fail("engine.slots", cfg.engine.slots, f"must be >= {eval_alive} for evaluation")
+    if cfg.rollout.seq_len < cfg.org.window:
+        _fail("rollout.seq_len", cfg.rollout.seq_len,
+              f"must be >= org.window={cfg.org.window} (an agent's whole context is one row)")
+    if cfg.model.max_context < cfg.org.window:
+        _fail("org.window", cfg.org.window,
+              f"exceeds the model's max_context={cfg.model.max_context}")
+    for name in ("steps", "groups_per_step", "rollouts_per_group", "groups_ramp_steps",
+                 "seq_bucket"):
+        if getattr(cfg.rollout, name) < 1:
+            _fail(f"rollout.{name}", getattr(cfg.rollout, name), "must be >= 1")
+    if cfg.sft.steps < 0 or cfg.sft.teacher_episodes < 0 or cfg.sft.batch_seqs < 1:
+        _fail("sft", dataclasses.asdict(cfg.sft), "steps and teacher_episodes must be >= 0, "
+              "batch_seqs >= 1")
+    if cfg.eval.every < 1 or cfg.checkpoint.every < 1:
+        _fail("eval.every" if cfg.eval.every < 1 else "checkpoint.every",
+              min(cfg.eval.every, cfg.checkpoint.every), "must be >= 1")
+
+
+def describe(cfg: TrainConfig) -> dict[str, Any]:
+    """A JSON-able summary of the config (written to WORKDIR/config.json)."""
+    def plain(v):
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, enum.Enum):
+            return v.value
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in v.items()}
+        if callable(v):
+            return getattr(v, "__qualname__", repr(v))
+        return v
+    return plain(cfg)

@@ -1,0 +1,53 @@
+"""Held-out evaluation: the organisation against a single agent on the same tasks.
+
+For the first `eval.tasks` held-out tasks of every environment, `eval.seeds` sampled rollouts
+with hire budget `eval.budget` (the organisation arm) and as many with budget 0 (the single
+agent), all under the clock `eval.clock_s`, all in one batched run through the engine. Seeds are
+fixed per (task, arm, seed index), so evaluations at different steps differ only by the policy.
+Metrics: `eval/org_reward`, `eval/single_reward` (mean collective reward), and the rest of
+`org_metrics.rollout_metrics` for each arm under `eval/org_...` / `eval/single_...`.
+"""
+
+from __future__ import annotations
+
+from avalon.envs.base import Split
+from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
+from avalon.org.engine_policy import EnginePolicy
+from avalon.train.org_metrics import rollout_metrics
+from avalon.train.setup import Setup
+
+_EVAL_SEED = 10_000_000  # eval seeds never collide with training rollout seeds
+
+
+def evaluate(setup: Setup, engine) -> dict:
+    cfg = setup.cfg
+    policy = EnginePolicy(engine, setup.chat, cfg.sampling)
+    driver = RolloutDriver(policy, setup.chat, cfg.org)
+    arms = (("org", cfg.eval.budget), ("single", 0))
+    # As many tasks at once as the engine has slots for (both arms of a task together).
+    per_task = cfg.eval.seeds * (2 + cfg.eval.budget)
+    tasks_per_run = max(1, cfg.engine.slots // per_task)
+    specs, arm_of = [], []
+    gid = 0
+    for env in setup.envs:
+        for t_index, task_id in enumerate(env.task_ids(Split.HELDOUT)[:cfg.eval.tasks]):
+            for a_index, (arm, budget) in enumerate(arms):
+                rollouts = tuple(
+                    RolloutSpec(env.session(task_id, seed=s, clock_s=cfg.eval.clock_s),
+                                budget=budget,
+                                seed=_EVAL_SEED + (t_index * len(arms) + a_index) * 1000 + s)
+                    for s in range(cfg.eval.seeds))
+                specs.append(GroupSpec(group_id=gid, rollouts=rollouts))
+                arm_of.append(arm)
+                gid += 1
+    groups_done = []
+    step = tasks_per_run * len(arms)
+    for start in range(0, len(specs), step):
+        groups_done += driver.run(specs[start:start + step]).groups
+    out = {}
+    for arm, _ in arms:
+        groups = [g for g, a in zip(groups_done, arm_of) if a == arm]
+        m = rollout_metrics(groups, prefix=f"eval/{arm}_")
+        out[f"eval/{arm}_reward"] = m.pop(f"eval/{arm}_reward/mean")
+        out.update(m)
+    return out

@@ -1,0 +1,346 @@
+"""The main job: teacher traces -> SFT -> RLCR, with evaluation, checkpoints and resume.
+
+    run(config, workdir)      # what `python -m avalon.main --config=... --workdir=...` calls
+
+Steps are counted globally: `step` = updates applied so far (SFT updates first, then RLCR);
+every line of `WORKDIR/metrics.jsonl` carries it, with `phase` ("sft", "rl" or "eval") and, for
+RLCR lines, `rl_step`. An evaluation runs once SFT ends (the starting point) and every
+`eval.every` RLCR steps; it compares the organisation with a single agent on held-out tasks.
+
+One RLCR step (`rl_step`): the learning-progress sampler picks `groups_per_step` training
+tasks, the budget sampler a hire budget per rollout, the clock curriculum the wall clock; the
+organisation simulator plays K rollouts per task through the engine (every agent's turn of a
+tick in one batched decode call); collective advantages and packing build the batch; the
+jitted update step donates and replaces the params, and the engine is pointed at the new arrays.
+There is no separate log-prob pass: the engine returns the sampler's log-probs (pi_old) with
+every token, and the trainer's log-probs are computed inside the update's own forward (routing
+replayed), whose ratio statistics (`train/ratio_*`, before the parameter change) are the
+train/inference agreement check. The time split is rollout / build (advantages, packing) /
+update (log-probs, loss, gradients, AdamW) / switch (pointing the engine at the new params).
+
+Checkpoints (orbax, async, atomic) hold the train state and the host state: phase, counters,
+the samplers' generators and statistics. A killed run (even SIGKILL) rerun with the same
+command resumes from the newest checkpoint: teacher traces are regenerated from the seed,
+rollout seeds derive from (seed, rl_step), so the resumed run repeats what was lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from avalon.checkpoint.train_state import TrainCheckpointer
+from avalon.envs.base import Split
+from avalon.envs.samplers import BudgetSampler, LearningProgressSampler
+from avalon.inference.engine import Engine
+from avalon.model import accounting
+from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
+from avalon.org.engine_policy import EnginePolicy
+from avalon.rl.build import build_rl_batch
+from avalon.rl.update import TrainState
+from avalon.train import org_metrics, plots
+from avalon.train.config import TrainConfig, describe, from_config_dict, groups_at
+from avalon.train.distributed import host_shard
+from avalon.train.evaluation import evaluate
+from avalon.train.setup import Setup, build, engine_params, global_batch, initial_params
+from avalon.train.sft import SFTBatches, teacher_traces
+from avalon.train.telemetry import Telemetry
+
+
+@dataclasses.dataclass
+class HostState:
+    """Everything besides the arrays that a resumed run needs (JSON in the checkpoint)."""
+
+    sft_step: int = 0
+    rl_step: int = 0
+    budget_sampler: dict | None = None
+    progress_sampler: dict | None = None
+
+    @property
+    def step(self) -> int:
+        return self.sft_step + self.rl_step
+
+
+def _reduce_mean(x: float) -> float:
+    """Mean over processes of a host-side number (identity on one process)."""
+    if jax.process_count() == 1:
+        return float(x)
+    return float(np.mean(multihost_utils.process_allgather(np.asarray(x, np.float64))))
+
+
+class Run:
+    def __init__(self, cfg: TrainConfig, env_section, workdir: str):
+        self.cfg, self.workdir = cfg, workdir
+        self.main = jax.process_index() == 0
+        self.setup: Setup = build(cfg, env_section)
+        _, params = initial_params(cfg, self.setup.mesh)
+        self.state: TrainState = self.setup.rl_step.init_state(params)
+        self.host = HostState()
+        self.budget = BudgetSampler(cfg.budget, seed=cfg.seed + 2)
+        self.progress = LearningProgressSampler(
+            {e.name: e.task_ids(Split.TRAIN) for e in self.setup.envs}, cfg.progress,
+            seed=cfg.seed + 3)
+        self.ckpt = TrainCheckpointer(os.path.join(workdir, "checkpoints"),
+                                      max_to_keep=cfg.checkpoint.keep)
+        self._restore()
+        total = cfg.sft.steps + cfg.rollout.steps
+        self.telemetry = Telemetry(workdir, resume_step=self.host.step, enabled=self.main,
+                                   total_steps=total)
+        self.engine: Engine | None = None
+
+    # ---- checkpoints -----------------------------------------------------------------------
+    def _restore(self) -> None:
+        step = self.ckpt.latest_step()
+        if step is None:
+            return
+        target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                             sharding=a.sharding), self.state)
+        self.state, host = self.ckpt.restore(step, target=target)
+        self.host = HostState(**{k: v for k, v in host.items() if k in HostState.__annotations__})
+        if self.host.budget_sampler is not None:
+            self.budget.load_state(self.host.budget_sampler)
+        if self.host.progress_sampler is not None:
+            self.progress.load_state(self.host.progress_sampler)
+
+    def _save(self) -> None:
+        self.host.budget_sampler = self.budget.state()
+        self.host.progress_sampler = self.progress.state()
+        self.ckpt.save(self.host.step, self.state, dataclasses.asdict(self.host))
+
+    # ---- phases ----------------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg = self.cfg
+        if self.main:
+            with open(os.path.join(self.workdir, "config.json"), "w") as f:
+                json.dump(describe(cfg), f, indent=1, sort_keys=True)
+        if self.host.sft_step < cfg.sft.steps:
+            self._sft()
+            self._save()
+        self.engine = Engine(cfg.model, self._engine_params(), num_slots=cfg.engine.slots,
+                             max_context=cfg.org.window, mesh=self.setup.local_mesh,
+                             steps_per_dispatch=cfg.engine.steps_per_dispatch,
+                             prefill_chunk=cfg.engine.prefill_chunk,
+                             detokenize=self.setup.chat.tok.decode)
+        if self.host.rl_step == 0 and not self._logged_eval_at(self.host.step):
+            self._evaluate()
+        while self.host.rl_step < cfg.rollout.steps:
+            self._rl_step()
+            if self.host.rl_step % cfg.eval.every == 0 or self.host.rl_step == cfg.rollout.steps:
+                self._evaluate()
+            if self.host.rl_step % cfg.checkpoint.every == 0 or \
+                    self.host.rl_step == cfg.rollout.steps:
+                self._save()
+        self.ckpt.close()
+        self.telemetry.close()
+        summary = self._summary()
+        if self.main:
+            with open(os.path.join(self.workdir, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=1, sort_keys=True)
+            if cfg.plots:
+                plots.write_plots(self.workdir)
+        return summary
+
+    def _engine_params(self) -> dict:
+        return engine_params(self.state.params, self.cfg.model, self.setup.mesh,
+                             self.setup.local_mesh)
+
+    def _logged_eval_at(self, step: int) -> bool:
+        from avalon.train.telemetry import read_metrics
+        return any(r.get("phase") == "eval" and r.get("step") == step
+                   for r in read_metrics(self.telemetry.path))
+
+    def _sft(self) -> None:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        traces = teacher_traces(self.setup)
+        batches = SFTBatches(self.setup, traces)
+        self.telemetry.log(self.host.step, {
+            "phase": "sft_data", "sft/teacher_reward": traces.mean_reward,
+            "sft/teacher_episodes": traces.episodes, "sft/rows": len(traces.rows),
+            "sft/sequences": batches.n, "sft/fill": batches.fill,
+            "sft/teacher_cut_turns": traces.cut_turns,
+            "time/teacher_s": time.perf_counter() - t0})
+        step_fn = self.setup.sft_step
+        while self.host.sft_step < cfg.sft.steps:
+            t = time.perf_counter()
+            batch = global_batch(batches.batch(self.host.sft_step), step_fn.batch_sharding)
+            self.state, m = step_fn(self.state, batch)
+            m = {k: float(v) for k, v in m.items()}
+            self.host.sft_step += 1
+            dt = time.perf_counter() - t
+            self.telemetry.log(self.host.step, {"phase": "sft", "sft_step": self.host.sft_step,
+                                                **{f"sft/{k}": v for k, v in m.items()},
+                                                "time/step_s": dt,
+                                                "perf/tokens_per_s": m["tokens"] / dt})
+            self.telemetry.progress.update(self.host.step, f"SFT nll {m.get('nll', 0):.3f}")
+            if self.host.sft_step % cfg.checkpoint.every == 0 and \
+                    self.host.sft_step < cfg.sft.steps:
+                self._save()
+
+    def _rollout_specs(self) -> tuple[list[GroupSpec], dict[str, str]]:
+        cfg = self.cfg
+        n_groups, k = groups_at(cfg.rollout, self.host.rl_step), cfg.rollout.rollouts_per_group
+        picks = self.progress.sample(n_groups)  # same draws on every process
+        budgets = self.budget.sample(n_groups * k)
+        clock = cfg.clock(self.host.rl_step)
+        env_by_name = self.setup.env_by_name
+        specs, env_of = [], {}
+        for g, (env_name, task_id) in enumerate(picks):
+            env = env_by_name[env_name]
+            env_of[task_id] = env_name
+            seed0 = (cfg.seed * 1_000_003 + self.host.rl_step) * 4096 + g * k
+            specs.append(GroupSpec(group_id=g, rollouts=tuple(
+                RolloutSpec(env.session(task_id, seed=seed0 + i, clock_s=clock),
+                            budget=budgets[g * k + i], seed=seed0 + i) for i in range(k))))
+        return specs, env_of
+
+    def _rl_step(self) -> None:
+        cfg, setup = self.cfg, self.setup
+        t0 = time.perf_counter()
+        all_specs, env_of = self._rollout_specs()
+        info = _process_info()
+        specs = host_shard(all_specs, info)
+        policy = EnginePolicy(self.engine, setup.chat, cfg.sampling)
+        log_dir = os.path.join(self.workdir, "events", f"step{self.host.rl_step}") \
+            if cfg.keep_event_logs else None
+        driver = RolloutDriver(policy, setup.chat, cfg.org, log_dir=log_dir)
+        stats0 = self.engine.stats.snapshot()
+        result = driver.run(specs)
+        t_rollout = time.perf_counter() - t0
+
+        groups = result.groups
+        local_success = org_metrics.per_task_success(groups, env_of)
+        all_success = _gather_results(local_success)
+        self.progress.update(all_success)
+
+        t1 = time.perf_counter()
+        routing = (cfg.model.count("E"), cfg.model.num_experts_per_tok) \
+            if cfg.model.count("E") else None
+        step_fn = setup.rl_step
+        # Pad the sequence count to a multiple of `seq_bucket` (and of micro-batches x data
+        # parallelism): each new batch shape is a new compile of the update step.
+        multiple = cfg.rl.micro_batches * setup.mesh.shape["data"] * setup.mesh.shape["fsdp"]
+        local_multiple = max(1, multiple // info.num_processes)
+        local_multiple = int(np.lcm(local_multiple, cfg.rollout.seq_bucket))
+        batch, bstats = build_rl_batch(groups, cfg.rl, seq_len=cfg.rollout.seq_len,
+                                       num_seqs_multiple=local_multiple, routing_shape=routing)
+        if info.num_processes > 1:  # every process must bring the same number of sequences
+            most = int(max(multihost_utils.process_allgather(
+                np.asarray(batch.tokens.shape[0]))))
+            if most != batch.tokens.shape[0]:
+                batch, bstats = build_rl_batch(groups, cfg.rl, seq_len=cfg.rollout.seq_len,
+                                               num_seqs_multiple=local_multiple, min_seqs=most,
+                                               routing_shape=routing)
+        batch = global_batch(batch, step_fn.batch_sharding)
+        t_build = time.perf_counter() - t1
+
+        t3 = time.perf_counter()
+        self.state, m = step_fn(self.state, batch)
+        m = {k: float(v) for k, v in m.items()}
+        t_update = time.perf_counter() - t3
+
+        t4 = time.perf_counter()
+        self.engine.set_params(self._engine_params())
+        t_switch = time.perf_counter() - t4
+        self.host.rl_step += 1
+
+        total = time.perf_counter() - t0
+        engine_stats = self.engine.stats
+        tokens_model = m["tokens"]
+        flops = accounting.train_flops_per_token(cfg.model, cfg.rollout.seq_len) * tokens_model
+        record = {
+            "phase": "rl", "rl_step": self.host.rl_step,
+            "clock_s": cfg.clock(self.host.rl_step - 1),
+            **{f"train/{k}": v for k, v in m.items()},
+            **{f"batch/{k}": (_reduce_sum(v) if k in _COUNTS else _reduce_mean(v))
+               for k, v in bstats.as_metrics().items()},
+            **_reduced(org_metrics.rollout_metrics(groups)),
+            "time/rollout_s": t_rollout, "time/build_s": t_build,
+            "time/update_s": t_update, "time/switch_s": t_switch, "time/step_s": total,
+            "perf/generated_tokens_per_s": (engine_stats.decode_tokens
+                                            - stats0.decode_tokens) / max(t_rollout, 1e-9),
+            "perf/train_tokens_per_s": tokens_model / max(t_update, 1e-9),
+            "perf/mfu_vs_h200_peak": flops / max(t_update, 1e-9) / accounting.H200_PEAK_FLOPS,
+            "rollouts": _reduce_sum(sum(len(g.rollouts) for g in groups)),
+            "processes": info.num_processes,
+            "engine/dispatches": engine_stats.dispatches - stats0.dispatches,
+            "engine/ticks": len(result.ticks),
+        }
+        self.telemetry.log(self.host.step, record)
+        self.telemetry.progress.update(
+            self.host.step, f"RL {self.host.rl_step}/{cfg.rollout.steps} "
+                            f"reward {record.get('reward/mean', 0.0):.2f}")
+
+    def _evaluate(self) -> None:
+        t = time.perf_counter()
+        m = evaluate(self.setup, self.engine)
+        m = {k: (v if isinstance(v, dict) else _reduce_mean(v)) for k, v in m.items()}
+        self.telemetry.log(self.host.step, {"phase": "eval", "rl_step": self.host.rl_step, **m,
+                                            "time/eval_s": time.perf_counter() - t})
+
+    def _summary(self) -> dict:
+        from avalon.train.telemetry import read_metrics
+        records = read_metrics(self.telemetry.path) if self.main else []
+        evals = [r for r in records if r.get("phase") == "eval"]
+        return {
+            "steps": self.host.step, "sft_steps": self.host.sft_step,
+            "rl_steps": self.host.rl_step,
+            "evals": [{k: r.get(k) for k in ("step", "rl_step", "eval/org_reward",
+                                             "eval/single_reward")} for r in evals],
+        }
+
+
+def _process_info():
+    from avalon.train.distributed import ProcessInfo
+    return ProcessInfo(process_id=jax.process_index(), num_processes=jax.process_count())
+
+
+def _gather_results(local: list[tuple[str, str, float]]) -> list[tuple[str, str, float]]:
+    """Every process's (env, task, success) results, in process order."""
+    if jax.process_count() == 1:
+        return local
+    payload = json.dumps(local).encode()
+    sizes = multihost_utils.process_allgather(np.asarray(len(payload)))
+    buf = np.zeros(int(max(sizes)), np.uint8)
+    buf[:len(payload)] = np.frombuffer(payload, np.uint8)
+    everything = multihost_utils.process_allgather(buf)
+    out = []
+    for row, n in zip(everything, sizes):
+        out += [tuple(x) for x in json.loads(bytes(row[:int(n)]).decode())]
+    return out
+
+
+# Host-side batch statistics that add up across processes (the rest are averaged).
+_COUNTS = frozenset({"groups", "kept_groups", "dropped_groups", "rollouts", "pack_rows",
+                     "pack_skipped_rows", "pack_sequences", "pack_tokens", "pack_loss_tokens",
+                     "pack_padding", "pack_unpredictable_loss_tokens"})
+
+
+def _reduce_sum(x: float) -> float:
+    if jax.process_count() == 1:
+        return float(x)
+    return float(np.sum(multihost_utils.process_allgather(np.asarray(x, np.float64))))
+
+
+def _reduced(metrics: dict) -> dict:
+    return {k: (v if isinstance(v, dict) else _reduce_mean(v)) for k, v in metrics.items()}
+
+
+def prepare(config, workdir: str) -> Run:
+    """Validate `config` and build the run (resuming from `workdir` if it holds checkpoints).
+    Every configuration problem surfaces here, as a ValueError naming the field."""
+    cfg = from_config_dict(config, num_devices=jax.device_count(),
+                           num_processes=jax.process_count())
+    os.makedirs(workdir, exist_ok=True)
+    return Run(cfg, config.env, workdir)
+
+
+def run(config, workdir: str) -> dict:
+    """Train per `config` (an ml_collections ConfigDict, see `configs/`), writing to `workdir`."""
+    return prepare(config, workdir).run()

@@ -1,0 +1,143 @@
+"""Everything a run builds once from its config: tokenizer, environments, mesh, params, steps.
+
+The params exist once. The SFT and RLCR update steps donate and replace them; the engine reads
+them through `engine_params`, the trainer-to-engine "switch" (timed as `time/switch_s`):
+- training and decode layouts agree (no `fsdp` axis) on one process: the very same arrays,
+  nothing moves;
+- otherwise the params are re-laid out for decoding (`DECODE_RULES`: weights whole along
+  `embed`, experts and heads still split over the `expert` and `tensor` axes, which must lie
+  within a host), and each process's engine serves its own organisations from the replica on
+  its local devices, assembled from the re-laid-out arrays' addressable shards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from avalon import sharding
+from avalon.checkpoint import hf
+from avalon.envs.base import Environment, Split
+from avalon.model import init_params
+from avalon.model.config import ModelConfig
+from avalon.org.vocabulary import org_vocabulary
+from avalon.rl.config import LossKind
+from avalon.rl.update import UpdateStep, make_update_step
+from avalon.tokenizer import ByteTokenizer, ChatFormat, HFTokenizer, WordTokenizer
+from avalon.train.config import TokenizerKind, TrainConfig
+
+
+@dataclasses.dataclass
+class Setup:
+    cfg: TrainConfig
+    envs: list[Environment]
+    chat: ChatFormat
+    mesh: Mesh
+    local_mesh: Mesh  # this process's devices (the engine's)
+    sft_step: UpdateStep
+    rl_step: UpdateStep
+
+    @property
+    def env_by_name(self) -> dict[str, Environment]:
+        return {e.name: e for e in self.envs}
+
+
+def build_tokenizer(cfg: TrainConfig, envs: list[Environment]):
+    if cfg.tokenizer is TokenizerKind.WORD:
+        words: list[str] = list(org_vocabulary())
+        for env in envs:
+            words += env.vocabulary()
+        return WordTokenizer(tuple(dict.fromkeys(words)))  # first occurrence order, no repeats
+    if cfg.tokenizer is TokenizerKind.BYTE:
+        return ByteTokenizer()
+    return HFTokenizer.from_dir(cfg.tokenizer_path)
+
+
+def build(cfg: TrainConfig, env_section) -> Setup:
+    envs = list(cfg.make_environments(env_section))
+    if not envs:
+        raise ValueError("config.make_environments returned no environments")
+    names = [e.name for e in envs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"config.make_environments: environment names repeat: {names}")
+    for e in envs:
+        if not e.task_ids(Split.HELDOUT):
+            raise ValueError(f"environment {e.name!r} has no held-out tasks for evaluation")
+    tok = build_tokenizer(cfg, envs)
+    if tok.vocab_size > cfg.model.vocab_size:
+        raise ValueError(f"config.tokenizer={cfg.tokenizer.value!r} needs {tok.vocab_size} ids, "
+                         f"more than the model's vocab_size={cfg.model.vocab_size} "
+                         "(config.model.overrides.vocab_size)")
+    mesh = sharding.make_mesh(cfg.mesh)
+    local_mesh = make_local_mesh(mesh)
+    sft_rl = dataclasses.replace(cfg.rl, loss=LossKind.SFT, lr=cfg.sft.lr)
+    return Setup(cfg=cfg, envs=envs, chat=ChatFormat(tok), mesh=mesh, local_mesh=local_mesh,
+                 sft_step=make_update_step(cfg.model, sft_rl, mesh=mesh),
+                 rl_step=make_update_step(cfg.model, cfg.rl, mesh=mesh))
+
+
+def initial_params(cfg: TrainConfig, mesh: Mesh) -> tuple[ModelConfig, dict]:
+    """Random init, or a Hugging Face checkpoint placed directly on the mesh."""
+    if cfg.init_from:
+        if not os.path.isdir(cfg.init_from):
+            raise ValueError(f"config.init_from={cfg.init_from!r}: no such directory")
+        loaded_cfg, params = hf.load(cfg.init_from, mesh, param_dtype=cfg.model.param_dtype)
+        for field in ("pattern", "hidden_size", "vocab_size"):
+            if getattr(loaded_cfg, field) != getattr(cfg.model, field):
+                raise ValueError(f"config.init_from: the checkpoint's {field}="
+                                 f"{getattr(loaded_cfg, field)!r} differs from config.model's "
+                                 f"{getattr(cfg.model, field)!r}")
+        return cfg.model, params
+    shardings = sharding.param_shardings(cfg.model, mesh, sharding.TRAIN_RULES)
+    return cfg.model, init_params(jax.random.key(cfg.seed), cfg.model, shardings)
+
+
+def make_local_mesh(mesh: Mesh) -> Mesh:
+    """This process's devices as the engine's mesh, cut from the global mesh so every device
+    keeps its `expert` / `tensor` position (the engine's params are the global arrays' local
+    shards); the `data` and `fsdp` positions fold into the engine's slot axis."""
+    devices = mesh.devices  # [data, fsdp, expert, tensor]
+    mine = np.vectorize(lambda d: d.process_index == jax.process_index())(devices)
+    e, t = mesh.shape["expert"], mesh.shape["tensor"]
+    rows = mine.reshape(-1, e * t)  # one row per (data, fsdp) position
+    if not np.all(rows.all(axis=1) == rows.any(axis=1)):
+        raise ValueError(f"config.mesh: the expert x tensor = {e * t} model axes must lie within "
+                         "one process's devices (the engine runs per host)")
+    local = devices[mine].reshape(-1, 1, e, t)
+    return Mesh(local, sharding.MESH_AXES,
+                axis_types=(jax.sharding.AxisType.Auto,) * len(sharding.MESH_AXES))
+
+
+def engine_params(params: dict, cfg: ModelConfig, mesh: Mesh, local_mesh: Mesh) -> dict:
+    """The engine's view of the training params on this process's devices (see the module
+    docstring)."""
+    train = sharding.param_shardings(cfg, mesh, sharding.TRAIN_RULES)
+    decode = sharding.param_shardings(cfg, mesh, sharding.DECODE_RULES)
+    same = all(a.spec == b.spec for a, b in zip(jax.tree.leaves(train), jax.tree.leaves(decode)))
+    if jax.process_count() == 1 and same:
+        return params
+    if not same:
+        params = jax.device_put(params, decode)  # the collective part of the switch
+    local_decode = sharding.param_shardings(cfg, local_mesh, sharding.DECODE_RULES)
+
+    def local(a: jax.Array, target: NamedSharding) -> jax.Array:
+        by_index = {}
+        for shard in a.addressable_shards:
+            by_index.setdefault(shard.device, shard.data)
+        arrays = [by_index[d] for d in target.addressable_devices_indices_map(a.shape)]
+        return jax.make_array_from_single_device_arrays(a.shape, target, arrays)
+
+    return jax.tree.map(local, params, local_decode)
+
+
+def global_batch(local_batch, batch_sharding: NamedSharding):
+    """Assemble the global training batch from each process's packed sequences."""
+    if jax.process_count() == 1:
+        return local_batch
+    return jax.tree.map(
+        lambda x: jax.make_array_from_process_local_data(batch_sharding, np.asarray(x)),
+        local_batch)

@@ -1,0 +1,90 @@
+"""The SFT stage: teacher organisations play training tasks; the model imitates their turns.
+
+Teacher traces are regenerated deterministically from the seed (so a resumed run needs only
+the step count, not the traces): episode e plays training task `tasks[e]` with hire budget
+`budgets[e]` from the configured budget mix, under the clock of RL step 0. Every agent's rows
+are kept (the demonstrated outputs carry the loss), packed once into sequences; each SFT update
+takes `batch_seqs` of them, in a fresh permutation per epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from avalon.envs.base import Split
+from avalon.envs.samplers import BudgetSampler
+from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
+from avalon.rl.batch import TrainBatch
+from avalon.rl.build import build_sft_batch
+from avalon.rl.types import TrajectoryRow
+from avalon.train.setup import Setup
+
+_EPISODES_PER_RUN = 64  # teacher episodes per driver call (bounds workspace and memory use)
+
+
+@dataclasses.dataclass
+class TeacherTraces:
+    rows: list[TrajectoryRow]
+    mean_reward: float
+    episodes: int
+    cut_turns: int  # teacher outputs cut at the turn limit (should be 0)
+
+
+def teacher_traces(setup: Setup) -> TeacherTraces:
+    cfg = setup.cfg
+    n = cfg.sft.teacher_episodes
+    rng = np.random.default_rng([cfg.seed, 1])
+    budgets = BudgetSampler(cfg.budget, seed=cfg.seed + 1).sample(n)
+    clock = cfg.clock(0)
+    plan = []
+    for e in range(n):
+        env = setup.envs[e % len(setup.envs)]
+        ids = env.task_ids(Split.TRAIN)
+        plan.append((env, ids[int(rng.integers(len(ids)))], budgets[e]))
+    rows, rewards, cut = [], [], 0
+    teachers = {env.name: cfg.make_teacher(env, setup.chat) for env in setup.envs}
+    for env in setup.envs:
+        mine = [(t, b, i) for i, (e, t, b) in enumerate(plan) if e is env]
+        driver = RolloutDriver(teachers[env.name], setup.chat, cfg.org, share_prefix=False)
+        for start in range(0, len(mine), _EPISODES_PER_RUN):
+            specs = [GroupSpec(group_id=i, rollouts=(RolloutSpec(
+                env.session(t, seed=cfg.seed + i, clock_s=clock), budget=b, seed=cfg.seed + i),))
+                for t, b, i in mine[start:start + _EPISODES_PER_RUN]]
+            for group in driver.run(specs).groups:
+                for rollout in group.rollouts:
+                    rows += [r for r in rollout.rows if r.loss_mask.any()]
+                    rewards.append(sum(ev.value for ev in rollout.rewards))
+        cut += teachers[env.name].cut_turns
+    return TeacherTraces(rows=rows, mean_reward=float(np.mean(rewards)) if rewards else 0.0,
+                         episodes=n, cut_turns=cut)
+
+
+class SFTBatches:
+    """All teacher rows packed once; `batch(i)` is update i's `batch_seqs` sequences."""
+
+    def __init__(self, setup: Setup, traces: TeacherTraces):
+        cfg = setup.cfg
+        dp = setup.mesh.shape["data"] * setup.mesh.shape["fsdp"]
+        self.multiple = cfg.rl.micro_batches * dp
+        if cfg.sft.batch_seqs % self.multiple:
+            raise ValueError(f"config.sft.batch_seqs={cfg.sft.batch_seqs} must be a multiple of "
+                             f"rl.micro_batches x data-parallel devices = {self.multiple}")
+        self.all, stats = build_sft_batch(traces.rows, seq_len=cfg.rollout.seq_len,
+                                          min_seqs=cfg.sft.batch_seqs)
+        self.fill = stats.packing.fill
+        self.n = self.all.tokens.shape[0]
+        self.batch_seqs = cfg.sft.batch_seqs
+        self.seed = cfg.seed
+
+    def batch(self, i: int) -> TrainBatch:
+        """Update i's sequences; with several processes, this process's share of them."""
+        per_epoch = max(1, self.n // self.batch_seqs)
+        epoch, k = divmod(i, per_epoch)
+        order = np.random.default_rng([self.seed, 2, epoch]).permutation(self.n)
+        idx = order[k * self.batch_seqs:(k + 1) * self.batch_seqs]
+        per_process = len(idx) // jax.process_count()
+        idx = idx[jax.process_index() * per_process:(jax.process_index() + 1) * per_process]
+        return jax.tree.map(lambda x: np.asarray(x)[idx], self.all)

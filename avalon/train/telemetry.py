@@ -1,0 +1,119 @@
+"""Run telemetry: `WORKDIR/metrics.jsonl`, TensorBoard event files, a console progress bar.
+
+One `Telemetry` per process; only process 0 writes (every host computes the same global metrics
+after the cross-host reductions, so one writer is the record). Each `log(step, metrics)` appends
+one JSON object per line (`{"step": ..., "name": value, ...}`; non-finite numbers are written as
+null, strings and lists kept) and the scalar entries to TensorBoard under the same names.
+Appending is resume-safe: on restart, lines for steps after the resumed checkpoint's step are
+dropped first (the resumed run logs them again), so a killed run leaves no duplicates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+
+def _jsonable(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if hasattr(v, "item") and getattr(v, "size", 2) == 1:
+        return _jsonable(v.item())
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+def read_metrics(path: str) -> list[dict]:
+    """All records of a metrics.jsonl file (skipping a torn last line)."""
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a line torn by a kill mid-write: everything after it is suspect
+    return out
+
+
+class Telemetry:
+    def __init__(self, workdir: str, *, resume_step: int = 0, enabled: bool = True,
+                 total_steps: int = 0, stream=sys.stderr):
+        self.enabled = enabled
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self.progress = ProgressBar(total_steps, stream=stream, enabled=enabled)
+        self._tb = None
+        if not enabled:
+            return
+        os.makedirs(workdir, exist_ok=True)
+        kept = [r for r in read_metrics(self.path) if r.get("step", -1) <= resume_step]
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            for r in kept:
+                f.write(json.dumps(r, sort_keys=True) + "\n")
+        os.replace(tmp, self.path)
+        self._tb = EventFileWriter(os.path.join(workdir, "tensorboard"))
+
+    def log(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
+        record = {"step": int(step), **_jsonable(metrics)}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.flush()
+        values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v))
+                  for k, v in record.items()
+                  if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if values:
+            self._tb.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
+                                               summary=summary_pb2.Summary(value=values)))
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+        self.progress.close()
+
+
+class ProgressBar:
+    """`[#####.....] 12/40 steps  reward 0.41  ETA 3m12s` on one console line."""
+
+    def __init__(self, total: int, *, stream=sys.stderr, enabled: bool = True, width: int = 28):
+        self.total, self.stream, self.enabled, self.width = total, stream, enabled, width
+        self.start = time.time()
+        self.first_step: int | None = None
+
+    def update(self, step: int, note: str = "") -> None:
+        if not self.enabled or self.total <= 0:
+            return
+        if self.first_step is None:
+            self.first_step, self.start = step, time.time()
+            eta = "?"
+        else:
+            done = step - self.first_step
+            rate = (time.time() - self.start) / max(done, 1)
+            eta = _fmt_seconds(rate * (self.total - step)) if done else "?"
+        frac = min(1.0, step / self.total)
+        bar = "#" * int(frac * self.width) + "." * (self.width - int(frac * self.width))
+        self.stream.write(f"\r[{bar}] {step}/{self.total}  {note}  ETA {eta}   ")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.total > 0:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _fmt_seconds(s: float) -> str:
+    s = max(0, int(s))
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

@@ -1,0 +1,84 @@
+"""RLCR on Nemotron 3 Super (120B total, 12B active) on a TPU v5p pod: the report's recipe.
+
+    # on every worker of the pod (see launch/README.md; launch/run_pod.sh does this):
+    python -m avalon.main --config=configs/nemotron3_super_pod.py --workdir=gs://BUCKET/super \\
+        --distributed_auto
+
+Recipe (SPEC §4): start from the Nemotron 3 Super *base* checkpoint (Hugging Face layout, read
+tensor by tensor onto the mesh), SFT on teacher organisation traces, then RLCR with CISPO
+(eps_high 5, delta-from-1), AdamW at a constant 4e-6, the MoE router frozen and routing replayed,
+K = 16 rollouts per task, 20% single-agent rollouts and b uniform in 1..8 otherwise, batches of
+200 task groups rising to 800, the wall-clock cap rising from 2 h to 5.1 h by step 200, and
+learning-progress samplers over environments and tasks. Windows are the real 131,072 tokens
+(compaction at 114,688, summaries capped at 12,000).
+
+Mesh (v5p-256: 128 chips, 32 hosts of 4): fsdp 32 across hosts (params, optimizer state and
+activations split along embed), expert 4 within each host (512 experts, 128 per chip). The
+engine of each host decodes from a bf16-equivalent re-layout of the same params (DECODE_RULES:
+whole along embed, experts over the host's 4 chips); that switch is timed every step.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from avalon.envs.hidden_profile.env import HiddenProfile
+from avalon.envs.parallel.env import ParallelConfig, ParallelSubtasks
+from avalon.envs.software.env import SoftwareBuild
+from avalon.envs.wealth.env import Wealth
+
+
+def make_environments(env):
+    # The four built-in environments; add `avalon.envs.http_client` environments to train on
+    # an external environment server.
+    return [ParallelSubtasks(ParallelConfig(seed=env.seed)), HiddenProfile(), SoftwareBuild(),
+            Wealth()]
+
+
+def make_teacher(env, chat):
+    return env.teacher(chat)
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+    del arg
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.model = ml_collections.ConfigDict({
+        "preset": "nemotron3_super_120b_a12b",
+        "overrides": ml_collections.ConfigDict({
+            "param_dtype": "float32",  # fp32 masters: 4e-6 AdamW steps are below bf16's grain
+            "dtype": "bfloat16", "decode_dt_clamp": True, "remat": "full",
+            "attention_impl": "query_chunked", "moe_backend": "ragged_dot"})})
+    c.init_from = "/mnt/checkpoints/NVIDIA-Nemotron-3-Super-120B-A12B-Base-BF16"
+    c.mesh = ml_collections.ConfigDict({"fsdp": 32, "expert": 4})
+    c.tokenizer = "hf"
+    c.tokenizer_path = c.init_from
+    c.org = ml_collections.ConfigDict({"window": 131072, "prompt_style": "full"})
+    c.env = ml_collections.ConfigDict({"seed": 0})
+    c.make_environments = make_environments
+    c.make_teacher = make_teacher
+    c.budget = ml_collections.ConfigDict({"p_single": 0.2, "max_budget": 8})
+    c.clock = ml_collections.ConfigDict({"start_s": 7200.0, "end_s": 18360.0, "ramp_steps": 200})
+    c.progress = ml_collections.ConfigDict({"fast_rate": 0.3, "slow_rate": 0.05, "floor": 0.02,
+                                            "unvisited_weight": 0.02})
+    # SPEC §4: 38,374 examples, 600M tokens, 3 epochs.
+    c.sft = ml_collections.ConfigDict({"teacher_episodes": 38374, "steps": 3 * 2300,
+                                       "batch_seqs": 256, "lr": 1e-5})
+    c.rollout = ml_collections.ConfigDict({
+        "steps": 800, "groups_per_step": 200, "groups_per_step_end": 800,
+        "groups_ramp_steps": 400, "rollouts_per_group": 16, "seq_len": 131072,
+        "seq_bucket": 32, "temperature": 1.0, "top_p": 1.0})
+    c.rl = ml_collections.ConfigDict({"lr": 4e-6, "temperature": 1.0, "eps_high": 5.0,
+                                      "cap_mode": "delta", "freeze_router": True,
+                                      "micro_batches": 64})
+    # Per host: its 25 of the 800 groups x 16 rollouts x 9 agents alive at once. KV memory is
+    # bucketed (slots x the longest live context), so at 131K contexts this many slots only
+    # fit while most contexts are short; a paged KV cache is what the full recipe needs.
+    c.engine = ml_collections.ConfigDict({"slots": 3600, "steps_per_dispatch": 32,
+                                          "prefill_chunk": 4096})
+    c.eval = ml_collections.ConfigDict({"every": 25, "tasks": 64, "seeds": 4, "budget": 8,
+                                        "clock_s": 7200.0})
+    c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})
+    c.plots = True
+    c.keep_event_logs = True
+    return c
