@@ -12,6 +12,8 @@ RUNTIME = [
     "numpy",
     "ml-collections",
     "absl-py",
+    "tensorboard",  # event files (the writer only; no TensorFlow)
+    "matplotlib",  # the end-of-run PNG plots
 ]
 
 EXTRAS = {

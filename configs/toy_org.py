@@ -24,8 +24,8 @@ def make_environments(env):
     """The environments of this run, from the `env` section (constructed: no name registry)."""
     return [ParallelSubtasks(ParallelConfig(
         n_subtasks=(env.n_subtasks_min, env.n_subtasks_max), dep_prob=env.dep_prob,
-        ops=tuple(Op(o) for o in env.ops), clock_s=env.clock_s, n_train=env.n_train,
-        n_heldout=env.n_heldout, seed=env.seed))]
+        ops=tuple(Op(o) for o in env.ops), inspect=env.inspect, clock_s=env.clock_s,
+        n_train=env.n_train, n_heldout=env.n_heldout, seed=env.seed))]
 
 
 def make_teacher(env, chat):
@@ -71,6 +71,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.env.n_subtasks_max = 5
     c.env.dep_prob = 0.0
     c.env.ops = ("max", "min")
+    # Hidden operands: agents `look` at a subtask before solving it, so the numbers to compare
+    # sit in the latest observation rather than a hundred tokens back in the task text (a
+    # 1M-parameter model learns that lookup within minutes; the long-range one it did not).
+    c.env.inspect = True
     c.env.clock_s = 300.0
     c.env.n_train = 512
     c.env.n_heldout = 64

@@ -223,3 +223,45 @@ def test_vocabulary_covers_prompts_results_and_teacher_words():
     for text in texts:
         for w in re.findall(r"[A-Za-z0-9_]{2,}", text):
             assert w in words or (w.isdigit() and len(w) >= 3), w
+
+
+HIDDEN = ParallelSubtasks(ParallelConfig(n_train=32, n_heldout=16, inspect=True, look_s=5.0))
+
+
+@pytest.fixture(scope="module", params=MODES)
+def hidden_env(request):
+    with environment(HIDDEN, request.param) as e:
+        yield e
+
+
+def test_hidden_operands_are_seen_only_by_looking(hidden_env):
+    tid = HIDDEN.task_ids(Split.TRAIN)[0]
+    spec = HIDDEN.spec(tid)
+    task = hidden_env.task(tid, CLOCK)
+    assert [t.name for t in task.tools] == ["look", "solve"]
+    for s in spec.subtasks:  # the prompt names ids and work, never operations or operands
+        assert f"{s.id} work" in task.prompt and f"{s.id} {s.op.value}" not in task.prompt
+    assert parse_prompt(task.prompt, 60.0)[0].subtasks[0].op is None
+    d = Direct(hidden_env, tid, clock_s=CLOCK)
+    s1 = spec.subtasks[0]
+    out = d.call("look", id="s1", clock_s=0.0)
+    assert out.text == f"s1 {s1.op.value} {s1.a} {s1.b}" and out.duration_s == 5.0
+    assert not out.rewards
+    with pytest.raises(ToolError, match="no subtask 's99'"):
+        d.call("look", id="s99")
+    assert d.call("solve", id="s1", answer=s1.answer).text.startswith("s1 correct")
+
+
+def test_teacher_looks_then_solves_to_the_optimum(hidden_env):
+    chat = word_chat(HIDDEN)
+    ids = hidden_env.task_ids(Split.HELDOUT)
+    for b in (0, 3):
+        policy = HIDDEN.teacher(chat, ParallelTeacherConfig(hires_per_turn=1, solves_per_turn=3))
+        result = run_teacher(policy, chat, [hidden_env.session(t, 0, CLOCK) for t in ids],
+                             [b] * len(ids), window=2048)
+        want = [HIDDEN.max_solved_for(t, HIDDEN.best_hires(t, CLOCK, b), CLOCK) for t in ids]
+        assert totals(result).tolist() == want, b
+        assert policy.cut_turns == 0
+        for g in result.groups:
+            assert g.rollouts[0].metrics["malformed_turns"] == 0
+            assert g.rollouts[0].metrics["tool_error_turns"] == 0

@@ -27,7 +27,14 @@ import dataclasses
 
 from avalon.envs.base import Split, TaskTable, check_clock
 from avalon.envs.parallel import schedule
-from avalon.envs.parallel.tasks import Op, ParallelTask, make_task, prompt, signature
+from avalon.envs.parallel.tasks import (
+    Op,
+    ParallelTask,
+    make_task,
+    prompt,
+    reveal_text,
+    signature,
+)
 from avalon.envs.parallel.teacher import (
     DEFAULT_TEACHER,
     TEACHER_WORDS,
@@ -53,6 +60,8 @@ from avalon.tokenizer.chat import ChatFormat
 SOLVE = ToolSpec("solve", "answer one subtask; takes its work time", (
     Param("id", ParamType.STRING, "subtask id, e.g. s2"),
     Param("answer", ParamType.INTEGER, "the result")))
+LOOK = ToolSpec("look", "show one subtask's operation and operands", (
+    Param("id", ParamType.STRING, "subtask id, e.g. s2"),))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +78,10 @@ class ParallelConfig:
     overhead_s: float = 30.0  # planning and token time set aside in best-head-count maths
     max_attempts: int = 2  # wrong answers before a subtask closes
     wrong_penalty: float = 0.0
+    # Hidden operands: the prompt lists ids, work and dependencies only; `look(id)` shows a
+    # subtask (taking look_s), so what to compute is read close to where it is used.
+    inspect: bool = False
+    look_s: float = 0.0
     n_train: int = 512
     n_heldout: int = 64
     seed: int = 0
@@ -95,6 +108,8 @@ class ParallelConfig:
                              f"{self.overhead_s} and {self.wrong_penalty}")
         if self.max_attempts < 1:
             raise ValueError(f"ParallelConfig.max_attempts must be >= 1, got {self.max_attempts}")
+        if self.look_s < 0:
+            raise ValueError(f"ParallelConfig.look_s must be >= 0, got {self.look_s}")
 
 
 class ParallelSession:
@@ -106,8 +121,10 @@ class ParallelSession:
         self.done_at: dict[str, float] = {}  # subtask -> derived clock when it was solved
         self.wrong: dict[str, int] = {}
         self.closed: set[str] = set()
-        self._task = Task(task_id=task_id, prompt=prompt(spec, clock_s, config.unit_s),
-                          tools=(SOLVE,), wall_clock_s=clock_s)
+        self._task = Task(task_id=task_id,
+                          prompt=prompt(spec, clock_s, config.unit_s, hidden=config.inspect),
+                          tools=(LOOK, SOLVE) if config.inspect else (SOLVE,),
+                          wall_clock_s=clock_s)
 
     @property
     def task(self) -> Task:
@@ -120,6 +137,11 @@ class ParallelSession:
         return ""
 
     def call(self, tool: str, args: dict, ctx: CallContext) -> ToolOutcome:
+        if tool == "look" and self.config.inspect:
+            sub = self.by_id.get(args["id"])
+            if sub is None:
+                raise ToolError(f"no subtask {args['id']!r}; ids are s1..s{len(self.by_id)}")
+            return ToolOutcome(reveal_text(sub), duration_s=self.config.look_s)
         if tool != "solve":
             raise ToolError(f"unknown tool {tool!r}")
         sid, answer = args["id"], args["answer"]
@@ -222,7 +244,7 @@ class ParallelSubtasks:
         words = ["Subtasks", "work", "after", "Clock", "Call", "solve", "with", "id", "and",
                  "answer", "each", "correct", "subtask", "before", "the", "clock", "scores",
                  "wrong", "closed", "waited", "for", "no", "ids", "are", "already", "solved",
-                 "needs", "first", "which", "is", "is", *(o.value for o in Op)]
+                 "needs", "first", "which", "is", "is", "look", "to", "see", *(o.value for o in Op)]
         words += [f"s{i}" for i in range(1, n + 1)]
         words += [str(i) for i in range(10, 100)]
         span = range(self.config.cost_units[0], self.config.cost_units[1] + 1)

@@ -5,6 +5,9 @@ A subtask is `s3 max 7 2 work 120 after s1`: its answer is max(7, 2) = 7; solvin
 seconds of work on the derived clock; it cannot be solved before s1 is. Work costs are whole
 multiples of the environment's unit (`unit_s`), so the best schedule is an integer search
 (`schedule.py`). Operands are 0..max_operand; `sub` keeps a >= b, so answers are 0..81.
+
+Hidden operands (`ParallelConfig.inspect`): the prompt lists `s3 work 120 after s1` only, and an
+agent calls `look` to see `s3 max 7 2` before it solves (`reveal_text` / `parse_reveal`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import re
 import numpy as np
 
 _ITEM = re.compile(r"\b(s\d+) (add|sub|mul|max|min) (\d+) (\d+) work (\d+)((?: after s\d+)*)")
+_HIDDEN_ITEM = re.compile(r"\b(s\d+) work (\d+)((?: after s\d+)*)")
+_REVEAL = re.compile(r"^(s\d+) (add|sub|mul|max|min) (\d+) (\d+)$")
 _CLOCK = re.compile(r"Clock (\d+)")
 
 
@@ -39,15 +44,27 @@ class Op(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class Subtask:
     id: str  # "s1", "s2", ... in prompt order
-    op: Op
-    a: int
-    b: int
+    op: Op | None  # None: read from a hidden-operand prompt, not looked at yet
+    a: int | None
+    b: int | None
     units: int  # work cost in units of the environment's unit_s
     after: tuple[str, ...] = ()  # subtasks that must be solved first
 
     @property
     def answer(self) -> int:
+        if self.op is None:
+            raise ValueError(f"subtask {self.id}: operands unknown (look at it first)")
         return self.op.apply(self.a, self.b)
+
+
+def reveal_text(s: Subtask) -> str:
+    """What `look` shows: `s3 max 7 2`."""
+    return f"{s.id} {s.op.value} {s.a} {s.b}"
+
+
+def parse_reveal(text: str) -> tuple[str, Op, int, int] | None:
+    m = _REVEAL.match(text.strip())
+    return None if m is None else (m.group(1), Op(m.group(2)), int(m.group(3)), int(m.group(4)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,29 +109,42 @@ def _seconds(x: float) -> str:
     return str(int(round(x)))
 
 
-def prompt(task: ParallelTask, clock_s: float, unit_s: float) -> str:
+def prompt(task: ParallelTask, clock_s: float, unit_s: float, hidden: bool = False) -> str:
     """The task text, e.g. `Subtasks: s1 add 3 4 work 60; s2 mul 2 5 work 120 after s1. Clock
-    300. Call solve with id and answer; each correct subtask before the clock scores 1.`"""
+    300. Call solve with id and answer; each correct subtask before the clock scores 1.`
+    With `hidden`, items omit op and operands (`s1 work 60`) and the text says to `look`."""
     items = []
     for s in task.subtasks:
-        item = f"{s.id} {s.op.value} {s.a} {s.b} work {_seconds(s.units * unit_s)}"
+        what = "" if hidden else f" {s.op.value} {s.a} {s.b}"
+        item = f"{s.id}{what} work {_seconds(s.units * unit_s)}"
         items.append(item + "".join(f" after {d}" for d in s.after))
-    return (f"Subtasks: {'; '.join(items)}. Clock {_seconds(clock_s)}. Call solve with id and "
-            "answer; each correct subtask before the clock scores 1.")
+    how = "Call look with id to see a subtask and solve with id and answer" if hidden else \
+        "Call solve with id and answer"
+    return (f"Subtasks: {'; '.join(items)}. Clock {_seconds(clock_s)}. {how}; each correct "
+            "subtask before the clock scores 1.")
+
+
+def _units(sid: str, work: int, unit_s: float) -> int:
+    units = round(work / unit_s)
+    if units < 1 or abs(units * unit_s - work) > 0.5:
+        raise ValueError(f"parse_prompt: work {work} of {sid} is not a multiple of unit_s "
+                         f"{unit_s}")
+    return units
 
 
 def parse_prompt(text: str, unit_s: float) -> tuple[ParallelTask, float]:
     """The task and clock back from text holding a `prompt` (e.g. a decoded role card)."""
     subtasks = []
     for m in _ITEM.finditer(text):
-        work = int(m.group(5))
-        units = round(work / unit_s)
-        if units < 1 or abs(units * unit_s - work) > 0.5:
-            raise ValueError(f"parse_prompt: work {work} of {m.group(1)} is not a multiple of "
-                             f"unit_s {unit_s}")
+        units = _units(m.group(1), int(m.group(5)), unit_s)
         after = tuple(re.findall(r"s\d+", m.group(6)))
         subtasks.append(Subtask(m.group(1), Op(m.group(2)), int(m.group(3)), int(m.group(4)),
                                 units, after))
+    if not subtasks:  # a hidden-operand prompt
+        for m in _HIDDEN_ITEM.finditer(text):
+            units = _units(m.group(1), int(m.group(2)), unit_s)
+            after = tuple(re.findall(r"s\d+", m.group(3)))
+            subtasks.append(Subtask(m.group(1), None, None, None, units, after))
     clock = _CLOCK.search(text)
     if not subtasks or clock is None:
         raise ValueError("parse_prompt: no subtasks and clock in the text (the teacher reads the "

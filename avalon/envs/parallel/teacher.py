@@ -25,6 +25,10 @@ budget-spending policy, after its own work started) and starts its own work in t
 last busy hires. With these, the teacher reaches the schedule's optimum (tests/envs/
 test_parallel.py checks it task by task).
 
+Hidden operands (`ParallelConfig.inspect`): a worker first `look`s at the next batch of its
+subtasks and solves them in its following turn (with the looks of the batch after), reading
+each operation and its operands from the observation just delivered.
+
 Knobs (`ParallelTeacherConfig`), to leave SFT room for RL to improve:
 - `hire_policy`: BEST (the fewest hires that solve the most), RANDOM (h uniform in 0..budget),
   ALL (the whole budget);
@@ -39,13 +43,14 @@ import enum
 import numpy as np
 
 from avalon.envs.parallel import schedule
-from avalon.envs.parallel.tasks import ParallelTask, parse_prompt
+from avalon.envs.parallel.tasks import ParallelTask, parse_prompt, parse_reveal
 from avalon.envs.teacher import Start, budget, dms, reports, results
 from avalon.org.policy import AgentView, Step
 
 MAX_HIRES = 8
 TEACHER_WORDS = ("Plan", "Do", "Tell", "done", "failed", "Solver", "Stand", "by", "none",
                  "hire", "title", "role", "tools", "dm", "to", "text", "wait_for_messages",
+                 "look",
                  "report_to_ceo", "status", "final_message", "ceo",
                  *(f"a{i}" for i in range(1, MAX_HIRES + 1)))
 
@@ -92,6 +97,8 @@ class Worker:
     def __init__(self, task: ParallelTask, todo: list[str], tell: dict[str, list[str]],
                  error_rate: float):
         self.by_id = {s.id: s for s in task.subtasks}
+        self.hidden = any(s.op is None for s in task.subtasks)
+        self.looking: set[str] = set()  # looked at, result not seen yet
         self.todo, self.tell, self.error_rate = list(todo), tell, error_rate
         self.known_done: set[str] = set()
         self.known_failed: set[str] = set()
@@ -109,6 +116,13 @@ class Worker:
 
     def observe(self, obs: str) -> None:
         for r in results(obs):
+            if r.tool == "look" and not r.error:
+                seen = parse_reveal(r.text)
+                if seen is not None and seen[0] in self.by_id:
+                    sid, op, a, b = seen
+                    self.by_id[sid] = dataclasses.replace(self.by_id[sid], op=op, a=a, b=b)
+                    self.looking.discard(sid)
+                continue
             if r.tool != "solve":
                 continue
             sid = r.text.split(" ", 1)[0]
@@ -135,6 +149,8 @@ class Worker:
                 continue
             if len(batch) == max_solves or not all(d in ready for d in sub.after):
                 break
+            if sub.op is None:  # hidden operands: look first, solve next turn
+                break
             answer = sub.answer + (1 if rng.random() < self.error_rate else 0)
             batch.append(_call("solve", id=sid, answer=answer))
             ready.add(sid)
@@ -142,11 +158,24 @@ class Worker:
                 break
         out = [_call("dm", to=a, text=t) for a, t in self.outbox]
         self.outbox = []
-        if batch:
-            return out + batch, False
+        looks = self._looks(max_solves) if self.hidden else []
+        if batch or looks:
+            return out + batch + looks, False
         if self.todo:
             return out + [_call("wait_for_messages")], False
         return out, True
+
+
+    def _looks(self, n: int) -> list:
+        """Looks at the next `n` unseen subtasks of the list (in order)."""
+        out = []
+        for sid in self.todo:
+            if len(out) == n:
+                break
+            if self.by_id[sid].op is None and sid not in self.looking:
+                self.looking.add(sid)
+                out.append(_call("look", id=sid))
+        return out
 
 
 def _assign(plan: schedule.Plan, task: ParallelTask, hires: int) -> list[list[str]]:
@@ -223,6 +252,10 @@ class CeoActor:
         self.hires = 0
         self.reported: set[str] = set()
 
+    def _tools(self) -> list[str]:
+        hidden = any(s.op is None for s in self.task.subtasks)
+        return ["look", "solve"] if hidden else ["solve"]
+
     def _plan(self, b: int, rng: np.random.Generator) -> Step:
         costs, deps = self.task.costs(), self.task.deps()
         horizon = schedule.horizon_units(self.clock_s, self.unit_s, self.overhead_s)
@@ -240,7 +273,7 @@ class CeoActor:
         self.worker = Worker(self.task, lists[0], tells[0], self.config.answer_error_rate)
         self.hires = h
         hires = [_call("hire", title="Solver", role=role_text(lists[i], tells[i]),
-                       tools=["solve"]) for i in range(1, h + 1)]
+                       tools=self._tools()) for i in range(1, h + 1)]
         busy = sum(1 for lst in lists[1:] if lst)
         self.hire_calls, self.idle_calls = hires[:busy], hires[busy:]
         text = "Plan: " + "; ".join(f"{a} {' '.join(lst) or 'none'}"
