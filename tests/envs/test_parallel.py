@@ -157,6 +157,21 @@ def test_late_rewards_are_dropped_by_the_organisation(env):
     assert result.reports[0][0].end_reason == "wall_clock" and r.metrics["latency_s"] >= CLOCK
 
 
+def _teacher_scores_the_optimum(local, env, chat, budget, policy):
+    """Runs the teacher on every held-out task at `budget`; it must score what the exact
+    schedule allows, with no cut, malformed or failed turns. Returns the result."""
+    ids = env.task_ids(Split.HELDOUT)
+    result = run_teacher(policy, chat, [env.session(t, 0, CLOCK) for t in ids],
+                         [budget] * len(ids), window=2048)
+    want = [local.max_solved_for(t, local.best_hires(t, CLOCK, budget), CLOCK) for t in ids]
+    assert totals(result).tolist() == want, budget
+    assert policy.cut_turns == 0
+    for g in result.groups:
+        assert g.rollouts[0].metrics["malformed_turns"] == 0
+        assert g.rollouts[0].metrics["tool_error_turns"] == 0
+    return result
+
+
 def test_teacher_reaches_the_optimal_schedule_on_heldout_tasks(env):
     # The scripted organisation (best head-count) scores exactly what the exact schedule says
     # is possible, for every budget, on every held-out task, with the toy window and tokenizer.
@@ -164,15 +179,7 @@ def test_teacher_reaches_the_optimal_schedule_on_heldout_tasks(env):
     assert chat.tok.vocab_size <= 512  # fits the toy model's vocabulary
     ids = env.task_ids(Split.HELDOUT)
     for b in (0, 1, 3, 8):
-        policy = LOCAL.teacher(chat)
-        result = run_teacher(policy, chat, [env.session(t, 0, CLOCK) for t in ids],
-                             [b] * len(ids), window=2048)
-        want = [LOCAL.max_solved_for(t, LOCAL.best_hires(t, CLOCK, b), CLOCK) for t in ids]
-        assert totals(result).tolist() == want, b
-        assert policy.cut_turns == 0
-        for g in result.groups:
-            assert g.rollouts[0].metrics["malformed_turns"] == 0
-            assert g.rollouts[0].metrics["tool_error_turns"] == 0
+        result = _teacher_scores_the_optimum(LOCAL, env, chat, b, LOCAL.teacher(chat))
     assert np.mean(totals(result) / [len(LOCAL.spec(t).subtasks) for t in ids]) > 0.85
 
 
@@ -254,14 +261,6 @@ def test_hidden_operands_are_seen_only_by_looking(hidden_env):
 
 def test_teacher_looks_then_solves_to_the_optimum(hidden_env):
     chat = word_chat(HIDDEN)
-    ids = hidden_env.task_ids(Split.HELDOUT)
     for b in (0, 3):
         policy = HIDDEN.teacher(chat, ParallelTeacherConfig(hires_per_turn=1, solves_per_turn=3))
-        result = run_teacher(policy, chat, [hidden_env.session(t, 0, CLOCK) for t in ids],
-                             [b] * len(ids), window=2048)
-        want = [HIDDEN.max_solved_for(t, HIDDEN.best_hires(t, CLOCK, b), CLOCK) for t in ids]
-        assert totals(result).tolist() == want, b
-        assert policy.cut_turns == 0
-        for g in result.groups:
-            assert g.rollouts[0].metrics["malformed_turns"] == 0
-            assert g.rollouts[0].metrics["tool_error_turns"] == 0
+        _teacher_scores_the_optimum(HIDDEN, hidden_env, chat, b, policy)
