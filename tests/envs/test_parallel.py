@@ -89,6 +89,20 @@ def test_constant_answers_do_not_pay():
     assert earned / possible < 0.2
 
 
+def test_unchecked_answers_pay_any_integer_but_still_take_the_work_time():
+    unchecked = ParallelSubtasks(ParallelConfig(n_train=32, n_heldout=16, check_answers=False))
+    tid = next(t for t in unchecked.task_ids(Split.TRAIN)
+               if not unchecked.spec(t).subtasks[0].after)
+    s1 = unchecked.spec(tid).subtasks[0]
+    d = Direct(unchecked, tid, clock_s=CLOCK)
+    out = d.call("solve", id="s1", answer=s1.answer + 3, clock_s=10.0)
+    assert out.text == "s1 correct" and [(r.value, r.label) for r in out.rewards] == [
+        (1.0, "subtask")]
+    assert out.duration_s == s1.units * 60.0
+    with pytest.raises(ToolError, match="already solved"):
+        d.call("solve", id="s1", answer=0)
+
+
 def test_dependencies_are_enforced_on_the_derived_clock(env):
     tid = find_task(lambda t: len(t.subtasks) > 1 and t.subtasks[1].after == ("s1",))
     s1, s2 = LOCAL.spec(tid).subtasks[:2]

@@ -2,7 +2,10 @@
 
 Every size is the smallest that exercises the path (teacher traces, SFT, rollouts through the
 engine, the update, evaluation, checkpoints), so the subprocess tests stay within seconds once
-the compilation cache is warm.
+the compilation cache is warm. Most of a warm run is tracing and loading compiled programs, so:
+three layers (one of each mixer kind the driver touches), one RL batch shape (`seq_bucket` 16
+holds every step's rows, so the update compiles once), and evaluation only after SFT and at the
+end.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.model = ml_collections.ConfigDict({"preset": "tiny", "overrides": ml_collections.ConfigDict(
-        {"vocab_size": 512, "decode_dt_clamp": True, "max_context": 512})})
+        {"vocab_size": 512, "pattern": "ME*", "decode_dt_clamp": True, "max_context": 512})})
     c.init_from = ""
     c.mesh = ml_collections.ConfigDict({"data": 1})
     c.tokenizer = "word"
@@ -48,11 +51,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                        "lr": 1e-3})
     c.rollout = ml_collections.ConfigDict({"steps": 3, "groups_per_step": 2,
                                            "rollouts_per_group": 2, "seq_len": 512,
-                                           "seq_bucket": 4, "temperature": 1.0, "top_p": 1.0})
+                                           "seq_bucket": 16, "temperature": 1.0, "top_p": 1.0})
     c.rl = ml_collections.ConfigDict({"lr": 1e-3, "temperature": 1.0})
     c.engine = ml_collections.ConfigDict({"slots": 16, "steps_per_dispatch": 8,
                                           "prefill_chunk": 128})
-    c.eval = ml_collections.ConfigDict({"every": 2, "tasks": 1, "seeds": 1, "budget": 1,
+    c.eval = ml_collections.ConfigDict({"every": 10, "tasks": 1, "seeds": 1, "budget": 1,
                                         "clock_s": 240.0})
     c.checkpoint = ml_collections.ConfigDict({"every": 1, "keep": 2})
     c.plots = False

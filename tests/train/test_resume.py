@@ -36,8 +36,11 @@ def _final_state(workdir):
 
 def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path):
     ref, work = tmp_path / "ref", tmp_path / "killed"
-    run_main(ref)
-
+    # The reference run and the run to kill go side by side: a warm-cache run is mostly
+    # single-threaded Python (tracing, loading compiled programs), so two fit on two cores.
+    ref_log = open(tmp_path / "ref.stderr", "w+")
+    ref_proc = subprocess.Popen(main_command(ref), cwd=REPO, env=environment(),
+                                stdout=subprocess.DEVNULL, stderr=ref_log)
     proc = subprocess.Popen(main_command(work), cwd=REPO, env=environment(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 600
@@ -48,6 +51,10 @@ def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path):
             break
         time.sleep(0.05)
     proc.wait()
+    with ref_log:
+        ref_proc.wait(timeout=600)
+        ref_log.seek(0)
+        assert ref_proc.returncode == 0, ref_log.read()[-4000:]
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     assert max(_steps(work)) < SFT_STEPS + RL_STEPS
 

@@ -9,6 +9,9 @@ optional dependencies. One tool, `solve(id, answer)`:
 - refused with a tool error (no time, no reward): unknown ids, a subtask already solved or
   closed, a subtask whose dependency is not solved yet (or closed);
 - the episode ends (terminal) once every subtask is solved or closed.
+With `check_answers=False` every well-formed solve counts as correct: the task is then pure
+scheduling (who works on what, how many to hire under the clock), for models too small to learn
+the arithmetic in the time they have (the toy organisation; experiments/bench/RESULTS.md).
 The organisation drops rewards of calls that finish after the wall clock, so the reward is the
 number of subtasks solved in time.
 
@@ -78,6 +81,7 @@ class ParallelConfig:
     overhead_s: float = 30.0  # planning and token time set aside in best-head-count maths
     max_attempts: int = 2  # wrong answers before a subtask closes
     wrong_penalty: float = 0.0
+    check_answers: bool = True  # False: any integer answer is correct (scheduling only)
     # Hidden operands: the prompt lists ids, work and dependencies only; `look(id)` shows a
     # subtask (taking look_s), so what to compute is read close to where it is used.
     inspect: bool = False
@@ -161,7 +165,7 @@ class ParallelSession:
         wait = max(0.0, ready - ctx.clock_s)
         duration = wait + sub.units * self.config.unit_s
         waited = f" (waited {round(wait)} for {' '.join(sub.after)})" if wait > 0 else ""
-        if answer == sub.answer:
+        if answer == sub.answer or not self.config.check_answers:
             self.done_at[sid] = ctx.clock_s + duration
             return ToolOutcome(f"{sid} correct{waited}", (EnvReward(1.0, "subtask"),),
                                terminal=self._settled(), duration_s=duration)
