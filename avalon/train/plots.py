@@ -18,7 +18,9 @@ from avalon.train.telemetry import read_metrics  # noqa: E402
 
 
 def _series(records: list[dict], key: str):
-    pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+    # RLCR and evaluation lines carry `rl_step` (0 = the SFT starting point).
+    pts = [(r["rl_step"], r[key]) for r in records
+           if "rl_step" in r and isinstance(r.get(key), (int, float))]
     return ([p[0] for p in pts], [p[1] for p in pts]) if pts else None
 
 
