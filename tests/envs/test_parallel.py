@@ -37,9 +37,9 @@ def env(request):
         yield e
 
 
-def find_task(pred, split=Split.TRAIN):
-    for tid in LOCAL.task_ids(split):
-        if pred(LOCAL.spec(tid)):
+def find_task(pred, split=Split.TRAIN, local=LOCAL):
+    for tid in local.task_ids(split):
+        if pred(local.spec(tid)):
             return tid
     raise AssertionError("no such task")
 
@@ -91,8 +91,7 @@ def test_constant_answers_do_not_pay():
 
 def test_unchecked_answers_pay_any_integer_but_still_take_the_work_time():
     unchecked = ParallelSubtasks(ParallelConfig(n_train=32, n_heldout=16, check_answers=False))
-    tid = next(t for t in unchecked.task_ids(Split.TRAIN)
-               if not unchecked.spec(t).subtasks[0].after)
+    tid = find_task(lambda t: not t.subtasks[0].after, local=unchecked)
     s1 = unchecked.spec(tid).subtasks[0]
     d = Direct(unchecked, tid, clock_s=CLOCK)
     out = d.call("solve", id="s1", answer=s1.answer + 3, clock_s=10.0)

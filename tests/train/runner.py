@@ -23,6 +23,12 @@ def environment() -> dict:
     return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
 
 
+def start_main(workdir, *extra, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """Starts `avalon.main` in the background (stdout discarded; stderr as given)."""
+    return subprocess.Popen(main_command(workdir, *extra), cwd=REPO, env=environment(),
+                            stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+
+
 def run_main(workdir, *extra, timeout=600) -> subprocess.CompletedProcess:
     r = subprocess.run(main_command(workdir, *extra), cwd=REPO, env=environment(),
                        capture_output=True, text=True, timeout=timeout)

@@ -3,9 +3,8 @@ the task groups, the update step runs on the global 2-device mesh, process 0 wri
 """
 
 import socket
-import subprocess
 
-from tests.train.runner import REPO, environment, main_command, metrics
+from tests.train.runner import metrics, start_main
 
 
 def _free_port() -> int:
@@ -16,11 +15,9 @@ def _free_port() -> int:
 
 def test_two_processes_share_the_groups(tmp_path):
     port = _free_port()
-    procs = [subprocess.Popen(
-        main_command(tmp_path, f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
-                     f"--process_id={i}", "--config.mesh.data=2", "--config.rollout.steps=2"),
-        cwd=REPO, env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True) for i in range(2)]
+    procs = [start_main(tmp_path, f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
+                        f"--process_id={i}", "--config.mesh.data=2", "--config.rollout.steps=2")
+             for i in range(2)]
     errors = [p.communicate(timeout=900)[1] for p in procs]
     for p, err in zip(procs, errors):
         assert p.returncode == 0, err[-4000:]

@@ -9,14 +9,13 @@ seed and step (the curriculum is a function of the step).
 
 import os
 import signal
-import subprocess
 import time
 
 import jax
 import numpy as np
 
 from avalon.checkpoint.train_state import TrainCheckpointer
-from tests.train.runner import REPO, deterministic, environment, main_command, metrics, run_main
+from tests.train.runner import deterministic, metrics, run_main, start_main
 
 SFT_STEPS, RL_STEPS = 2, 3
 
@@ -39,10 +38,8 @@ def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path):
     # The reference run and the run to kill go side by side: a warm-cache run is mostly
     # single-threaded Python (tracing, loading compiled programs), so two fit on two cores.
     ref_log = open(tmp_path / "ref.stderr", "w+")
-    ref_proc = subprocess.Popen(main_command(ref), cwd=REPO, env=environment(),
-                                stdout=subprocess.DEVNULL, stderr=ref_log)
-    proc = subprocess.Popen(main_command(work), cwd=REPO, env=environment(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ref_proc = start_main(ref, stderr=ref_log)
+    proc = start_main(work)
     deadline = time.time() + 600
     # Kill once the first RLCR step's checkpoint exists (SFT's is step 2), before the end.
     while time.time() < deadline and proc.poll() is None:
