@@ -1,0 +1,3 @@
+"""Red-team attacks: checkpoint (filled in by the hardening work)."""
+
+ATTACKS = []

@@ -1,0 +1,3 @@
+"""Red-team attacks: http (filled in by the hardening work)."""
+
+ATTACKS = []

@@ -1,0 +1,3 @@
+"""Red-team attacks: sandbox (filled in by the hardening work)."""
+
+ATTACKS = []
