@@ -12,7 +12,10 @@ ValueError); anything else (a dead server, a timeout, a reply that is not the ex
 an environment bug on the server) as `EnvServerError`, naming the URL and what went wrong.
 With `uses_workspace`, start, each call and the end carry a snapshot of the rollout's
 workspace, and a reply that carries one (the environment laid out or changed files) is written
-back into it.
+back into it. What the agents leave in the workspace never raises past the organisation: a call
+whose workspace does not fit a snapshot (over a cap, a symlink, a FIFO, a bad name) or that the
+server refuses to mirror is a `ToolError`; the end sends the files that fit (the rest is
+skipped), so the episode is always graded.
 """
 
 from __future__ import annotations
@@ -179,15 +182,16 @@ class HttpSession:
     def on_start(self, budget: int, workspace: Workspace) -> None:
         body: dict = {"budget": budget}
         if self._uses_workspace:
-            body["workspace"] = wire.snapshot(workspace)
-        self._apply(self._client.request("POST", self._path + "/start", body), workspace)
+            body["workspace"], _ = wire.snapshot(workspace)  # fresh: the environment's alone
+        reply = self._client.request("POST", self._path + "/start", body)
+        try:
+            self._apply(reply, workspace)
+        except wire.WireError as e:
+            raise EnvServerError(f"{self._client.url}{self._path}: bad reply: {e}") from None
 
     def _apply(self, reply: dict, workspace: Workspace) -> None:
         if self._uses_workspace and "workspace" in reply:
-            try:
-                wire.restore(workspace, reply["workspace"])
-            except wire.WireError as e:
-                raise EnvServerError(f"{self._client.url}{self._path}: bad reply: {e}") from None
+            wire.restore(workspace, reply["workspace"])
 
     def brief(self, agent: str, index: int, title: str, role: str) -> str:
         reply = self._client.request("POST", self._path + "/brief", {
@@ -198,9 +202,17 @@ class HttpSession:
     def call(self, tool: str, args: dict, ctx: CallContext) -> ToolOutcome:
         body = {"tool": tool, "args": args, "ctx": wire.call_ctx_to_json(ctx)}
         if self._uses_workspace:
-            body["workspace"] = wire.snapshot(ctx.workspace)
+            snap, left_out = wire.snapshot(ctx.workspace)
+            if left_out:
+                raise ToolError(f"the workspace cannot be sent to the environment: "
+                                f"{left_out[0]}" + (f" (and {len(left_out) - 1} more)"
+                                                    if len(left_out) > 1 else ""))
+            body["workspace"] = snap
         reply = self._client.request("POST", self._path + "/call", body)
-        self._apply(reply, ctx.workspace)
+        try:  # the server's files could not be written back: the agents' files are in the way
+            self._apply(reply, ctx.workspace)
+        except wire.WireError as e:
+            raise ToolError(f"the environment's files could not be written back: {e}") from None
         if "tool_error" in reply:
             message = reply["tool_error"]
             raise ToolError(message if isinstance(message, str) else repr(message))
@@ -210,7 +222,7 @@ class HttpSession:
     def on_end(self, ctx: EndContext) -> FinalOutcome:
         body: dict = {"ctx": wire.end_ctx_to_json(ctx)}
         if self._uses_workspace:
-            body["workspace"] = wire.snapshot(ctx.workspace)
+            body["workspace"], _ = wire.snapshot(ctx.workspace)  # what fits is graded
         reply = self._client.request("POST", self._path + "/end", body)
         return _decode(lambda v: wire.final_from_json(wire.field(v, "final", dict, "reply")),
                        reply, self._client.url + self._path)

@@ -16,7 +16,24 @@ Routes (request and response bodies are JSON objects; `wire.py` has the value fo
   POST /sessions/ID/close {}                                 -> {}        (abandons it)
 Errors: {"error": message, "kind": k} with status 400 (bad_request: a malformed body, a bad
 value), 404 (unknown_task, unknown_session, not_found) or 500 (env_error: the environment
-raised something other than ToolError, i.e. a bug). A ToolError is a result, not an error.
+raised something other than ToolError, i.e. a bug). A ToolError is a result, not an error, and
+so is a call whose workspace snapshot cannot be mirrored (over the limits, a bad path).
+
+Hostile or broken clients (`ServerLimits`; every refusal is a 4xx JSON reply, never a 500):
+  * a thread per connection and a listen backlog of `backlog`, so bursts of clients queue
+    instead of being dropped;
+  * each request (line, headers and body) must arrive within `read_timeout_s` of its first
+    read, and an idle kept-alive connection is closed after it: a client that sends headers and
+    no body holds a thread for that long, not forever;
+  * `Content-Length` is required on POST (411) and must be plain decimal digits (400: negative,
+    signed, non-numeric, repeated with different values); a body over `max_body_bytes` is
+    refused (413) before a byte of it is read; chunked bodies are refused (411). After a refusal
+    whose body was not read the connection is closed (its bytes must not be parsed as a
+    request);
+  * a body that is not UTF-8 JSON, holds NaN/Infinity, or nests deeper than `max_json_depth`
+    is a 400 (Python's own parser would otherwise raise RecursionError on deep input);
+  * sessions not used for `session_ttl_s` are reaped (their directories removed), so abandoned
+    sessions never fill the table; a full table of live sessions refuses new ones (400).
 
 Each session has a lock (the org calls a session from one thread anyway) and, when the
 environment `uses_workspace`, its own directory that mirrors the client's workspace: a request
@@ -29,12 +46,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import secrets
 import shutil
 import socket
 import sys
 import tempfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
@@ -43,13 +62,34 @@ from avalon.envs.base import Environment, Split, UnknownTaskError
 from avalon.org.env import EnvSession, ToolError
 from avalon.org.workspace import Workspace
 
-MAX_BODY_BYTES = 64 << 20
+
+@dataclasses.dataclass(frozen=True)
+class ServerLimits:
+    max_body_bytes: int = 64 << 20
+    read_timeout_s: float = 10.0  # for a whole request, and for an idle kept-alive connection
+    session_ttl_s: float = 900.0  # a session unused this long is reaped
+    max_sessions: int = 4096
+    backlog: int = 1024  # the listen queue (the kernel caps it at net.core.somaxconn)
+    max_json_depth: int = 64
+
+    def __post_init__(self):
+        for name in ("max_body_bytes", "max_sessions", "backlog", "max_json_depth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ServerLimits.{name} must be an int >= 1, got {value!r}")
+        for name in ("read_timeout_s", "session_ttl_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"ServerLimits.{name} must be a number > 0, got {value!r}")
+
+
+MAX_BODY_BYTES = ServerLimits().max_body_bytes
 
 
 class _HttpError(Exception):
-    def __init__(self, status: int, kind: str, message: str):
+    def __init__(self, status: int, kind: str, message: str, *, close: bool = False):
         super().__init__(message)
-        self.status, self.kind = status, kind
+        self.status, self.kind, self.close = status, kind, close
 
 
 @dataclasses.dataclass
@@ -58,19 +98,24 @@ class _Open:
     lock: threading.Lock
     workspace: Workspace | None
     root: str | None
+    last_used: float  # time.monotonic() of the last request's end
+    closed: bool = False  # ended, closed or reaped: requests that still hold it get a 404
 
 
 class EnvServer:
     """An HTTP server for one environment, run in a daemon thread (see the module docstring)."""
 
     def __init__(self, env: Environment, host: str = "127.0.0.1", port: int = 0,
-                 max_sessions: int = 4096):
+                 limits: ServerLimits = ServerLimits()):
         self.env = env
-        self.max_sessions = max_sessions
+        self.limits = limits
         self._sessions: dict[str, _Open] = {}
         self._lock = threading.Lock()  # the session table and environment-level calls
         self._conns: set[socket.socket] = set()  # open keep-alive connections
-        self._httpd = _Server((host, port), _Handler)
+        self._next_reap = 0.0
+        self.reaped = 0  # sessions expired so far
+        server_cls = type("_SizedServer", (_Server,), {"request_queue_size": limits.backlog})
+        self._httpd = server_cls((host, port), _Handler)
         self._httpd.daemon_threads = True
         self._httpd.app = self  # type: ignore[attr-defined]
         self._thread: threading.Thread | None = None
@@ -103,6 +148,7 @@ class EnvServer:
                 pass
         with self._lock:
             for entry in self._sessions.values():
+                entry.closed = True
                 if entry.root is not None:
                     shutil.rmtree(entry.root, ignore_errors=True)
             self._sessions.clear()
@@ -150,59 +196,100 @@ class EnvServer:
     def _open(self, body: dict) -> dict:
         task_id = wire.field(body, "task_id", str, "session request")
         seed = wire.field(body, "seed", int, "session request")
+        clock = _clock(body)
+        self._reap_idle()
         with self._lock:
-            if len(self._sessions) >= self.max_sessions:
-                raise _HttpError(400, "bad_request", f"{self.max_sessions} sessions are open "
-                                 "(the limit): end or close some")
-            session = self.env.session(task_id, seed, _clock(body))
+            if len(self._sessions) >= self.limits.max_sessions:
+                raise _HttpError(400, "bad_request", f"{self.limits.max_sessions} sessions are "
+                                 f"open (the limit) and none has been idle for "
+                                 f"{self.limits.session_ttl_s:g} s: end or close some")
+            session = self.env.session(task_id, seed, clock)
             task = session.task
             sid = secrets.token_hex(8)
             root = ws = None
             if self.env.uses_workspace:
                 root = tempfile.mkdtemp(prefix="avalon-envsrv-")
                 ws = Workspace(root)
-            self._sessions[sid] = _Open(session, threading.Lock(), ws, root)
+            self._sessions[sid] = _Open(session, threading.Lock(), ws, root, time.monotonic())
         return {"session": sid, "task": wire.task_to_json(task)}
+
+    def _reap_idle(self) -> None:
+        """Drops sessions unused for `session_ttl_s` (one scan per quarter TTL, or when full)."""
+        now = time.monotonic()
+        ttl = self.limits.session_ttl_s
+        roots = []
+        with self._lock:
+            full = len(self._sessions) >= self.limits.max_sessions
+            if not full and now < self._next_reap:
+                return
+            self._next_reap = now + ttl / 4
+            for sid, entry in list(self._sessions.items()):
+                if now - entry.last_used <= ttl or not entry.lock.acquire(blocking=False):
+                    continue  # recent, or a request is using it right now
+                try:
+                    entry.closed = True
+                    del self._sessions[sid]
+                    self.reaped += 1
+                    roots.append(entry.root)
+                finally:
+                    entry.lock.release()
+        for root in roots:
+            if root is not None:
+                shutil.rmtree(root, ignore_errors=True)
 
     def _session_call(self, sid: str, op: str, body: dict) -> dict:
         with self._lock:
             entry = self._sessions.get(sid)
+        unknown = _HttpError(404, "unknown_session", f"no open session {sid!r} (ended, closed, "
+                             f"idle over {self.limits.session_ttl_s:g} s, or never opened)")
         if entry is None:
-            raise _HttpError(404, "unknown_session", f"no open session {sid!r} (ended, closed "
-                             "or never opened)")
+            raise unknown
         with entry.lock:
-            if op == "start":
-                before = self._sync(entry, body)
-                budget = wire.field(body, "budget", int, "start request")
-                entry.session.on_start(budget, entry.workspace)
-                return self._changes(entry, before, {})
-            if op == "brief":
-                w = "brief request"
-                text = entry.session.brief(wire.field(body, "agent", str, w),
-                                           wire.field(body, "index", int, w),
-                                           wire.field(body, "title", str, w),
-                                           wire.field(body, "role", str, w))
-                return {"text": text}
-            if op == "call":
-                return self._call(entry, body)
-            if op == "end":
+            if entry.closed:
+                raise unknown
+            try:
+                return self._session_op(sid, entry, op, body)
+            finally:
+                entry.last_used = time.monotonic()
+
+    def _session_op(self, sid: str, entry: _Open, op: str, body: dict) -> dict:
+        if op == "start":
+            before = self._sync(entry, body)
+            budget = wire.field(body, "budget", int, "start request")
+            entry.session.on_start(budget, entry.workspace)
+            return self._changes(entry, before, {})
+        if op == "brief":
+            w = "brief request"
+            text = entry.session.brief(wire.field(body, "agent", str, w),
+                                       wire.field(body, "index", int, w),
+                                       wire.field(body, "title", str, w),
+                                       wire.field(body, "role", str, w))
+            return {"text": text}
+        if op == "call":
+            return self._call(entry, body)
+        if op == "end":
+            try:  # the session is gone afterwards, whatever happens
                 self._sync(entry, body)
                 ctx = wire.end_ctx_from_json(wire.field(body, "ctx", dict, "end request"),
                                              entry.workspace)
                 final = entry.session.on_end(ctx)
-                self._drop(sid)
-                return {"final": wire.final_to_json(final)}
-            if op == "close":
-                self._drop(sid)
-                return {}
+            finally:
+                self._drop(sid, entry)
+            return {"final": wire.final_to_json(final)}
+        if op == "close":
+            self._drop(sid, entry)
+            return {}
         raise _HttpError(404, "not_found", f"no session operation {op!r}")
 
     def _call(self, entry: _Open, body: dict) -> dict:
         tool = wire.field(body, "tool", str, "call request")
         args = wire.field(body, "args", dict, "call request")
-        before = self._sync(entry, body)
-        ctx = wire.call_ctx_from_json(wire.field(body, "ctx", dict, "call request"),
-                                      entry.workspace)
+        ctx_json = wire.field(body, "ctx", dict, "call request")
+        try:  # what the agents left in the workspace is the agents' doing: a tool error
+            before = self._sync(entry, body)
+        except wire.WireError as e:
+            return {"tool_error": str(e)}
+        ctx = wire.call_ctx_from_json(ctx_json, entry.workspace)
         try:
             reply = {"outcome": wire.outcome_to_json(entry.session.call(tool, args, ctx))}
         except ToolError as e:
@@ -220,22 +307,26 @@ class EnvServer:
     def _changes(self, entry: _Open, before: dict | None, reply: dict) -> dict:
         """Adds the workspace to `reply` if the environment changed it."""
         if entry.workspace is not None and before is not None:
-            after = wire.snapshot(entry.workspace)
+            after, _ = wire.snapshot(entry.workspace)
             if after["files"] != before["files"]:
                 reply["workspace"] = after
         return reply
 
-    def _drop(self, sid: str) -> None:
+    def _drop(self, sid: str, entry: _Open) -> None:
+        """Removes a session whose lock the caller holds."""
+        entry.closed = True
         with self._lock:
-            entry = self._sessions.pop(sid, None)
-        if entry is not None and entry.root is not None:
+            self._sessions.pop(sid, None)
+        if entry.root is not None:
             shutil.rmtree(entry.root, ignore_errors=True)
 
 
 class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # replaced per server by ServerLimits.backlog
+
     def handle_error(self, request, client_address):
-        if isinstance(sys.exc_info()[1], ConnectionError):  # a client hung up: nothing to say
-            return
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return  # a client hung up or stalled: nothing to say, the connection is closed
         super().handle_error(request, client_address)
 
 
@@ -247,24 +338,79 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not allowed")
 
 
+def _json_depth_exceeds(value, limit: int) -> bool:
+    """Whether `value` nests lists/objects deeper than `limit` (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        elif not isinstance(v, list):
+            continue
+        if depth > limit:
+            return True
+        stack.extend((x, depth + 1) for x in v if isinstance(x, (dict, list)))
+    return False
+
+
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+class _DeadlineReader:
+    """The connection's reader, each read bounded by the current request's deadline."""
+
+    def __init__(self, raw, sock: socket.socket, handler: _Handler):
+        self._raw, self._sock, self._handler = raw, sock, handler
+
+    def _arm(self) -> None:
+        left = self._handler.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("request not received in time")
+        self._sock.settimeout(left)
+
+    def readline(self, limit: int = -1) -> bytes:
+        self._arm()
+        return self._raw.readline(limit)
+
+    def read1(self, n: int) -> bytes:
+        self._arm()
+        return self._raw.read1(n)
+
+    def read(self, n: int = -1) -> bytes:
+        self._arm()
+        return self._raw.read(n)
+
+    def close(self) -> None:
+        self._raw.close()
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: one connection per client thread
     disable_nagle_algorithm = True  # headers and body go out as two writes: no 40 ms stalls
+    deadline = 0.0  # time.monotonic() by which the current request must have arrived
 
     def log_message(self, format, *args):  # quiet: errors go back to the client
         pass
 
+    @property
+    def app(self) -> EnvServer:
+        return self.server.app  # type: ignore[attr-defined]
+
     def setup(self):
+        self.timeout = self.app.limits.read_timeout_s  # also bounds writes to a stalled client
         super().setup()
-        app: EnvServer = self.server.app  # type: ignore[attr-defined]
-        with app._lock:
-            app._conns.add(self.connection)
+        self.rfile = _DeadlineReader(self.rfile, self.connection, self)
+        with self.app._lock:
+            self.app._conns.add(self.connection)
 
     def finish(self):
-        app: EnvServer = self.server.app  # type: ignore[attr-defined]
-        with app._lock:
-            app._conns.discard(self.connection)
+        with self.app._lock:
+            self.app._conns.discard(self.connection)
         super().finish()
+
+    def handle_one_request(self):
+        self.deadline = time.monotonic() + self.app.limits.read_timeout_s
+        super().handle_one_request()
 
     def do_GET(self):
         self._serve("GET")
@@ -273,17 +419,20 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve("POST")
 
     def _serve(self, method: str) -> None:
-        app: EnvServer = self.server.app  # type: ignore[attr-defined]
+        app = self.app
         url = urlsplit(self.path)
+        close = False
         try:
-            body = self._body() if method == "POST" else {}
+            body = self._body(method)
             status, reply = 200, app.handle(method, url.path, parse_qs(url.query), body)
         except _HttpError as e:
-            status, reply = e.status, {"error": str(e), "kind": e.kind}
+            status, reply, close = e.status, {"error": str(e), "kind": e.kind}, e.close
         except UnknownTaskError as e:
             status, reply = 404, {"error": str(e), "kind": "unknown_task"}
         except (wire.WireError, ValueError, TypeError) as e:
             status, reply = 400, {"error": f"{type(e).__name__}: {e}", "kind": "bad_request"}
+        except (TimeoutError, ConnectionError):
+            raise  # the client stalled or left mid-body: drop the connection, no reply
         except Exception as e:  # a bug in the environment: report it, keep serving
             status, reply = 500, {"error": f"{type(e).__name__}: {e}", "kind": "env_error"}
         try:
@@ -294,18 +443,54 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         self.wfile.write(data)
 
-    def _body(self) -> dict:
-        n = int(self.headers.get("Content-Length") or 0)
-        if n > MAX_BODY_BYTES:
-            raise _HttpError(400, "bad_request", f"body of {n} bytes is over {MAX_BODY_BYTES}")
-        raw = self.rfile.read(n)
+    def _length(self, method: str) -> int:
+        """The body's length from the headers, strictly (see the module docstring)."""
+        limits = self.app.limits
+        if self.headers.get("Transfer-Encoding") is not None:
+            raise _HttpError(411, "bad_request", "Transfer-Encoding is not supported: send a "
+                             "Content-Length", close=True)
+        values = self.headers.get_all("Content-Length") or []
+        if not values:
+            if method == "POST":
+                raise _HttpError(411, "bad_request", "POST needs a Content-Length", close=True)
+            return 0
+        if len(set(v.strip() for v in values)) != 1 or not _DIGITS.fullmatch(values[0].strip()):
+            shown = ", ".join(repr(v) for v in values)[:80]
+            raise _HttpError(400, "bad_request", f"Content-Length must be one non-negative "
+                             f"decimal number, got {shown}", close=True)
+        n = int(values[0])
+        if n > limits.max_body_bytes:
+            raise _HttpError(413, "bad_request", f"body of {n} bytes is over the limit of "
+                             f"{limits.max_body_bytes}", close=True)
+        if method == "GET" and n:
+            raise _HttpError(400, "bad_request", "GET takes no body", close=True)
+        return n
+
+    def _body(self, method: str) -> dict:
+        n = self._length(method)
+        if method == "GET":
+            return {}
+        raw = bytearray()
+        while len(raw) < n:  # the deadline reader bounds the wait for each piece
+            chunk = self.rfile.read1(min(n - len(raw), 1 << 20))
+            if not chunk:
+                raise ConnectionError("client closed the connection mid-body")
+            raw += chunk
         try:
-            body = json.loads(raw or b"{}", parse_constant=_refuse_constant)
-        except ValueError as e:
+            body = json.loads(bytes(raw) or b"{}", parse_constant=_refuse_constant)
+        except RecursionError:
+            raise _HttpError(400, "bad_request", "body nests too deeply") from None
+        except ValueError as e:  # includes bytes that are not UTF-8
             raise _HttpError(400, "bad_request", f"body is not JSON ({e})") from None
         if not isinstance(body, dict):
             raise _HttpError(400, "bad_request", "body must be a JSON object")
+        if _json_depth_exceeds(body, self.app.limits.max_json_depth):
+            raise _HttpError(400, "bad_request", f"body nests deeper than "
+                             f"{self.app.limits.max_json_depth} levels")
         return body

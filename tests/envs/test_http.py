@@ -13,7 +13,7 @@ from avalon.envs import wire
 from avalon.envs.base import Split, UnknownTaskError
 from avalon.envs.hidden_profile import HiddenProfile, ProfileConfig
 from avalon.envs.http_client import EnvRequestError, EnvServerError, HttpEnvironment
-from avalon.envs.http_server import EnvServer
+from avalon.envs.http_server import EnvServer, ServerLimits
 from avalon.envs.parallel import ParallelConfig, ParallelSubtasks
 from avalon.envs.software import SoftwareBuild, SoftwareConfig
 from avalon.envs.wealth import Wealth, WealthConfig
@@ -159,7 +159,7 @@ def test_server_refuses_bad_bodies(served):
 
 
 def test_max_sessions():
-    with EnvServer(PAR, max_sessions=2) as server:
+    with EnvServer(PAR, limits=ServerLimits(max_sessions=2)) as server:
         env = HttpEnvironment(server.url)
         tid = env.task_ids(Split.TRAIN)[0]
         env.session(tid, 0), env.session(tid, 1)
@@ -174,7 +174,7 @@ def test_workspace_snapshots():
         src.write("pkg/data.txt", "caf\u00e9")
         (src.root / "blob.bin").write_bytes(bytes(range(256)))
         dst.write("stale.py", "old")
-        wire.restore(dst, wire.snapshot(src))
+        wire.restore(dst, wire.snapshot(src)[0])
         assert dst.listdir(".") == ["blob.bin", "pkg/data.txt", "solution.py"]
         assert (dst.root / "blob.bin").read_bytes() == bytes(range(256))
         assert dst.read("pkg/data.txt") == "caf\u00e9"

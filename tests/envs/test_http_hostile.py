@@ -1,0 +1,367 @@
+"""The HTTP server and client against hostile or broken peers (issue 17): strict Content-Length,
+stalled clients, bursts of 200 clients, deep JSON, abandoned sessions, and workspaces that
+sandboxed code left in a state no snapshot can hold. Every wait is bounded by a timeout."""
+
+import base64
+import http.client
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+
+import pytest
+
+from avalon.envs import wire
+from avalon.envs.base import Split
+from avalon.envs.http_client import EnvRequestError, EnvServerError, HttpEnvironment
+from avalon.envs.http_server import EnvServer, ServerLimits
+from avalon.envs.parallel import ParallelConfig, ParallelSubtasks
+from avalon.org.env import (
+    CallContext,
+    EndContext,
+    EndReason,
+    FinalOutcome,
+    Param,
+    ParamType,
+    Task,
+    ToolError,
+    ToolOutcome,
+    ToolSpec,
+)
+from avalon.org.workspace import Workspace
+from avalon.rl.types import Objective
+from tests.org.helpers import call, events_of, run_playbook, step
+
+PAR = ParallelSubtasks(ParallelConfig(n_train=4, n_heldout=2))
+
+
+def _addr(server: EnvServer) -> tuple[str, int]:
+    host, port = server.url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def _raw_reply(sock: socket.socket) -> tuple[int, dict, bytes]:
+    """(status, headers, body) of one reply read from a raw socket (its timeout bounds it)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed before a reply: {data!r}"
+        data += chunk
+    head, rest = data.split(b"\r\n\r\n", 1)
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+    n = int(headers.get("content-length", "0"))
+    while len(rest) < n:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed mid-reply"
+        rest += chunk
+    return int(lines[0].split()[1]), headers, rest[:n]
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the server has closed the connection (EOF or reset) within the socket timeout."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server():
+    with EnvServer(PAR, limits=ServerLimits(read_timeout_s=1.0)) as s:
+        yield s
+
+
+@pytest.mark.parametrize("headers, status", [
+    ("Content-Length: -1", 400),
+    ("Content-Length: +5", 400),
+    ("Content-Length: abc", 400),
+    ("Content-Length: 99999999999999999999999", 400),
+    ("Content-Length: 5\r\nContent-Length: 7", 400),
+    ("Transfer-Encoding: chunked", 411),
+    ("", 411),  # no Content-Length at all
+    (f"Content-Length: {70 << 20}", 413),
+], ids=["negative", "signed", "not-a-number", "huge", "repeated", "chunked", "missing",
+        "over-cap"])
+def test_content_length_is_strict_and_the_body_is_never_read(server, headers, status):
+    """The reply comes before a byte of the body is sent (the server cannot have read it), is
+    a JSON 4xx, and the connection is closed so the unread body is never parsed as a request.
+    The old server read a `-1` body until EOF (70 MiB past its cap) and never answered."""
+    with socket.create_connection(_addr(server), timeout=5) as sock:
+        extra = f"{headers}\r\n" if headers else ""
+        sock.sendall(f"POST /sessions HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode())
+        got, reply_headers, body = _raw_reply(sock)
+        assert got == status, body
+        assert json.loads(body)["kind"] == "bad_request"
+        assert reply_headers.get("connection") == "close"
+        try:  # the attacker's 70 MiB: the server is not reading it
+            sock.settimeout(2)
+            sock.sendall(b"x" * (70 << 20))
+            sent_all = True
+        except OSError:
+            sent_all = False
+        assert not sent_all or _closed_by_peer(sock)
+    assert HttpEnvironment(server.url).task_ids(Split.TRAIN)  # still serving
+
+
+def test_clients_that_stall_are_dropped(server):
+    """50 clients send headers and no body (and 5 drip their headers a byte at a time): each is
+    dropped once its request is 1 s late, while others are served. The old server held them
+    open for as long as they liked."""
+    stalled = []
+    for _ in range(50):
+        s = socket.create_connection(_addr(server), timeout=5)
+        s.sendall(b"POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        stalled.append(s)
+    drips = [socket.create_connection(_addr(server), timeout=5) for _ in range(5)]
+    start = time.monotonic()
+    env = HttpEnvironment(server.url, timeout_s=5)
+    assert env.task_ids(Split.TRAIN)  # served while 55 are stalled
+    for _ in range(6):  # 1.5 s of dripping, 0.25 s a byte
+        for s in drips:
+            try:
+                s.sendall(b"G")
+            except OSError:
+                pass
+        time.sleep(0.25)
+    try:
+        assert all(_closed_by_peer(s) for s in stalled + drips)
+        assert time.monotonic() - start < 5
+    finally:
+        for s in stalled + drips:
+            s.close()
+
+
+def test_200_concurrent_clients_without_a_reset():
+    """200 clients connect at once (a barrier) and each plays a whole session. The old server's
+    listen backlog of 5 dropped connections: 150 of 200 timed out here."""
+    n = 200
+    with EnvServer(PAR) as srv:
+        tid = PAR.task_ids(Split.TRAIN)[0]
+        barrier = threading.Barrier(n, timeout=30)
+        errors: list[str] = []
+        finished = []
+
+        def client(i: int) -> None:
+            try:
+                barrier.wait()
+                env = HttpEnvironment(srv.url, timeout_s=30)  # connects: GET /env
+                session = env.session(tid, i)
+                with tempfile.TemporaryDirectory() as tmp:
+                    ws = Workspace(tmp)
+                    session.on_start(0, ws)
+                    session.brief("ceo", 0, "CEO", "")
+                    ctx = CallContext("ceo", "CEO", 0.0, 0, ws)
+                    with pytest.raises(ToolError):
+                        session.call("solve", {"id": "s999", "answer": 1}, ctx)
+                    session.on_end(EndContext(EndReason.FINAL_MESSAGE, "x", 0.0, ws))
+                finished.append(i)
+            except Exception as e:  # noqa: BLE001 - every failure is counted and shown
+                errors.append(f"{type(e).__name__}: {e}")
+
+        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+        assert not errors, f"{len(errors)} of {n} failed, e.g. {errors[:3]}"
+        assert len(finished) == n
+        assert srv.open_sessions == 0
+
+
+def test_deep_and_malformed_json_are_400(server):
+    """Python's parser raises RecursionError on deep input: that was a 500; now any malformed
+    body is a 400 and the server keeps serving."""
+    host, port = _addr(server)
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    bodies = {
+        "deep": b'{"task_id": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+        "deep-args": json.dumps({"tool": "solve", "args": {"x": json.loads("[" * 100 + "]" * 100)},
+                                 "ctx": {}}).encode(),
+        "not-utf8": b'{"task_id": "\xff\xfe"}',
+        "truncated": b'{"task_id": "parallel-train-0", "seed": ',
+    }
+    for name, body in bodies.items():
+        path = "/sessions/0000/call" if name == "deep-args" else "/sessions"
+        conn.request("POST", path, body=body)
+        resp = conn.getresponse()
+        reply = json.loads(resp.read())
+        assert resp.status == 400 and reply["kind"] == "bad_request", (name, reply)
+    conn.close()
+    assert server.open_sessions == 0
+
+
+def test_idle_sessions_expire_and_no_longer_lock_out_new_ones():
+    """64 abandoned sessions fill the table; once they have been idle for the TTL they are
+    reaped and a new session opens. A session in use is never reaped, and a reaped one answers
+    404. (The old server refused every new session forever.)"""
+    limits = ServerLimits(max_sessions=64, session_ttl_s=0.5)
+    with EnvServer(PAR, limits=limits) as srv:
+        env = HttpEnvironment(srv.url)
+        tid = env.task_ids(Split.TRAIN)[0]
+        abandoned = [env.session(tid, i) for i in range(63)]
+        kept = env.session(tid, 99)
+        with pytest.raises(EnvRequestError, match="64 sessions are open"):
+            env.session(tid, 100)  # all 64 are fresh
+        for _ in range(4):  # `kept` stays in use past the TTL
+            time.sleep(0.2)
+            kept.brief("ceo", 0, "CEO", "")
+        time.sleep(0.05)
+        fresh = env.session(tid, 101)  # reaps the 63 idle ones
+        assert srv.open_sessions == 2 and srv.reaped == 63
+        kept.brief("ceo", 0, "CEO", "")
+        with pytest.raises(EnvServerError, match="404 unknown_session.*idle over 0.5 s"):
+            abandoned[0].brief("ceo", 0, "CEO", "")
+        fresh.close(), kept.close()
+
+
+# ----- workspaces left by sandboxed code, in HTTP mode -----
+
+COUNT = ToolSpec("count", "count the workspace's files", (Param("note", ParamType.STRING,
+                                                                required=False),))
+
+
+class _FilesSession:
+    def __init__(self):
+        self._task = Task("files-train-0", "Count files.", (COUNT,), 1000.0, Objective.SUM)
+
+    @property
+    def task(self):
+        return self._task
+
+    def on_start(self, budget, workspace):
+        pass
+
+    def brief(self, agent, index, title, role):
+        return ""
+
+    def call(self, tool, args, ctx):
+        return ToolOutcome(str(len(ctx.workspace.listdir("."))))
+
+    def on_end(self, ctx):
+        names = ctx.workspace.listdir(".")
+        return FinalOutcome(metrics={"files": float(len(names)),
+                                     "has_link": float("link.py" in names)})
+
+
+class FilesEnv:
+    """Counts the files of the workspace it is shown (uses_workspace)."""
+    name = "files"
+    uses_workspace = True
+
+    def task_ids(self, split):
+        return ("files-train-0",) if split is Split.TRAIN else ("files-heldout-0",)
+
+    def task(self, task_id, clock_s=None):
+        return _FilesSession().task
+
+    def session(self, task_id, seed, clock_s=None):
+        return _FilesSession()
+
+    def vocabulary(self):
+        return ()
+
+
+def _hostile_workspace(root: str, *, over_limits: bool, link: bool) -> None:
+    """What a run_code program can leave: files past the total cap, a link that inside the
+    sandbox points at the workspace but in the trainer at the trainer's working directory, a
+    FIFO, a directory link."""
+    if over_limits:
+        for i in range(20):  # 20 MiB against the 16 MiB cap, each file at the 1 MiB cap
+            with open(os.path.join(root, f"big{i:02d}.bin"), "wb") as f:
+                f.write(b"\0" * (1 << 20))
+    if link:
+        os.symlink("/proc/self/cwd/setup.py", os.path.join(root, "link.py"))
+        os.symlink("/proc/self/cwd", os.path.join(root, "cwd"))
+        os.mkfifo(os.path.join(root, "notes.txt"))
+    with open(os.path.join(root, "solution.py"), "w") as f:
+        f.write("x = 1\n")
+
+
+@pytest.mark.parametrize("over_limits, link", [(True, False), (False, True)],
+                         ids=["over-limits", "proc-cwd-link"])
+def test_hostile_workspace_is_a_tool_error_in_a_call_and_graded_at_the_end(over_limits, link):
+    with EnvServer(FilesEnv()) as srv, tempfile.TemporaryDirectory() as tmp:
+        env = HttpEnvironment(srv.url, timeout_s=30)
+        session = env.session("files-train-0", 0)
+        ws = Workspace(tmp)
+        session.on_start(0, ws)
+        _hostile_workspace(tmp, over_limits=over_limits, link=link)
+        ctx = CallContext("ceo", "CEO", 0.0, 0, ws)
+        with pytest.raises(ToolError, match="cannot be sent to the environment"):
+            session.call("count", {}, ctx)
+        final = session.on_end(EndContext(EndReason.FINAL_MESSAGE, "x", 0.0, ws))
+        assert final.metrics["has_link"] == 0.0  # links and FIFOs do not travel
+        assert final.metrics["files"] == (16 if over_limits else 1)  # what fits: 16 MiB
+        assert srv.open_sessions == 0
+        assert os.path.exists(os.path.join(tmp, "notes.txt")) == link  # nothing removed
+
+
+def test_a_rollout_whose_code_leaves_a_proc_cwd_link_and_too_many_bytes_finishes():
+    """Through the driver in HTTP mode: run_code writes 20 MiB and a /proc/self/cwd link, then
+    an environment call, then the end. The old client raised out of the driver at the end."""
+    code = ("import os\n"
+            "for i in range(20):\n"
+            "    open(f'big{i:02d}.bin', 'wb').write(b'0' * (1 << 20))\n"
+            "os.symlink('/proc/self/cwd/setup.py', 'link.py')\n")
+    steps = {"ceo": [step(call("roster")),
+                     step(call("write_file", path="evil.py", text=code)),
+                     step(call("run_code", path="evil.py")),
+                     step(call("count")),
+                     step(call("final_message", text="done"))]}
+    with EnvServer(FilesEnv()) as srv:
+        session = HttpEnvironment(srv.url, timeout_s=30).session("files-train-0", 0)
+        result, _, events = run_playbook(session, steps, budget=0)
+    assert events_of(events, "end")
+    count = events_of(events, "tool_call", tool="count")
+    ran = events_of(events, "tool_call", tool="run_code")
+    assert count and ran
+    assert count[0]["error"] or ran[0]["error"]  # one of them refused the workspace
+    assert srv.open_sessions == 0
+
+
+def test_snapshot_of_hostile_trees_never_raises_and_never_follows_links():
+    """Names over 255 bytes, paths over 4 KiB deep, surrogates: left out with a reason."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ws = Workspace(tmp)
+        deep = tmp
+        for _ in range(80):  # 80 levels: past MAX_PATH_PARTS
+            deep = os.path.join(deep, "d")
+            os.mkdir(deep)
+        open(os.path.join(deep, "f.py"), "w").close()
+        os.symlink("/etc", os.path.join(tmp, "etc"))
+        os.symlink("/etc/hostname", os.path.join(tmp, "hostname"))
+        open(os.fsencode(os.path.join(tmp, "bad")) + b"\xff.py", "w").close()
+        open(os.path.join(tmp, "ok.py"), "w").write("1")
+        snap, left_out = wire.snapshot(ws)
+        assert list(snap["files"]) == ["ok.py"]
+        assert any("a symlink" in s for s in left_out)
+        assert any("nested over" in s for s in left_out)
+        assert any("not valid UTF-8" in s for s in left_out)
+        restored = Workspace(os.path.join(tmp, "..", os.path.basename(tmp) + "-copy"))
+        wire.restore(restored, snap)
+        assert restored.listdir(".") == ["ok.py"]
+
+
+def test_restore_never_writes_through_a_link():
+    """A directory that is a link to outside the workspace: restore removes the link and writes
+    a real directory; nothing lands outside."""
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as outside:
+        ws = Workspace(tmp)
+        os.symlink(outside, os.path.join(tmp, "d"))
+        os.mkfifo(os.path.join(tmp, "y"))
+        data = base64.b64encode(b"owned").decode()
+        wire.restore(ws, {"files": {"d/x": data, "y": data}})
+        assert os.listdir(outside) == []
+        assert not os.path.islink(os.path.join(tmp, "d")) and ws.listdir(".") == ["d/x", "y"]
+        assert open(os.path.join(tmp, "y"), "rb").read() == b"owned"  # the FIFO was replaced
+        for bad, match in (("a" * 300, "over 255"), ("\ud800.py", "UTF-8"), ("a//b", "empty"),
+                           ("/abs", "absolute")):
+            with pytest.raises(wire.WireError, match=match):
+                wire.restore(ws, {"files": {bad: data}})
+        with pytest.raises(wire.WireError, match="both a file and a directory"):
+            wire.restore(ws, {"files": {"p": data, "p/q": data}})
