@@ -24,22 +24,51 @@ Guarantees, all from orbax's `CheckpointManager`:
     carrying the *new* shardings; each device reads only its part. Without a target, arrays
     come back with the shardings they were saved with (same topology only).
 Replicated shards are written by one replica (`replica_parallel=False`, see `array_registry`).
+
+Integrity (ours, on top of orbax): `save` records in the step's `meta` item (written with the
+step, so atomic with it) every array's shape, dtype and content sum (`content_sums.py`: the
+same for any sharding, so it is checked after a re-sharded restore too) and a sha256 of the
+host state. `restore` verifies them: a flipped bit, a missing or undecodable file, corrupt JSON
+all raise `CheckpointCorruptError` naming the file (or item directory) at fault.
+`restore_newest_intact` walks back from the newest step past corrupt ones and says which it
+skipped and why; `quarantine(step)` renames a corrupt step aside (`<step>.corrupt`) so that it
+can be written again. A target whose shapes differ from the saved ones is a plain ValueError
+(a changed config, not corruption: no fallback).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
-_FORMAT = "avalon-train-v1"
+from avalon.checkpoint.content_sums import content_sums
+
+_FORMAT = "avalon-train-v2"  # v2: content sums in meta
+_UNVERIFIED_FORMATS = ("avalon-train-v1",)  # restorable, without content checks
+
+
+class CheckpointCorruptError(ValueError):
+    """A checkpoint step that cannot be trusted; the message starts with the file at fault."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    step: int
+    state: Any
+    host_state: dict
+    skipped: tuple[tuple[int, str], ...]  # (step, why) of newer steps found corrupt
 
 
 def array_registry(replica_parallel: bool) -> ocp.type_handlers.TypeHandlerRegistry:
@@ -83,6 +112,41 @@ def _abstract(x):
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
 
+def _leaf_name(path) -> str:
+    """A leaf's path as orbax names it on disk ('opt_state/0/mu/w'): the same whether the tree
+    came back with its namedtuples (a target) or as plain dicts (no target)."""
+    names = []
+    for k in path:
+        if isinstance(k, jax.tree_util.DictKey):
+            names.append(str(k.key))
+        elif isinstance(k, jax.tree_util.GetAttrKey):
+            names.append(k.name)
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            names.append(str(k.idx))
+        else:
+            names.append(str(k))
+    return "/".join(names)
+
+
+def _describe(tree) -> dict[str, dict]:
+    """{leaf name: {shape, dtype, sum}} of a tree of arrays (keys already as key data)."""
+    leaves = jax.tree.leaves_with_path(tree)
+    sums = content_sums([x for _, x in leaves])
+    return {_leaf_name(p): {"shape": list(np.shape(x)), "dtype": str(_dtype(x)), "sum": s}
+            for (p, x), s in zip(leaves, sums)}
+
+
+def _dtype(x) -> np.dtype:
+    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)):
+        return np.dtype(x.dtype)
+    return np.asarray(x).dtype  # a Python scalar
+
+
+def _host_sum(host_state: Mapping) -> str:
+    return hashlib.sha256(json.dumps(host_state, sort_keys=True, allow_nan=False)
+                          .encode()).hexdigest()
+
+
 def _data_to_keys(tree, impls: Mapping[str, str]):
     leaves, treedef = jax.tree.flatten_with_path(tree)
     out = []
@@ -90,6 +154,37 @@ def _data_to_keys(tree, impls: Mapping[str, str]):
         impl = impls.get(jax.tree_util.keystr(path))
         out.append(x if impl is None else jax.random.wrap_key_data(x, impl=impl))
     return jax.tree.unflatten(treedef, out)
+
+
+def _check_target(item, saved: Mapping[str, dict], meta_file: Path) -> None:
+    """A target that differs from the saved arrays is a config change: a ValueError."""
+    names = {}
+    for path, leaf in jax.tree.leaves_with_path(item):
+        names[_leaf_name(path)] = (list(leaf.shape), str(np.dtype(leaf.dtype)))
+    want = {k: (v.get("shape"), v.get("dtype")) if isinstance(v, dict) else None
+            for k, v in saved.items()}
+    if names != want:
+        diff = sorted(k for k in names.keys() | want.keys() if names.get(k) != want.get(k))
+        k = diff[0]
+        raise ValueError(f"{meta_file}: the restore target does not match the saved state at "
+                         f"{k!r}: target {names.get(k)}, saved {want.get(k)} "
+                         f"({len(diff)} leaves differ)")
+
+
+def _verify(state, saved: Mapping[str, dict], state_dir: Path) -> None:
+    """Every restored array's content sum equals the saved one, else names the array."""
+    leaves = jax.tree.leaves_with_path(state)
+    got = dict(zip((_leaf_name(p) for p, _ in leaves), content_sums([x for _, x in leaves])))
+    if got.keys() != saved.keys():
+        missing = sorted(saved.keys() ^ got.keys())
+        raise CheckpointCorruptError(f"{state_dir}: arrays {missing[:3]} are in only one of "
+                                     "the saved state and its meta")
+    for name, s in got.items():
+        want = saved[name].get("sum") if isinstance(saved[name], dict) else None
+        if s != want:
+            raise CheckpointCorruptError(f"{state_dir}: array {name!r} has content sum {s}, "
+                                         f"{want} when saved: its data files "
+                                         "are corrupt")
 
 
 class TrainCheckpointer:
@@ -127,14 +222,18 @@ class TrainCheckpointer:
         if step in self._mngr.all_steps():
             return False
         tree, impls = _keys_to_data(state)
-        meta = {"format": _FORMAT, "prng_keys": impls}
+        # Summed now, from the live arrays (the caller may donate them once save returns).
+        meta = {"format": _FORMAT, "prng_keys": impls, "arrays": _describe(tree),
+                "host_sum": _host_sum(host_state)}
         return self._mngr.save(step, args=ocp.args.Composite(
             state=ocp.args.PyTreeSave(tree), host=ocp.args.JsonSave(host_state),
             meta=ocp.args.JsonSave(meta)), force=force)
 
     def restore(self, step: int | None = None, target=None):
-        """(state, host_state) of `step` (default: the latest). `target`: a pytree like the
-        saved state of ShapeDtypeStructs or arrays whose shardings say where each leaf goes."""
+        """(state, host_state) of `step` (default: the latest), verified against the saved
+        content sums. `target`: a pytree like the saved state of ShapeDtypeStructs or arrays
+        whose shardings say where each leaf goes. A corrupt step raises
+        CheckpointCorruptError (no fallback here: see `restore_newest_intact`)."""
         if step is None:
             step = self.latest_step()
             if step is None:
@@ -142,24 +241,89 @@ class TrainCheckpointer:
         elif step not in self.all_steps():
             raise FileNotFoundError(f"{self.directory}: no checkpoint for step {step} "
                                     f"(have {self.all_steps()})")
-        meta = self._mngr.restore(step, args=ocp.args.Composite(
-            meta=ocp.args.JsonRestore()))["meta"]
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"{self.directory} step {step}: format {meta.get('format')!r} is "
-                             f"not {_FORMAT!r}")
+        return self._restore_step(step, target)
+
+    def restore_newest_intact(self, target=None) -> Restored:
+        """The newest step that restores and verifies, with the newer ones it skipped (and
+        why). FileNotFoundError when there is no step; CheckpointCorruptError listing every
+        step's fault when none is intact."""
+        steps = self.all_steps()
+        if not steps:
+            raise FileNotFoundError(f"{self.directory}: no finished checkpoint to restore")
+        skipped: list[tuple[int, str]] = []
+        for step in reversed(steps):
+            try:
+                state, host = self._restore_step(step, target)
+            except CheckpointCorruptError as e:
+                skipped.append((step, str(e)))
+                continue
+            return Restored(step, state, host, tuple(skipped))
+        raise CheckpointCorruptError(f"{self.directory}: no intact checkpoint: " +
+                                     "; ".join(f"step {s}: {why}" for s, why in skipped))
+
+    def quarantine(self, step: int) -> Path:
+        """Renames step `step` aside to `<step>.corrupt` (kept for a post-mortem; orbax no
+        longer lists it, so the step can be saved again). Returns the new path."""
+        src = self.step_dir(step)
+        dst = src.with_name(f"{src.name}.corrupt")
+        n = 1
+        while dst.exists():
+            n += 1
+            dst = src.with_name(f"{src.name}.corrupt{n}")
+        if jax.process_index() == 0:
+            os.rename(src, dst)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"avalon-quarantine-{step}")
+        self._mngr.reload()
+        return dst
+
+    def step_dir(self, step: int) -> Path:
+        return self.directory / str(step)
+
+    def _item(self, step: int, item: str, args, path: Path):
+        """One orbax item of `step`; any failure to read it names `path`."""
+        try:
+            with warnings.catch_warnings():
+                # Without a target orbax warns that saved shardings only suit the same
+                # topology, which is `restore`'s documented contract.
+                warnings.filterwarnings("ignore", message="Sharding info not provided")
+                return self._mngr.restore(step, args=ocp.args.Composite(**{item: args}))[item]
+        except Exception as e:  # noqa: BLE001 - orbax/tensorstore raise many kinds
+            message = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            raise CheckpointCorruptError(f"{path}: cannot be read ({message})") from e
+
+    def _restore_step(self, step: int, target):
+        d = self.step_dir(step)
+        meta_file = d / "meta" / "metadata"
+        meta = self._item(step, "meta", ocp.args.JsonRestore(), meta_file)
+        if not isinstance(meta, dict) or not isinstance(meta.get("prng_keys"), dict):
+            raise CheckpointCorruptError(f"{meta_file}: not a checkpoint meta object")
+        if meta.get("format") not in (_FORMAT, *_UNVERIFIED_FORMATS):
+            raise ValueError(f"{meta_file}: format {meta.get('format')!r} is not {_FORMAT!r}")
+        verified = meta["format"] == _FORMAT
+        saved = meta.get("arrays") if verified else None
+        if verified and not isinstance(saved, dict):
+            raise CheckpointCorruptError(f"{meta_file}: has no content sums ('arrays')")
         if target is None:
             state_args = ocp.args.PyTreeRestore()
         else:
             item = jax.tree.map(_abstract, target)
+            if saved is not None:
+                _check_target(item, saved, meta_file)
             state_args = ocp.args.PyTreeRestore(
                 item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item))
-        with warnings.catch_warnings():
-            # Without a target orbax warns that saved shardings only suit the same topology,
-            # which is this method's documented contract.
-            warnings.filterwarnings("ignore", message="Sharding info not provided")
-            got = self._mngr.restore(step, args=ocp.args.Composite(
-                state=state_args, host=ocp.args.JsonRestore()))
-        return _data_to_keys(got["state"], meta["prng_keys"]), dict(got["host"] or {})
+        state = self._item(step, "state", state_args, d / "state")
+        host_file = d / "host" / "metadata"
+        host = self._item(step, "host", ocp.args.JsonRestore(), host_file)
+        host = {} if host is None else host
+        if not isinstance(host, dict):
+            raise CheckpointCorruptError(f"{host_file}: not a JSON object")
+        if verified:
+            _verify(state, saved, d / "state")
+            if _host_sum(host) != meta.get("host_sum"):
+                raise CheckpointCorruptError(f"{host_file}: sha256 differs from the one saved in "
+                                             f"{meta_file}")
+        return _data_to_keys(state, meta["prng_keys"]), host
 
     def latest_step(self) -> int | None:
         return self._mngr.latest_step()

@@ -21,7 +21,10 @@ update (log-probs, loss, gradients, AdamW) / switch (pointing the engine at the 
 Checkpoints (orbax, async, atomic) hold the train state and the host state: phase, counters,
 the samplers' generators and statistics. A killed run (even SIGKILL) rerun with the same
 command resumes from the newest checkpoint: teacher traces are regenerated from the seed,
-rollout seeds derive from (seed, rl_step), so the resumed run repeats what was lost.
+rollout seeds derive from (seed, rl_step), so the resumed run repeats what was lost. Resume
+takes the newest *intact* step (content sums verified): a corrupt newer step is skipped, said
+on stderr and in a `phase: "resume"` line of metrics.jsonl (`skipped_checkpoints`: step and
+why), and renamed aside to `<step>.corrupt` so that the step is written again.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 
 import jax
@@ -88,25 +92,38 @@ class Run:
             seed=cfg.seed + 3)
         self.ckpt = TrainCheckpointer(os.path.join(workdir, "checkpoints"),
                                       max_to_keep=cfg.checkpoint.keep)
-        self._restore()
+        skipped = self._restore()
         total = cfg.sft.steps + cfg.rollout.steps
         self.telemetry = Telemetry(workdir, resume_step=self.host.step, enabled=self.main,
                                    total_steps=total)
+        if skipped:
+            self.telemetry.log(self.host.step, {"phase": "resume", "resumed_from": self.host.step,
+                                                "skipped_checkpoints": [
+                                                    {"step": s, "why": why} for s, why in skipped]})
         self.engine: Engine | None = None
 
     # ---- checkpoints -----------------------------------------------------------------------
-    def _restore(self) -> None:
-        step = self.ckpt.latest_step()
-        if step is None:
-            return
+    def _restore(self) -> tuple[tuple[int, str], ...]:
+        """Resumes from the newest intact checkpoint; returns the (step, why) it skipped."""
+        if self.ckpt.latest_step() is None:
+            return ()
         target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                                              sharding=a.sharding), self.state)
-        self.state, host = self.ckpt.restore(step, target=target)
+        got = self.ckpt.restore_newest_intact(target=target)
+        for step, why in got.skipped:
+            moved = self.ckpt.quarantine(step)
+            if self.main:
+                print(f"resume: skipped checkpoint step {step} (moved to {moved}): {why}",
+                      file=sys.stderr, flush=True)
+        if self.main and got.skipped:
+            print(f"resume: from checkpoint step {got.step}", file=sys.stderr, flush=True)
+        self.state, host = got.state, got.host_state
         self.host = HostState(**{k: v for k, v in host.items() if k in HostState.__annotations__})
         if self.host.budget_sampler is not None:
             self.budget.load_state(self.host.budget_sampler)
         if self.host.progress_sampler is not None:
             self.progress.load_state(self.host.progress_sampler)
+        return got.skipped
 
     def _save(self) -> None:
         self.host.budget_sampler = self.budget.state()

@@ -1,12 +1,14 @@
-"""TrainCheckpointer: restore onto a different mesh, retention, host state, PRNG keys, and a
-save killed half-way leaving the previous checkpoint restorable."""
+"""TrainCheckpointer: restore onto a different mesh, retention, host state, PRNG keys, a save
+killed half-way leaving the previous checkpoint restorable, and corruption (a flipped bit,
+corrupt JSON, a missing file) detected, named and skipped on resume."""
 
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +16,8 @@ import numpy as np
 import optax
 import pytest
 
-from avalon.checkpoint.train_state import TrainCheckpointer
+from avalon.checkpoint.content_sums import content_sums
+from avalon.checkpoint.train_state import CheckpointCorruptError, TrainCheckpointer
 from avalon.model import abstract_params, presets
 from avalon.sharding import make_mesh, param_shardings
 
@@ -114,15 +117,24 @@ def test_bad_inputs(tmp_path):
 
 
 _CHILD = textwrap.dedent("""
-    import os, sys
+    import os, sys, time
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax, numpy as np
+    from orbax.checkpoint._src.path import atomicity
     from avalon.checkpoint.train_state import TrainCheckpointer
+
+    commit = atomicity.AtomicRenameTemporaryPath.finalize
+    async def held_commit(self):  # step 2's data is written; hold it just before the rename
+        if self._final_path.name == "2":
+            print("WRITTEN", self.get().name, flush=True)
+            time.sleep(600)
+        return await commit(self)
+    atomicity.AtomicRenameTemporaryPath.finalize = held_commit
+
     ckpt = TrainCheckpointer(sys.argv[1])
     ckpt.save(1, {"w": jax.numpy.asarray(np.arange(1000, dtype=np.float32))}, {"step": 1})
     ckpt.wait()
-    big = {f"w{i}": jax.device_put(np.full((16 << 20,), i, np.float32)) for i in range(4)}
-    print("SAVING", flush=True)
+    big = {f"w{i}": jax.device_put(np.full((4 << 20,), i, np.float32)) for i in range(4)}
     ckpt.save(2, big, {"step": 2})
     ckpt.wait()
     print("DONE", flush=True)
@@ -130,24 +142,26 @@ _CHILD = textwrap.dedent("""
 
 
 def test_killed_save_leaves_the_previous_checkpoint(tmp_path):
-    """SIGKILL a process while it writes step 2 (256 MB); step 1 must still restore, step 2 must
-    not be listed, and the next save of step 2 must work."""
+    """SIGKILL a process whose save of step 2 (64 MB) has written every byte but not yet been
+    committed (the child holds orbax's final rename, so the kill is provably mid-save, not a
+    race with a fast disk); step 1 must still restore, step 2 must not be listed, and the next
+    save of step 2 must work."""
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     child = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path)], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        assert child.stdout.readline().strip() == "SAVING"
-        before = set(os.listdir(tmp_path))
-        deadline = time.monotonic() + 60
-        while not (set(os.listdir(tmp_path)) - before) and time.monotonic() < deadline:
-            time.sleep(0.001)
-        new = set(os.listdir(tmp_path)) - before
+        ready, _, _ = select.select([child.stdout], [], [], 300)
+        assert ready, "the child printed nothing in 300 s"
+        line = child.stdout.readline().split()
+        assert line[:1] == ["WRITTEN"], f"the child ended before holding the commit: {line}"
+        listed = set(os.listdir(tmp_path))
+        assert line[1] in listed and "2" not in listed, listed
         child.send_signal(signal.SIGKILL)
-        child.wait()
+        child.wait(timeout=60)
     finally:
         if child.poll() is None:
             child.kill()
-    assert new and "2" not in new, f"expected an unfinished save in progress, saw {new}"
+            child.wait()
     with TrainCheckpointer(tmp_path) as ckpt:
         assert ckpt.all_steps() == [1]
         state, host = ckpt.restore()
@@ -157,3 +171,107 @@ def test_killed_save_leaves_the_previous_checkpoint(tmp_path):
         ckpt.wait()
         assert ckpt.all_steps() == [1, 2]
     assert not any("tmp" in name for name in os.listdir(tmp_path))
+
+
+# ----- integrity -----
+
+def _small(seed: int) -> dict:
+    """Random floats (incompressible: a flipped stored bit is a flipped value) and a key."""
+    w = np.random.default_rng(seed).standard_normal(1 << 16).astype(np.float32)
+    return {"w": jnp.asarray(w), "k": jax.random.key(seed)}
+
+
+def _data_file(step_dir) -> str:
+    """The largest file of the step's array data (the one holding `w`)."""
+    files = [os.path.join(r, f) for r, _, fs in os.walk(os.path.join(step_dir, "state"))
+             for f in fs]
+    return max(files, key=os.path.getsize)
+
+
+def _flip_bit(path: str, bit: int = 4) -> None:
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 1 << bit
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def test_content_sums_ignore_sharding_and_catch_every_single_bit():
+    x = np.random.default_rng(0).standard_normal((8, 16, 6)).astype(np.float32)
+    want = content_sums([x])
+    mesh = make_mesh({"data": 2, "tensor": 4})
+    P = jax.sharding.PartitionSpec
+    for spec in (P(), P("data"), P(None, "tensor"), P("tensor", None, "data"),
+                 P(None, ("data", "tensor"))):
+        placed = jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+        assert content_sums([placed]) == want, spec
+    for bit in range(32):  # every bit of one element
+        y = x.copy()
+        y.view(np.uint32)[5, 13, 2] ^= np.uint32(1 << bit)
+        assert content_sums([y]) != want, bit
+    swapped = x.copy()
+    swapped[0, 0, [0, 1]] = swapped[0, 0, [1, 0]]  # same words, other places: S1 sees it
+    assert content_sums([swapped]) != want
+
+
+def test_a_flipped_bit_in_array_data_is_detected_and_named(tmp_path):
+    """The old checkpointer restored this with one wrong value and no error."""
+    state = _small(0)
+    with TrainCheckpointer(tmp_path) as ckpt:
+        ckpt.save(1, state, {"step": 1})
+        ckpt.wait()
+    _flip_bit(_data_file(tmp_path / "1"))
+    with TrainCheckpointer(tmp_path) as ckpt:
+        with pytest.raises(CheckpointCorruptError,
+                           match=f"^{tmp_path}/1/state: array 'w' has content sum"):
+            ckpt.restore()
+
+
+def test_corrupt_newest_steps_are_skipped_and_can_be_written_again(tmp_path):
+    with TrainCheckpointer(tmp_path, max_to_keep=None) as ckpt:
+        for step in (1, 2, 3):
+            ckpt.save(step, _small(step), {"step": step})
+        ckpt.wait()
+    _flip_bit(_data_file(tmp_path / "3"))
+    (tmp_path / "2" / "host" / "metadata").write_text('{"step": ')  # torn JSON
+    with TrainCheckpointer(tmp_path, max_to_keep=None) as ckpt:
+        got = ckpt.restore_newest_intact()
+        assert got.step == 1 and got.host_state == {"step": 1}
+        np.testing.assert_array_equal(got.state["w"], _small(1)["w"])
+        assert [s for s, _ in got.skipped] == [3, 2]
+        assert "3/state: array 'w'" in got.skipped[0][1]
+        assert got.skipped[1][1].startswith(f"{tmp_path}/2/host/metadata: cannot be read")
+        for step, _ in got.skipped:
+            assert ckpt.quarantine(step).name == f"{step}.corrupt"
+        assert ckpt.all_steps() == [1]
+        assert ckpt.save(2, _small(5), {"step": 2})  # the step is written again
+        ckpt.wait()
+        assert ckpt.restore_newest_intact().step == 2
+    assert sorted(os.listdir(tmp_path)) >= ["1", "2", "2.corrupt", "3.corrupt"]
+
+
+def test_every_error_names_its_file(tmp_path):
+    with TrainCheckpointer(tmp_path, max_to_keep=None) as ckpt:
+        for step in (1, 2, 3, 4):
+            ckpt.save(step, _small(step), {"step": step})
+        ckpt.wait()
+    (tmp_path / "1" / "meta" / "metadata").write_text("{not json")
+    os.remove(_data_file(tmp_path / "2"))
+    host = json.loads((tmp_path / "3" / "host" / "metadata").read_text())
+    (tmp_path / "3" / "host" / "metadata").write_text(json.dumps({**host, "step": 30}))
+    with TrainCheckpointer(tmp_path, max_to_keep=None) as ckpt:
+        cases = {1: f"^{tmp_path}/1/meta/metadata: cannot be read",
+                 2: f"^{tmp_path}/2/state: cannot be read",
+                 3: f"^{tmp_path}/3/host/metadata: sha256 differs"}
+        for step, match in cases.items():
+            with pytest.raises(CheckpointCorruptError, match=match):
+                ckpt.restore(step)
+        wrong = {"w": jax.ShapeDtypeStruct((7,), jnp.float32),
+                 "k": jax.eval_shape(lambda: jax.random.key(0))}
+        with pytest.raises(ValueError, match="4/meta/metadata: the restore target does not "
+                           "match the saved state at 'w'") as e:
+            ckpt.restore(4, target=wrong)
+        assert not isinstance(e.value, CheckpointCorruptError)  # a config change: no fallback
+        ckpt.quarantine(4)
+        with pytest.raises(CheckpointCorruptError, match="no intact checkpoint: step 3: .*"
+                           "; step 2: .*; step 1: .*1/meta/metadata"):
+            ckpt.restore_newest_intact()
