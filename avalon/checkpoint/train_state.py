@@ -182,9 +182,9 @@ def _verify(state, saved: Mapping[str, dict], state_dir: Path) -> None:
     for name, s in got.items():
         want = saved[name].get("sum") if isinstance(saved[name], dict) else None
         if s != want:
-            raise CheckpointCorruptError(f"{state_dir}: array {name!r} has content sum {s}, "
-                                         f"{want} when saved: its data files "
-                                         "are corrupt")
+            raise CheckpointCorruptError(f"{state_dir}: array {name!r} does not match its saved "
+                                         f"content sum ({s} now, {want} saved): its data "
+                                         "files are corrupt")
 
 
 class TrainCheckpointer:

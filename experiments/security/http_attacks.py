@@ -1,3 +1,274 @@
-"""Red-team attacks: http (filled in by the hardening work)."""
+"""Red-team attacks: the HTTP environment server and client (issue 17).
 
-ATTACKS = []
+Every server listens on 127.0.0.1 (an ephemeral port) and every wait has a timeout. An attack
+is blocked when the server refuses it cleanly (a 4xx, a dropped connection) and keeps serving,
+a tool error when the agents' doing becomes a tool error, and a crash when it hangs, resets
+honest clients, answers 500 or raises out of the driver.
+"""
+
+import socket
+import tempfile
+import threading
+import time
+
+from avalon.envs.base import Split
+from avalon.envs.http_client import HttpEnvironment
+from avalon.envs.http_server import EnvServer, ServerLimits
+from avalon.envs.parallel import ParallelConfig, ParallelSubtasks
+from avalon.org import GroupSpec, OrgConfig, RolloutDriver, RolloutSpec
+from avalon.org.env import (
+    CallContext,
+    EndContext,
+    EndReason,
+    FinalOutcome,
+    Task,
+    ToolOutcome,
+    ToolSpec,
+)
+from avalon.org.policy import Playbook, ScriptedPolicy, Step
+from avalon.org.workspace import Workspace
+from avalon.rl.types import Objective
+from avalon.tokenizer import ByteTokenizer, ChatFormat
+from experiments.security.outcome import Attack, Outcome
+
+_PAR = ParallelSubtasks(ParallelConfig(n_train=4, n_heldout=2))
+
+
+def _addr(server: EnvServer) -> tuple[str, int]:
+    host, port = server.url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def _status_line(sock: socket.socket) -> tuple[str, bytes]:
+    """The first reply line, or '' if none came before the socket's timeout or EOF."""
+    data = b""
+    try:
+        while b"\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except (TimeoutError, ConnectionError):
+        pass
+    return data.split(b"\r\n", 1)[0].decode("latin-1"), data
+
+
+def negative_content_length(tmp: str) -> tuple[Outcome, str]:
+    """`Content-Length: -1` and a 70 MiB body: the old server read it all, past its cap."""
+    with EnvServer(_PAR) as server, socket.create_connection(_addr(server), timeout=5) as s:
+        s.sendall(b"POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
+        sent = [0]
+
+        def flood():
+            try:
+                for _ in range(70):
+                    s.sendall(b"x" * (1 << 20))
+                    sent[0] += 1
+            except OSError:
+                pass
+
+        t = threading.Thread(target=flood, daemon=True)
+        t.start()
+        start = time.monotonic()
+        line, data = _status_line(s)
+        took = time.monotonic() - start
+        t.join(timeout=10)
+        alive = bool(HttpEnvironment(server.url, timeout_s=5).task_ids(Split.TRAIN))
+    if line.split()[1:2] == ["400"] and b"onnection: close" in data and alive:
+        return Outcome.BLOCKED, (f"400 after {took * 1000:.0f} ms with the body unread "
+                                 f"({sent[0]} of 70 MiB sent before the close)")
+    return Outcome.CRASH, f"no refusal in {took:.1f} s ({line!r}); {sent[0]} MiB taken"
+
+
+def headers_without_body(tmp: str) -> tuple[Outcome, str]:
+    """50 clients send headers and no body; the old server held them open for good."""
+    limits = ServerLimits()
+    with EnvServer(_PAR) as server:
+        held = []
+        for _ in range(50):
+            s = socket.create_connection(_addr(server), timeout=limits.read_timeout_s + 10)
+            s.sendall(b"POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+            held.append(s)
+        start = time.monotonic()
+        served = bool(HttpEnvironment(server.url, timeout_s=5).task_ids(Split.TRAIN))
+        dropped = 0
+        for s in held:
+            try:
+                dropped += s.recv(1) == b""
+            except ConnectionResetError:
+                dropped += 1
+            except TimeoutError:
+                pass
+            s.close()
+        took = time.monotonic() - start
+    if dropped == 50 and served:
+        return Outcome.BLOCKED, (f"all 50 dropped after {took:.1f} s (read_timeout_s "
+                                 f"{limits.read_timeout_s:g}); others served meanwhile")
+    return Outcome.CRASH, f"{dropped}/50 dropped in {took:.1f} s; others served: {served}"
+
+
+def _concurrent(n: int) -> tuple[Outcome, str]:
+    errors: list[str] = []
+    times: list[float] = []
+    with EnvServer(_PAR) as server:
+        tid = _PAR.task_ids(Split.TRAIN)[0]
+        barrier = threading.Barrier(n, timeout=60)
+
+        def client(i: int) -> None:
+            try:
+                barrier.wait()
+                start = time.monotonic()
+                env = HttpEnvironment(server.url, timeout_s=30)
+                session = env.session(tid, i)
+                with tempfile.TemporaryDirectory() as ws_dir:
+                    ws = Workspace(ws_dir)
+                    session.on_start(0, ws)
+                    session.brief("ceo", 0, "CEO", "")
+                    session.on_end(EndContext(EndReason.FINAL_MESSAGE, "x", 0.0, ws))
+                times.append(time.monotonic() - start)
+            except Exception as e:  # noqa: BLE001 - each failure is the finding
+                errors.append(f"{type(e).__name__}: {e}")
+
+        threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    if not errors and len(times) == n:
+        return Outcome.BLOCKED, f"{n}/{n} sessions played, slowest {max(times):.2f} s"
+    return Outcome.CRASH, f"{len(errors)} of {n} failed, e.g. {errors[:1]}"
+
+
+def deep_json(tmp: str) -> tuple[Outcome, str]:
+    """200,000 nested arrays: Python's parser raises RecursionError (the old server: 500)."""
+    body = b'{"task_id": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    with EnvServer(_PAR) as server, socket.create_connection(_addr(server), timeout=10) as s:
+        s.sendall(b"POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                  % len(body) + body)
+        line, _ = _status_line(s)
+    if line.split()[1:2] == ["400"]:
+        return Outcome.BLOCKED, f"{line.split(' ', 1)[1]}"
+    return Outcome.CRASH, f"answered {line!r}"
+
+
+def idle_sessions(tmp: str) -> tuple[Outcome, str]:
+    """4,096 abandoned sessions (the table's size); the old server then refused every new one
+    forever. The TTL is 20 s here to keep the attack short (the default is 900 s: until then a
+    full table of fresh sessions is refused, as it must be)."""
+    limits = ServerLimits(session_ttl_s=20.0)
+    with EnvServer(_PAR, limits=limits) as server:
+        env = HttpEnvironment(server.url, timeout_s=30)
+        tid = env.task_ids(Split.TRAIN)[0]
+        start = time.monotonic()
+        for i in range(limits.max_sessions):
+            env.session(tid, i)
+        filled = time.monotonic() - start
+        opened = server.open_sessions
+        try:
+            env.session(tid, -1)
+            refused_while_fresh = False
+        except ValueError:
+            refused_while_fresh = True
+        time.sleep(max(0.0, limits.session_ttl_s + 0.2 - filled))
+        start = time.monotonic()
+        try:
+            env.session(tid, -2).close()
+        except Exception as e:  # noqa: BLE001 - a refusal is the finding
+            return Outcome.CRASH, f"new session refused after {opened} idle: {e}"
+        took = time.monotonic() - start
+        reaped = server.reaped
+    if opened < limits.max_sessions:
+        return Outcome.CRASH, f"only {opened} were open at once (filling took {filled:.1f} s)"
+    return Outcome.BLOCKED, (f"{opened} sessions open (the next refused while fresh: "
+                             f"{refused_while_fresh}); {reaped} reaped after the "
+                             f"{limits.session_ttl_s:g} s TTL, the next opened in "
+                             f"{took * 1000:.0f} ms")
+
+
+# ----- HTTP mode: a workspace sandboxed code left behind, at the end of an episode -----
+
+_COUNT = ToolSpec("count", "count the workspace's files")
+
+
+class _FilesSession:
+    task = Task("files-train-0", "Count files.", (_COUNT,), 1000.0, Objective.SUM)
+
+    def on_start(self, budget, workspace):
+        pass
+
+    def brief(self, agent, index, title, role):
+        return ""
+
+    def call(self, tool, args, ctx: CallContext) -> ToolOutcome:
+        return ToolOutcome(str(len(ctx.workspace.listdir("."))))
+
+    def on_end(self, ctx):
+        return FinalOutcome(metrics={"files": float(len(ctx.workspace.listdir(".")))})
+
+
+class _FilesEnv:
+    name = "files"
+    uses_workspace = True
+
+    def task_ids(self, split):
+        return ("files-train-0",)
+
+    def task(self, task_id, clock_s=None):
+        return _FilesSession.task
+
+    def session(self, task_id, seed, clock_s=None):
+        return _FilesSession()
+
+    def vocabulary(self):
+        return ()
+
+
+def _episode(code: str) -> tuple[Outcome, str]:
+    """The CEO runs `code`, calls the environment, ends: all through the driver, HTTP mode."""
+    def step(*calls):
+        return Step("", tuple(calls))
+    steps = {"ceo": [step(("roster", {})),
+                     step(("write_file", {"path": "evil.py", "text": code})),
+                     step(("run_code", {"path": "evil.py"})),
+                     step(("count", {})),
+                     step(("final_message", {"text": "done"}))]}
+    chat = ChatFormat(ByteTokenizer())
+    with EnvServer(_FilesEnv()) as server:
+        session = HttpEnvironment(server.url, timeout_s=30).session("files-train-0", 0)
+        driver = RolloutDriver(ScriptedPolicy(chat, Playbook(steps)), chat,
+                               OrgConfig.scaled(8192))
+        try:
+            result = driver.run([GroupSpec(0, (RolloutSpec(session, 0, 0),))])
+        except Exception as e:  # noqa: BLE001 - an exception out of the driver is the crash
+            return Outcome.CRASH, f"the driver raised {type(e).__name__}: {e}"
+    events = result.logs[0][0].events
+    errors = [e for e in events if e["kind"] == "tool_call" and e.get("error")]
+    ended = any(e["kind"] == "end" for e in events)
+    if not ended:
+        return Outcome.CRASH, "the episode did not end"
+    if errors:
+        return Outcome.TOOL_ERROR, (f"episode ended; tool errors: "
+                                    f"{', '.join(e['tool'] for e in errors)}")
+    return Outcome.BLOCKED, "episode ended; the snapshot left the hostile files out"
+
+
+def workspace_over_limits(tmp: str) -> tuple[Outcome, str]:
+    return _episode("for i in range(20):\n"
+                    "    open(f'big{i:02d}.bin', 'wb').write(b'0' * (1 << 20))\n")
+
+
+def proc_cwd_link(tmp: str) -> tuple[Outcome, str]:
+    return _episode("import os\nos.symlink('/proc/self/cwd/setup.py', 'link.py')\n"
+                    "os.symlink('/proc/self/cwd', 'cwd')\n")
+
+
+ATTACKS = [
+    Attack("http: Content-Length -1 with a 70 MiB body", negative_content_length),
+    Attack("http: 50 clients send headers and no body", headers_without_body),
+    Attack("http: 50 concurrent clients", lambda tmp: _concurrent(50)),
+    Attack("http: 200 concurrent clients", lambda tmp: _concurrent(200)),
+    Attack("http: JSON nested 200,000 deep", deep_json),
+    Attack("http: 4,096 abandoned sessions, then a new one", idle_sessions),
+    Attack("http mode: workspace over the limits at episode end", workspace_over_limits),
+    Attack("http mode: /proc/self/cwd link at episode end", proc_cwd_link),
+]

@@ -10,6 +10,7 @@ import socket
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -332,11 +333,11 @@ def test_snapshot_of_hostile_trees_never_raises_and_never_follows_links():
         for _ in range(80):  # 80 levels: past MAX_PATH_PARTS
             deep = os.path.join(deep, "d")
             os.mkdir(deep)
-        open(os.path.join(deep, "f.py"), "w").close()
+        Path(deep, "f.py").touch()
         os.symlink("/etc", os.path.join(tmp, "etc"))
         os.symlink("/etc/hostname", os.path.join(tmp, "hostname"))
-        open(os.fsencode(os.path.join(tmp, "bad")) + b"\xff.py", "w").close()
-        open(os.path.join(tmp, "ok.py"), "w").write("1")
+        Path(tmp, os.fsdecode(b"bad\xff.py")).touch()  # not UTF-8: a surrogate escape
+        Path(tmp, "ok.py").write_text("1")
         snap, left_out = wire.snapshot(ws)
         assert list(snap["files"]) == ["ok.py"]
         assert any("a symlink" in s for s in left_out)
@@ -358,7 +359,7 @@ def test_restore_never_writes_through_a_link():
         wire.restore(ws, {"files": {"d/x": data, "y": data}})
         assert os.listdir(outside) == []
         assert not os.path.islink(os.path.join(tmp, "d")) and ws.listdir(".") == ["d/x", "y"]
-        assert open(os.path.join(tmp, "y"), "rb").read() == b"owned"  # the FIFO was replaced
+        assert Path(tmp, "y").read_bytes() == b"owned"  # the FIFO was replaced
         for bad, match in (("a" * 300, "over 255"), ("\ud800.py", "UTF-8"), ("a//b", "empty"),
                            ("/abs", "absolute")):
             with pytest.raises(wire.WireError, match=match):
