@@ -10,7 +10,7 @@ any mesh: the checkpoint written on a 2x4 mesh is verified when restored onto 1x
 flipped bit changes S0 by +-2**k, never 0 mod 2**64, so it is always detected; S1 (index
 weighted) also catches moved or swapped words. This is corruption detection, not a
 cryptographic digest: nobody forges a checkpoint to pass it.
-Speed (numpy, one core): about 0.45 s per 256 MB.
+Cost: `experiments/bench/checkpoint_sums.py` (RESULTS.md: about as fast as sha256).
 """
 
 from __future__ import annotations
@@ -36,26 +36,47 @@ def _words(data: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def _shard_sums(data: np.ndarray, starts: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
-    """(S0, S1) of one shard whose element [0, ..., 0] sits at `starts` in the global `shape`."""
+    """(S0, S1) of one shard whose element [0, ..., 0] sits at `starts` in the global `shape`.
+
+    The shard is read as rows of a contiguous run of global words: the trailing dimensions
+    it spans fully plus the first one it does not (a C-contiguous slab). With off_r the global
+    index of row r's first word and j the position in the run,
+        S1 = sum_r off_r * rowsum_r + sum_j j * colsum_j,
+    so no per-word index array is ever built."""
     words, per = _words(data)
     if data.ndim == 0:
         words, starts, shape = words.reshape(1, per), (0,), (1,)
+    dims = words.shape[:-1]
+    k = len(shape) - 1  # the run starts at dim k: every dim after it is spanned fully
+    while k > 0 and dims[k] == shape[k]:
+        k -= 1
     strides = [int(np.prod(shape[d + 1:], dtype=np.int64)) for d in range(len(shape))]
-    rows = words.shape[0]
-    inner = np.zeros((1,), np.uint64)  # element offsets of one row of the shard
-    for d in range(1, len(shape)):
-        axis = (starts[d] + np.arange(words.shape[d], dtype=np.uint64)) * np.uint64(strides[d])
-        inner = (inner[:, None] + axis[None, :]).ravel()
-    lanes = np.arange(per, dtype=np.uint64)
-    block = max(1, _CHUNK // max(1, inner.size * per))
+    run = int(np.prod(dims[k:], dtype=np.int64)) * per
+    offsets = np.full((1,), starts[k] * strides[k], np.uint64)  # of each row's first element
+    for d in range(k - 1, -1, -1):
+        axis = (starts[d] + np.arange(dims[d], dtype=np.uint64)) * np.uint64(strides[d])
+        offsets = (axis[:, None] + offsets[None, :]).ravel()
+    offsets = offsets * np.uint64(per)
+    rows = words.reshape(-1, run)
     acc = np.zeros(2, np.uint64)  # arrays wrap mod 2**64 silently (numpy scalars would warn)
-    for r in range(0, rows, block):
-        n = min(block, rows - r)
-        lead = (starts[0] + r + np.arange(n, dtype=np.uint64)) * np.uint64(strides[0])
-        elem = (lead[:, None] + inner[None, :]).ravel()
-        index = (elem[:, None] * np.uint64(per) + lanes[None, :]).ravel()
-        w = words[r:r + n].reshape(-1).astype(np.uint64)
-        acc += np.array([w.sum(dtype=np.uint64), np.dot(w, index)], np.uint64)
+    if run <= _CHUNK:
+        local = np.arange(run, dtype=np.uint64)
+        step = max(1, _CHUNK // run)
+        for r in range(0, rows.shape[0], step):
+            block = rows[r:r + step].astype(np.uint64)
+            row_sums = block.sum(axis=1, dtype=np.uint64)
+            col_sums = block.sum(axis=0, dtype=np.uint64)
+            acc += np.array([row_sums.sum(dtype=np.uint64),
+                             np.dot(offsets[r:r + step], row_sums)], np.uint64)
+            acc[1:] += np.dot(local, col_sums)  # an array op: wraps without a warning
+        return acc
+    local = np.arange(_CHUNK, dtype=np.uint64)
+    for r in range(rows.shape[0]):  # rows longer than a chunk: in pieces
+        for c in range(0, run, _CHUNK):
+            piece = rows[r, c:c + _CHUNK].astype(np.uint64)
+            total = piece.sum(dtype=np.uint64)
+            acc += np.array([total, np.dot(local[:piece.size], piece)], np.uint64)
+            acc[1:] += (offsets[r:r + 1] + np.uint64(c)) * total
     return acc
 
 

@@ -195,15 +195,42 @@ def _flip_bit(path: str, bit: int = 4) -> None:
     Path(path).write_bytes(bytes(data))
 
 
-def test_content_sums_ignore_sharding_and_catch_every_single_bit():
-    x = np.random.default_rng(0).standard_normal((8, 16, 6)).astype(np.float32)
-    want = content_sums([x])
+def _reference_sums(x: np.ndarray) -> str:
+    """The definition of content_sums.py, word by word in Python integers."""
+    x = np.ascontiguousarray(x)
+    width = x.dtype.itemsize if x.dtype.itemsize in (1, 2, 4, 8) else 8
+    words = [int(w) for w in x.reshape(-1).view(f"<u{width}")]
+    s0 = sum(words) % 2**64
+    s1 = sum(i * w for i, w in enumerate(words)) % 2**64
+    return f"{s0:016x}:{s1:016x}"
+
+
+def test_content_sums_match_the_reference_on_any_sharding_and_catch_every_bit():
+    rng = np.random.default_rng(0)
     mesh = make_mesh({"data": 2, "tensor": 4})
     P = jax.sharding.PartitionSpec
-    for spec in (P(), P("data"), P(None, "tensor"), P("tensor", None, "data"),
-                 P(None, ("data", "tensor"))):
-        placed = jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
-        assert content_sums([placed]) == want, spec
+    arrays = [rng.standard_normal((8, 16, 6)).astype(np.float32),
+              rng.standard_normal((16, 8)).astype(jnp.bfloat16),
+              rng.integers(-128, 127, (8, 8), dtype=np.int8),
+              (rng.standard_normal((8, 8)) + 1j).astype(np.complex64),
+              rng.standard_normal(()).astype(np.float32)]
+    wide = (rng.standard_normal((4, 3)) + 1j).astype(np.complex128)  # two words an element
+    assert content_sums([wide]) == [_reference_sums(wide)]  # (host only: JAX would narrow it)
+    for x in arrays:
+        want = _reference_sums(x)
+        assert content_sums([x]) == [want], x.dtype
+        specs = [P()] if x.ndim == 0 else [P(), P("data"), P("tensor"), P(("data", "tensor"))]
+        if x.ndim >= 2:
+            specs += [P(None, "tensor"), P("tensor", "data"), P(None, ("data", "tensor"))]
+        for spec in specs:
+            placed = jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+            assert content_sums([placed]) == [want], (x.dtype, spec)
+    long = rng.standard_normal(3 << 20).astype(np.float32)  # rows over one numpy chunk
+    placed = jax.device_put(long, jax.sharding.NamedSharding(mesh, P("data")))
+    assert content_sums([long]) == content_sums([placed])
+    assert content_sums([long[:1000]]) == [_reference_sums(long[:1000])]
+    x = arrays[0]
+    want = content_sums([x])
     for bit in range(32):  # every bit of one element
         y = x.copy()
         y.view(np.uint32)[5, 13, 2] ^= np.uint32(1 << bit)
