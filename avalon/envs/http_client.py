@@ -87,7 +87,7 @@ class _Client:
             raise EnvServerError(f"{where}: environment server unreachable ({e})") from None
         try:
             reply = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             shown = raw[:80].decode("utf-8", errors="replace")
             raise EnvServerError(f"{where}: reply is not JSON (status {status}): {shown!r}") \
                 from None

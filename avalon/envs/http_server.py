@@ -67,7 +67,9 @@ from avalon.org.workspace import Workspace
 class ServerLimits:
     max_body_bytes: int = 64 << 20
     read_timeout_s: float = 10.0  # for a whole request, and for an idle kept-alive connection
-    session_ttl_s: float = 900.0  # a session unused this long is reaped
+    # A session unused this long is reaped. Long: a live rollout can go minutes between calls
+    # to its session (long turns, waits), and reaping it would fail that rollout.
+    session_ttl_s: float = 3600.0
     max_sessions: int = 4096
     backlog: int = 1024  # the listen queue (the kernel caps it at net.core.somaxconn)
     max_json_depth: int = 64
@@ -82,8 +84,6 @@ class ServerLimits:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"ServerLimits.{name} must be a number > 0, got {value!r}")
 
-
-MAX_BODY_BYTES = ServerLimits().max_body_bytes
 
 
 class _HttpError(Exception):
@@ -114,8 +114,14 @@ class EnvServer:
         self._conns: set[socket.socket] = set()  # open keep-alive connections
         self._next_reap = 0.0
         self.reaped = 0  # sessions expired so far
-        server_cls = type("_SizedServer", (_Server,), {"request_queue_size": limits.backlog})
-        self._httpd = server_cls((host, port), _Handler)
+        self._httpd = _Server((host, port), _Handler, bind_and_activate=False)
+        self._httpd.request_queue_size = limits.backlog  # read by listen() in server_activate
+        try:
+            self._httpd.server_bind()
+            self._httpd.server_activate()
+        except BaseException:
+            self._httpd.server_close()
+            raise
         self._httpd.daemon_threads = True
         self._httpd.app = self  # type: ignore[attr-defined]
         self._thread: threading.Thread | None = None
@@ -322,8 +328,6 @@ class EnvServer:
 
 
 class _Server(ThreadingHTTPServer):
-    request_queue_size = 1024  # replaced per server by ServerLimits.backlog
-
     def handle_error(self, request, client_address):
         if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
             return  # a client hung up or stalled: nothing to say, the connection is closed

@@ -175,7 +175,7 @@ def deep_json(tmp: str) -> tuple[Outcome, str]:
 
 def idle_sessions(tmp: str) -> tuple[Outcome, str]:
     """4,096 abandoned sessions (the table's size); the old server then refused every new one
-    forever. The TTL is 20 s here to keep the attack short (the default is 900 s: until then a
+    forever. The TTL is 20 s here to keep the attack short (the default is 3,600 s: until then a
     full table of fresh sessions is refused, as it must be)."""
     limits = ServerLimits(session_ttl_s=20.0)
     with EnvServer(_PAR, limits=limits) as server:

@@ -384,3 +384,21 @@ def test_restore_never_writes_through_a_link():
                 wire.restore(ws, {"files": {bad: data}})
         with pytest.raises(wire.WireError, match="both a file and a directory"):
             wire.restore(ws, {"files": {"p": data, "p/q": data}})
+
+
+def test_an_idle_kept_alive_connection_is_closed_and_the_client_reconnects():
+    """The server closes a connection idle past read_timeout_s; the client's next request
+    (a session call, not idempotent) goes out once, on a fresh connection."""
+    with EnvServer(PAR, limits=ServerLimits(read_timeout_s=0.3)) as srv:
+        env = HttpEnvironment(srv.url, timeout_s=5)
+        tid = env.task_ids(Split.TRAIN)[0]
+        session = env.session(tid, 0)
+        with tempfile.TemporaryDirectory() as tmp:
+            ws = Workspace(tmp)
+            session.on_start(0, ws)
+            time.sleep(0.8)  # the server drops the idle connection meanwhile
+            ctx = CallContext("ceo", "CEO", 0.0, 0, ws)
+            out = session.call("solve", {"id": "s1", "answer": 0}, ctx)
+            assert isinstance(out, ToolOutcome)
+            session.on_end(EndContext(EndReason.FINAL_MESSAGE, "x", 0.0, ws))
+        assert srv.open_sessions == 0
