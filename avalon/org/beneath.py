@@ -220,12 +220,8 @@ def clear_dir(dir_fd: int) -> None:
             if not stat.S_ISDIR(st.st_mode):
                 os.unlink(name, dir_fd=dir_fd)
                 continue
-            try:
-                os.rmdir(name, dir_fd=dir_fd)
-                continue
-            except OSError as e:
-                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise
+            # Emptied first, never rmdir'ed full: the kernel walks the subtree of a directory
+            # it is asked to remove (shrinking its caches), which over a deep chain is slow.
             sub = _open_dir_for_clearing(dir_fd, name)
             try:
                 for inner in os.listdir(sub):
@@ -242,6 +238,7 @@ def clear_dir(dir_fd: int) -> None:
                                 raise
             finally:
                 os.close(sub)
+            os.rmdir(name, dir_fd=dir_fd)
 
 
 def _open_dir_for_clearing(dir_fd: int, name: str) -> int:

@@ -278,17 +278,25 @@ class Workspace:
             except OSError as e:
                 raise _failure(rel, e) from None
 
+    def size(self, rel: str) -> int:
+        """The size of regular file `rel`, or a ToolError saying why it is not one."""
+        parts = self._file_parts(rel)
+        with self._root_fd() as root:
+            try:
+                parent, _ = beneath.open_parent(root, parts, create=False)
+            except OSError as e:
+                raise _failure(rel, e) from None
+        try:
+            return _check_regular(rel, parent, parts[-1], must_exist=True)
+        finally:
+            os.close(parent)
+
     def exists(self, rel: str) -> bool:
         """Whether `rel` is a regular file the file tools can read."""
         try:
-            parts = self._file_parts(rel)
-            with self._root_fd() as root:
-                parent, _ = beneath.open_parent(root, parts, create=False)
-            try:
-                return _check_regular(rel, parent, parts[-1], must_exist=False) is not None
-            finally:
-                os.close(parent)
-        except (ToolError, OSError):
+            self.size(rel)
+            return True
+        except ToolError:
             return False
 
     def listdir(self, rel: str = ".") -> list[str]:
@@ -371,8 +379,7 @@ class Workspace:
 
     def run_python(self, rel: str, args: tuple[str, ...] = ()) -> RunResult:
         """Runs a workspace Python file in the sandbox described in the module docstring."""
-        if not self.exists(rel):
-            raise ToolError(f"no file {_show(rel)}")
+        self.size(rel)  # a regular file, or the tool error saying why not
         _check_args(args)
         lim = self.limits
         limits = (str(lim.run_memory_mb << 20), str(int(lim.run_timeout_s) + 1),
