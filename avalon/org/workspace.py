@@ -110,10 +110,20 @@ def landlock_abi() -> int:
     return _probe("landlock_abi")
 
 
+@functools.cache
+def process_filter_available() -> bool:
+    """Whether the seccomp process filter installs here (probed once; runs fail without it)."""
+    try:
+        return _probe("install_process_filter") == 1
+    except subprocess.CalledProcessError:
+        return False
+
+
 def sandbox_layers() -> dict[str, bool]:
     """Which sandbox layers hold here, besides the audit hook (always)."""
     abi = landlock_abi()
-    return {"network_namespace": network_namespaces_available(), "landlock_files": abi >= 1,
+    return {"process_filter": process_filter_available(),
+            "network_namespace": network_namespaces_available(), "landlock_files": abi >= 1,
             "landlock_tcp": abi >= 4, "landlock_signals": abi >= 6}
 
 

@@ -97,21 +97,26 @@ def setsid_child_survives(tmp: str) -> tuple[Outcome, str]:
 def memory_via_children(tmp: str) -> tuple[Outcome, str]:
     ws, r = _sandboxed(tmp, """
         def child(i):
-            block = b'x' * (200 << 20)
+            block = b'x' * (150 << 20)
             open(f'held{i}', 'w').write(str(len(block)))
-            time.sleep(2)
+            time.sleep(3)
             os._exit(0)
         try:
             for i in range(3):
                 spawn(lambda i=i: child(i))
             print('DONE', flush=True)
+            for _ in range(40):  # until all three hold their block (or 4 s)
+                if all(os.path.exists(f'held{i}') for i in range(3)):
+                    break
+                time.sleep(0.1)
         except OSError as e:
             print('REFUSED', e.errno, flush=True)
-        time.sleep(2.5)
-        """, run_memory_mb=300)
+        """, run_memory_mb=400, run_timeout_s=8.0)
     held = sum(ws.exists(f"held{i}") for i in range(3))
     if held > 1:
-        return C, f"{held} children held 200 MB each against a 300 MB limit"
+        return C, f"{held} children held 150 MB each (with the parent) against a 400 MB limit"
+    if "DONE" in r.stdout:
+        return C, f"children started ({held} held their block in time)"
     failed = _program_failed(r)
     return (C, failed) if failed else (B, f"no child started ({r.stdout.strip()})")
 
