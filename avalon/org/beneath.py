@@ -145,7 +145,12 @@ def walk(root_fd: int, max_depth: int) -> Iterator[tuple[str, os.stat_result, in
     Entries that vanish or cannot be read meanwhile are skipped."""
     stack: list[tuple[int, str, Iterator[str], int]] = []
     fd = os.dup(root_fd)
-    stack.append((fd, "", iter(_names(fd)), 1))
+    try:
+        names = _names(fd)
+    except OSError:
+        os.close(fd)
+        return
+    stack.append((fd, "", iter(names), 1))
     try:
         while stack:
             fd, prefix, names, depth = stack[-1]
@@ -162,7 +167,7 @@ def walk(root_fd: int, max_depth: int) -> Iterator[tuple[str, os.stat_result, in
             yield rel, st, depth
             if stat.S_ISDIR(st.st_mode) and depth < max_depth:
                 try:
-                    sub = os.open(name, DIR_FLAGS | os.O_NONBLOCK, dir_fd=fd)
+                    sub = open_dir_unlocking(fd, name)
                 except OSError:
                     continue
                 try:
@@ -222,7 +227,7 @@ def clear_dir(dir_fd: int) -> None:
                 continue
             # Emptied first, never rmdir'ed full: the kernel walks the subtree of a directory
             # it is asked to remove (shrinking its caches), which over a deep chain is slow.
-            sub = _open_dir_for_clearing(dir_fd, name)
+            sub = open_dir_unlocking(dir_fd, name)
             try:
                 for inner in os.listdir(sub):
                     while True:  # a fresh name in the parent (the program may have used some)
@@ -241,8 +246,9 @@ def clear_dir(dir_fd: int) -> None:
             os.rmdir(name, dir_fd=dir_fd)
 
 
-def _open_dir_for_clearing(dir_fd: int, name: str) -> int:
-    """The subdirectory `name`, made readable and writable first if the program had locked it."""
+def open_dir_unlocking(dir_fd: int, name: str) -> int:
+    """Subdirectory `name` (no link followed), made readable and writable first if a program
+    had locked it (the trainer owns the workspace; a mode-0 directory must not hide entries)."""
     try:
         return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
     except PermissionError:

@@ -176,7 +176,18 @@ class Workspace:
 
     @contextlib.contextmanager
     def _root_fd(self):
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        try:
+            try:
+                fd = os.open(self.root, flags)
+            except PermissionError:  # a program locked the root (chmod '.'): the trainer owns it
+                os.chmod(self.root, 0o755)
+                fd = os.open(self.root, flags)
+            except FileNotFoundError:  # removed (possible only where Landlock is missing)
+                self.root.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.root, flags)
+        except OSError as e:
+            raise ToolError(f"the workspace directory cannot be opened: {e.strerror}") from None
         try:
             yield fd
         finally:
