@@ -14,7 +14,8 @@ EXPECTED = {
     "sandbox: call_setsid child outlives the kill": B,
     "sandbox: memory over the limit via children": B,
     "sandbox: fork bomb (no process limit)": B,
-    "workspace: symlink flip to /proc/self/cwd during write/read": T,
+    # (tool errors unless the flipper never ran while the trainer wrote: then merely blocked)
+    "workspace: symlink flip to /proc/self/cwd during write/read": {T, B},
     "workspace: path component over 255 bytes": T,
     "workspace: '\\ud800' in a path": T,
     "workspace: >4096-byte path made by run_code, then snapshot": B,
@@ -34,4 +35,17 @@ def test_every_attack_has_an_expectation():
 @pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
 def test_attack_is_stopped(attack, tmp_path):
     outcome, detail = attack.run(str(tmp_path))
-    assert outcome is EXPECTED[attack.name], detail
+    expected = EXPECTED[attack.name]
+    assert outcome in (expected if isinstance(expected, set) else {expected}), detail
+
+
+def test_the_flip_race_is_also_lost_by_the_walk(tmp_path, monkeypatch):
+    # Writes always walk (making directories); reads use openat2 where the kernel has it: here
+    # the reads walk too, as on a kernel without openat2.
+    from avalon.org import beneath
+    from experiments.security.sandbox_attacks import symlink_flip_race
+    real_open = beneath.open_beneath
+    monkeypatch.setattr(beneath, "open_beneath",
+                        lambda *a, **k: real_open(*a, **{**k, "use_openat2": False}))
+    outcome, detail = symlink_flip_race(str(tmp_path))
+    assert outcome in (T, B), detail
