@@ -9,7 +9,9 @@ component and a program swapping directories and links meanwhile cannot redirect
 regular files are read or written (a FIFO, socket, device or link is a tool error, checked
 before opening and opened `O_NONBLOCK`, so nothing blocks). Listing and snapshots read
 directories by descriptor too, so they stand whatever a program made (FIFOs, sockets, link
-loops, deep or long paths, unreadable files).
+loops, deep or long paths, unreadable files); `listdir` gives only the files the tools can
+name. `resolve` gives a path's absolute name (for messages and child processes), never one to
+open: `read_bytes`/`write_bytes`/`remove`/`size` are the race-free operations.
 
 Caps: bytes per file, bytes in total, entries (files, directories, links, ...) in total. The
 file tools check them before writing; sandboxed code is held to them too: RLIMIT_FSIZE per
@@ -33,8 +35,7 @@ runs `avalon/org/sandbox_boot.py` (its docstring has every rule):
 Two layers: an audit hook (always; clear `PermissionError("sandbox: ...")` errors) stops Python
 code; below it the kernel: seccomp (processes, always: a run fails without it), and where it
 has them the network namespace and Landlock (files, executing, TCP, signals), which also hold
-against native code. `sandbox_layers()` says which
-kernel layers hold here.
+against native code. `sandbox_layers()` says which kernel layers hold here.
 The duration returned is measured wall time (such tool calls are logged `measured`).
 """
 
