@@ -310,6 +310,6 @@ def test_fuzz_over_http(tmp_path):
 
 @pytest.mark.slow
 def test_fuzz_long(tmp_path):
-    sessions = [BareEnv() for _ in range(100)] + _sessions(SOFTWARE, 20)
+    sessions = [BareEnv() for _ in range(120)] + _sessions(SOFTWARE, 20)
     kinds = fuzz(tmp_path, sessions, seed=2, turns_per_agent=100, timeout_s=1800)
     assert kinds["outputs"] >= 20000, kinds
