@@ -10,8 +10,16 @@ with the workspace as the working directory. `main()`, in order:
    shared libraries (for the loader), and reading and writing the workspace; it refuses
    executing any file, making device nodes, TCP bind/connect (Landlock ABI >= 4) and signals
    or abstract unix sockets reaching processes outside the sandbox (ABI >= 6);
-4. `_posixsubprocess.fork_exec` (which starts a process without an audit event) is replaced
-   by a refusal;
+4. `install_process_filter` (seccomp): the kernel refuses this process every way of making
+   another one: `fork`, `vfork`, `clone` without `CLONE_THREAD` (threads still work) and
+   `execve`/`execveat` fail with EPERM, `clone3` with ENOSYS (so the C library falls back to
+   `clone`, which the filter can inspect); a system call of another ABI (x32, or a foreign
+   architecture) kills the process. So whatever the agent's code does, even native code or
+   `_posixsubprocess` loaded under another name, the run is one process: the time-limit kill
+   ends all of it and RLIMIT_AS bounds all of its memory. A kernel without seccomp, or an
+   architecture without a table here, makes the run fail (never run unconfined).
+   Then `_posixsubprocess.fork_exec` (which starts a process without an audit event) is
+   replaced by a refusal, for a clear error;
 5. `install_guard`: an audit hook, the layer that holds where Landlock is missing and that
    gives the clear error (`PermissionError("sandbox: ...")`) where both hold:
    - `open`/`os.open`: reading only inside the workspace, the standard library (not its
@@ -57,6 +65,21 @@ import sys
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
+CLONE_THREAD = 0x00010000
+
+# seccomp (include/uapi/linux/seccomp.h, filter.h). Per architecture: the AUDIT_ARCH value and
+# the numbers of the calls that make processes (arm64 has no fork/vfork: glibc uses clone).
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_ERRNO = 0x80000000, 0x00050000
+SECCOMP_RET_ALLOW = 0x7FFF0000
+EPERM, ENOSYS = 1, 38
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_JSET_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
+SECCOMP_DATA_NR, SECCOMP_DATA_ARCH, SECCOMP_DATA_ARG0 = 0, 4, 16  # little-endian low word
+X32_SYSCALL_BIT = 0x40000000
+PROCESS_SYSCALLS = {  # machine -> (audit arch, refused with EPERM, clone, clone3)
+    "x86_64": (0xC000003E, (57, 58, 59, 322), 56, 435),  # fork vfork execve execveat
+    "aarch64": (0xC00000B7, (221, 281), 220, 435),  # execve execveat
+}
 
 # Landlock (include/uapi/linux/landlock.h). The syscall numbers are those of the unified
 # table (x86-64, arm64 and every architecture but alpha).
@@ -185,6 +208,53 @@ def restrict_files(libc, root: str, reads: tuple[str, ...]) -> int:
         raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
     os.close(ruleset)
     return abi
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def process_filter(machine: str) -> list[tuple[int, int, int, int]]:
+    """The BPF program of step 4 as (code, jt, jf, k) rows; jumps are relative, as BPF's."""
+    if machine not in PROCESS_SYSCALLS:
+        raise OSError(f"sandbox: no process filter for architecture {machine!r}")
+    arch, refused, clone, clone3 = PROCESS_SYSCALLS[machine]
+    errno_ret = SECCOMP_RET_ERRNO | EPERM
+    # Layout: checks, then the shared returns at the end; a check jumps to them by label.
+    body: list[tuple[int, object, object, int]] = [
+        (BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARCH),
+        (BPF_JEQ_K, 0, "kill", arch),
+        (BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_NR),
+        (BPF_JGE_K, "deny", 0, X32_SYSCALL_BIT),
+        *[(BPF_JEQ_K, "deny", 0, nr) for nr in refused],
+        (BPF_JEQ_K, "nosys", 0, clone3),
+        (BPF_JEQ_K, 0, "allow", clone),
+        (BPF_LD_W_ABS, 0, 0, SECCOMP_DATA_ARG0),
+        (BPF_JSET_K, "allow", "deny", CLONE_THREAD),
+    ]
+    returns = {"allow": SECCOMP_RET_ALLOW, "deny": errno_ret,
+               "nosys": SECCOMP_RET_ERRNO | ENOSYS, "kill": SECCOMP_RET_KILL_PROCESS}
+    at = {name: len(body) + i for i, name in enumerate(returns)}
+    rows = [(code, jt if isinstance(jt, int) else at[jt] - i - 1,
+             jf if isinstance(jf, int) else at[jf] - i - 1, k)
+            for i, (code, jt, jf, k) in enumerate(body)]
+    return rows + [(BPF_RET_K, 0, 0, k) for k in returns.values()]
+
+
+def install_process_filter(libc) -> bool:
+    """Step 4 of the module docstring: no new processes, by the kernel; True when installed."""
+    rows = process_filter(os.uname().machine)
+    prog = (_SockFilter * len(rows))(*[_SockFilter(*r) for r in rows])
+    fprog = _SockFprog(len(rows), ctypes.cast(prog, ctypes.POINTER(_SockFilter)))
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or \
+            libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "sandbox: cannot install the process filter")
+    return True
 
 
 def _no_fork_exec(*args, **kwargs):
@@ -373,6 +443,7 @@ def main() -> None:
     root = os.getcwd()
     reads = stdlib_dirs()
     restrict_files(libc, root, reads)
+    install_process_filter(libc)
     del libc
     import _posixsubprocess
 

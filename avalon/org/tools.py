@@ -336,18 +336,15 @@ def _list_files(org: Organisation, a: Agent, args: dict) -> ToolResult:
 
 
 def _run_code(org: Organisation, a: Agent, args: dict) -> ToolResult:
-    extra = args.get("args", [])
-    if not all(isinstance(x, str) for x in extra):
-        raise ToolError("args must be a list of strings")
-    before = org.workspace.snapshot()
-    r = org.workspace.run_python(args["path"], tuple(extra))
-    after = org.workspace.snapshot()
-    changed = tuple(k for k, v in after.items() if before.get(k) != v)
+    r = org.workspace.run_python(args["path"], tuple(args.get("args", [])))
     status = "timed out" if r.timed_out else f"exit {r.returncode}"
+    if r.caps_broken:
+        status += (f"; it broke the workspace caps ({r.caps_broken}), so everything it created "
+                   "or changed was removed")
     text = f"{status}\n{r.stdout}" + (f"\nstderr:\n{r.stderr}" if r.stderr else "")
     # Which files the program read is not known, so running it moves no clock (latency.py).
-    return ToolResult(text, error=r.timed_out or r.returncode != 0, duration_s=r.duration_s,
-                      measured=True, wrote=changed)
+    return ToolResult(text, error=r.timed_out or r.returncode != 0 or bool(r.caps_broken),
+                      duration_s=r.duration_s, measured=True, wrote=r.changed)
 
 
 def _final_message(org: Organisation, a: Agent, args: dict) -> ToolResult:

@@ -1,10 +1,22 @@
 """A rollout's workspace: a directory the agents' file tools are confined to, and a sandbox.
 
 Paths. Agents name files relative to the workspace root. Refused (a `ToolError`, never an
-exception out of the simulator): empty paths, NUL bytes, absolute paths, any `..` component,
-and any path whose real location (symlinks resolved) is outside the root; writes also refuse a
-symlink as the final component (`O_NOFOLLOW`). Caps on the file tools: bytes per file, bytes
-in total, number of files (code run in the sandbox is held to bytes per file and its time).
+exception out of the simulator): empty paths, NUL bytes, lone surrogates, absolute paths, any
+`..` component, names over 255 bytes, paths over 4,096 bytes or `max_depth` levels. Every
+operation goes by directory descriptors (`beneath.py`: `openat2` with `RESOLVE_BENEATH |
+RESOLVE_NO_SYMLINKS`, or a per-component `O_NOFOLLOW` walk), so no symlink is followed on any
+component and a program swapping directories and links meanwhile cannot redirect it; only
+regular files are read or written (a FIFO, socket, device or link is a tool error, checked
+before opening and opened `O_NONBLOCK`, so nothing blocks). Listing and snapshots read
+directories by descriptor too, so they stand whatever a program made (FIFOs, sockets, link
+loops, deep or long paths, unreadable files); `listdir` gives only the files the tools can
+name. `resolve` gives a path's absolute name (for messages and child processes), never one to
+open: `read_bytes`/`write_bytes`/`remove`/`size` are the race-free operations.
+
+Caps: bytes per file, bytes in total, entries (files, directories, links, ...) in total. The
+file tools check them before writing; sandboxed code is held to them too: RLIMIT_FSIZE per
+file, a check every `CAPS_POLL_S` while it runs (killed when over) and one after; a run that
+broke them gets `RunResult.caps_broken`, and everything it created or changed is removed.
 
 `run_python(path)` runs a workspace file with this interpreter in a child process, which first
 runs `avalon/org/sandbox_boot.py` (its docstring has every rule):
@@ -12,22 +24,26 @@ runs `avalon/org/sandbox_boot.py` (its docstring has every rule):
 - memory: RLIMIT_AS = `run_memory_mb`; file size: RLIMIT_FSIZE = `max_file_bytes`;
 - files: reading only the workspace and the standard library, writing only the workspace
   (symlinks and `..` resolved), no deleting, renaming, chmod, linking or chdir outside it;
-- processes and signals: no starting processes, no `os.kill`/`killpg`/`pthread_kill`;
+- processes and signals: no starting processes (a seccomp filter: the run is one process, so
+  the kill ends all of it and the memory limit covers all of it), no `os.kill`/`killpg`/
+  `pthread_kill`;
 - network: a fresh network namespace (only a downed loopback) where the kernel allows one,
   and no `socket.connect/bind/sendto/sendmsg/getaddrinfo`;
 - native code: no `ctypes`, no native modules from outside the standard library;
 - environment: a minimal one (PATH, HOME = TMPDIR = the workspace, LANG); `python -I -B` (no
   user site, no PYTHON* variables, no bytecode files written).
 Two layers: an audit hook (always; clear `PermissionError("sandbox: ...")` errors) stops Python
-code; below it the kernel, where it has them: the network namespace and Landlock (files,
-executing, TCP, signals), which also hold against native code. `sandbox_layers()` says which
-kernel layers hold here.
+code; below it the kernel: seccomp (processes, always: a run fails without it), and where it
+has them the network namespace and Landlock (files, executing, TCP, signals), which also hold
+against native code. `sandbox_layers()` says which kernel layers hold here.
 The duration returned is measured wall time (such tool calls are logged `measured`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import functools
 import os
 import signal
@@ -38,6 +54,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from avalon.org import beneath
 from avalon.org.env import ToolError
 
 # The child sets its own limits and sandbox before running the agent's code (no `preexec_fn`:
@@ -45,16 +62,20 @@ from avalon.org.env import ToolError
 # the limits (address space, CPU seconds, file size), the file, then the file's own arguments.
 _BOOT_FILE = Path(__file__).with_name("sandbox_boot.py")
 _BOOT = _BOOT_FILE.read_text(encoding="utf-8")
+MAX_NAME_BYTES, MAX_PATH_BYTES = 255, 4096  # per component, whole path (Linux's NAME_MAX, PATH_MAX)
+MAX_ARGS, MAX_ARGS_BYTES = 256, 64 << 10  # of run_python's program arguments
+CAPS_POLL_S = 0.1  # how often the caps are checked while a program runs
 
 
 @dataclasses.dataclass(frozen=True)
 class WorkspaceLimits:
     max_file_bytes: int = 1 << 20
     max_total_bytes: int = 16 << 20
-    max_files: int = 512
+    max_files: int = 512  # entries of any kind: files, directories, links, ...
     run_timeout_s: float = 10.0
     run_memory_mb: int = 1024
     max_output_bytes: int = 16 << 10  # of stdout (its head) and stderr (its tail) returned
+    max_depth: int = 32  # directory levels of a path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +85,8 @@ class RunResult:
     stderr: str
     duration_s: float  # measured wall time
     timed_out: bool
+    changed: tuple[str, ...] = ()  # keys of the regular files the run created or changed
+    caps_broken: str = ""  # why the run broke the workspace caps ("" if not): its changes are gone
 
 
 def _probe(call: str) -> int:
@@ -88,139 +111,337 @@ def landlock_abi() -> int:
     return _probe("landlock_abi")
 
 
+@functools.cache
+def process_filter_available() -> bool:
+    """Whether the seccomp process filter installs here (probed once; runs fail without it)."""
+    try:
+        return _probe("install_process_filter") == 1
+    except subprocess.CalledProcessError:
+        return False
+
+
 def sandbox_layers() -> dict[str, bool]:
     """Which sandbox layers hold here, besides the audit hook (always)."""
     abi = landlock_abi()
-    return {"network_namespace": network_namespaces_available(), "landlock_files": abi >= 1,
+    return {"process_filter": process_filter_available(),
+            "network_namespace": network_namespaces_available(), "landlock_files": abi >= 1,
             "landlock_tcp": abi >= 4, "landlock_signals": abi >= 6}
 
 
 class Workspace:
-    """File tools confined to `root` (created if missing)."""
+    """File tools confined to `root` (created if missing); see the module docstring."""
 
     def __init__(self, root: str | os.PathLike, limits: WorkspaceLimits = WorkspaceLimits()):
         Path(root).mkdir(parents=True, exist_ok=True)
         self.root = Path(os.path.realpath(root))
         self.limits = limits
 
-    def resolve(self, rel: str) -> Path:
-        """The absolute path of `rel` inside the workspace, or a ToolError saying why not."""
+    # ----- paths -----
+
+    def parts(self, rel: str) -> tuple[str, ...]:
+        """The components of workspace path `rel` (() for the root), or a ToolError saying why
+        it is not one."""
         if not isinstance(rel, str) or not rel.strip():
             raise ToolError("path must be a non-empty string")
         if "\x00" in rel:
             raise ToolError("path contains a NUL byte")
+        try:
+            size = len(rel.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ToolError(f"path {_show(rel)} is not valid text (a lone surrogate)") from None
+        if size > MAX_PATH_BYTES:
+            raise ToolError(f"path {_show(rel)} is {size} bytes; the limit is {MAX_PATH_BYTES}")
         if rel.startswith(("/", "\\")) or os.path.isabs(rel):
-            raise ToolError(f"path {rel!r} is absolute; use a path inside the workspace")
-        parts = [p for p in rel.replace("\\", "/").split("/") if p not in ("", ".")]
+            raise ToolError(f"path {_show(rel)} is absolute; use a path inside the workspace")
+        parts = tuple(p for p in rel.replace("\\", "/").split("/") if p not in ("", "."))
         if ".." in parts:
-            raise ToolError(f"path {rel!r} contains '..'")
-        target = self.root.joinpath(*parts)
-        real = os.path.realpath(target)
-        if real != str(self.root) and not real.startswith(str(self.root) + os.sep):
-            raise ToolError(f"path {rel!r} leaves the workspace")
-        return target
+            raise ToolError(f"path {_show(rel)} contains '..'")
+        for p in parts:
+            if len(p.encode("utf-8")) > MAX_NAME_BYTES:
+                raise ToolError(f"path {_show(rel)}: a name of {len(p.encode('utf-8'))} bytes; "
+                                f"the limit is {MAX_NAME_BYTES}")
+        if len(parts) > self.limits.max_depth:
+            raise ToolError(f"path {_show(rel)} is {len(parts)} levels deep; the limit is "
+                            f"{self.limits.max_depth}")
+        return parts
 
-    def read(self, rel: str) -> str:
-        path = self.resolve(rel)
-        if not path.is_file():
-            raise ToolError(f"no file {rel!r}")
-        size = path.stat().st_size
-        if size > self.limits.max_file_bytes:
-            raise ToolError(f"{rel!r} is {size} bytes; the limit is {self.limits.max_file_bytes}")
-        return path.read_bytes().decode("utf-8", errors="replace")
+    def resolve(self, rel: str) -> Path:
+        """The absolute name of `rel` inside the workspace, or a ToolError saying why not.
 
-    def write(self, rel: str, text: str) -> int:
-        """Writes `text` (UTF-8) and returns its size in bytes."""
-        path = self.resolve(rel)
-        data = text.encode("utf-8", errors="replace")
-        if len(data) > self.limits.max_file_bytes:
-            raise ToolError(f"{len(data)} bytes is over the per-file limit "
-                            f"{self.limits.max_file_bytes}")
-        if path.is_dir():
-            raise ToolError(f"{rel!r} is a directory")
-        files, total = self._usage()
-        old = path.stat().st_size if path.is_file() else 0
-        if old == 0 and not path.is_file() and files + 1 > self.limits.max_files:
-            raise ToolError(f"the workspace already holds {files} files (limit)")
-        if total - old + len(data) > self.limits.max_total_bytes:
-            raise ToolError(f"the workspace would exceed {self.limits.max_total_bytes} bytes")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.resolve(rel)  # a parent made by mkdir cannot be a symlink, but check again
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        return len(data)
+        A name only: open files with the methods below, which follow no symlink."""
+        return self.root.joinpath(*self.parts(rel))
 
     def key(self, rel: str) -> str:
         """The canonical name of workspace path `rel` (as `listdir` gives it)."""
-        return str(self.resolve(rel).relative_to(self.root))
+        return "/".join(self.parts(rel))
 
-    def snapshot(self) -> dict[str, tuple[int, int]]:
-        """Every regular file (symlinks skipped): its key -> (mtime in ns, size)."""
-        out = {}
-        for dirpath, _, names in os.walk(self.root):
-            for n in names:
-                p = os.path.join(dirpath, n)
-                st = os.lstat(p)
-                if stat.S_ISREG(st.st_mode):
-                    out[os.path.relpath(p, self.root)] = (st.st_mtime_ns, st.st_size)
-        return out
+    @contextlib.contextmanager
+    def _root_fd(self):
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        try:
+            try:
+                fd = os.open(self.root, flags)
+            except PermissionError:  # a program locked the root (chmod '.'): the trainer owns it
+                os.chmod(self.root, 0o755)
+                fd = os.open(self.root, flags)
+            except FileNotFoundError:  # removed (possible only where Landlock is missing)
+                self.root.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.root, flags)
+        except OSError as e:
+            raise ToolError(f"the workspace directory cannot be opened: {e.strerror}") from None
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _file_parts(self, rel: str) -> tuple[str, ...]:
+        parts = self.parts(rel)
+        if not parts:
+            raise ToolError(f"{_show(rel)} is the workspace directory, not a file")
+        return parts
+
+    # ----- the file tools -----
+
+    def read_bytes(self, rel: str) -> bytes:
+        """The bytes of regular file `rel` (at most `max_file_bytes`), never blocking."""
+        parts = self._file_parts(rel)
+        lim = self.limits.max_file_bytes
+        with self._root_fd() as root:
+            try:
+                parent, _ = beneath.open_parent(root, parts, create=False)
+            except OSError as e:
+                raise _failure(rel, e) from None
+        try:
+            _check_regular(rel, parent, parts[-1], must_exist=True)
+            try:
+                fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                             | os.O_CLOEXEC, dir_fd=parent)
+            except OSError as e:
+                raise _failure(rel, e) from None
+        finally:
+            os.close(parent)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # swapped after the check
+                raise ToolError(f"{_show(rel)} is not a regular file")
+            if st.st_size > lim:
+                raise ToolError(f"{_show(rel)} is {st.st_size} bytes; the limit is {lim}")
+            chunks, n = [], 0
+            while n <= lim:
+                chunk = os.read(fd, lim + 1 - n)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                n += len(chunk)
+            if n > lim:
+                raise ToolError(f"{_show(rel)} is over {lim} bytes")
+            return b"".join(chunks)
+        except OSError as e:
+            raise _failure(rel, e) from None
+        finally:
+            os.close(fd)
+
+    def read(self, rel: str) -> str:
+        return self.read_bytes(rel).decode("utf-8", errors="replace")
+
+    def write(self, rel: str, text: str) -> int:
+        """Writes `text` (UTF-8) and returns its size in bytes."""
+        return self.write_bytes(rel, text.encode("utf-8", errors="replace"))
+
+    def write_bytes(self, rel: str, data: bytes) -> int:
+        """Writes regular file `rel` (making its directories), within the caps; its size."""
+        parts = self._file_parts(rel)
+        lim = self.limits
+        if len(data) > lim.max_file_bytes:
+            raise ToolError(f"{len(data)} bytes is over the per-file limit {lim.max_file_bytes}")
+        with self._root_fd() as root:
+            try:
+                parent, made = beneath.open_parent(root, parts, create=True)
+            except OSError as e:
+                raise _failure(rel, e) from None
+            try:
+                old = _check_regular(rel, parent, parts[-1], must_exist=False)
+                entries, total = self._usage(root)
+                problem = None
+                if old is None and entries + 1 > lim.max_files:
+                    problem = f"the workspace already holds {entries} entries (limit)"
+                elif total - (old or 0) + len(data) > lim.max_total_bytes:
+                    problem = f"the workspace would exceed {lim.max_total_bytes} bytes"
+                if problem is not None:
+                    for i in range(made):  # the directories made above, deepest first
+                        beneath.remove_beneath(root, parts[:len(parts) - 1 - i])
+                    raise ToolError(problem)
+                try:
+                    fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+                                 | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=parent)
+                except OSError as e:
+                    raise _failure(rel, e) from None
+            finally:
+                os.close(parent)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped after the check
+                raise ToolError(f"{_show(rel)} is not a regular file")
+            os.ftruncate(fd, 0)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as e:
+            raise _failure(rel, e) from None
+        finally:
+            os.close(fd)
+        return len(data)
+
+    def remove(self, rel: str) -> None:
+        """Removes file or directory `rel` (and everything in it); gone already is fine."""
+        parts = self._file_parts(rel)
+        with self._root_fd() as root:
+            try:
+                beneath.remove_beneath(root, parts)
+            except OSError as e:
+                raise _failure(rel, e) from None
+
+    def size(self, rel: str) -> int:
+        """The size of regular file `rel`, or a ToolError saying why it is not one."""
+        parts = self._file_parts(rel)
+        with self._root_fd() as root:
+            try:
+                parent, _ = beneath.open_parent(root, parts, create=False)
+            except OSError as e:
+                raise _failure(rel, e) from None
+        try:
+            return _check_regular(rel, parent, parts[-1], must_exist=True)
+        finally:
+            os.close(parent)
 
     def exists(self, rel: str) -> bool:
+        """Whether `rel` is a regular file the file tools can read."""
         try:
-            return self.resolve(rel).is_file()
+            self.size(rel)
+            return True
         except ToolError:
             return False
 
     def listdir(self, rel: str = ".") -> list[str]:
-        """Files under `rel` (recursive), as workspace-relative paths, sorted."""
-        base = self.root if rel.strip() in ("", ".") else self.resolve(rel)
-        if not base.is_dir():
-            raise ToolError(f"no directory {rel!r}")
-        out = []
-        for dirpath, _, names in os.walk(base):
-            for n in names:
-                out.append(os.path.relpath(os.path.join(dirpath, n), self.root))
-        return sorted(out)
+        """The regular files under `rel` (recursive) that the file tools can name, as
+        workspace-relative paths, sorted."""
+        parts = () if rel.strip() in ("", ".") else self.parts(rel)
+        prefix = "".join(p + "/" for p in parts)
+        with self._root_fd() as root:
+            try:
+                base = beneath.open_beneath(root, parts, os.O_RDONLY | os.O_DIRECTORY) \
+                    if parts else os.dup(root)
+            except OSError as e:
+                if e.errno in (errno.ENOENT, errno.ENOTDIR):
+                    raise ToolError(f"no directory {_show(rel)}") from None
+                raise _failure(rel, e) from None
+        try:
+            out = []
+            for sub, st, _ in beneath.walk(base, self.limits.max_depth - len(parts)):
+                if stat.S_ISREG(st.st_mode) and _nameable(prefix + sub):
+                    out.append(prefix + sub)
+            return sorted(out)
+        finally:
+            os.close(base)
 
-    def _usage(self) -> tuple[int, int]:
-        files = total = 0
-        for dirpath, _, names in os.walk(self.root):
-            for n in names:
-                p = os.path.join(dirpath, n)
-                if not os.path.islink(p):
-                    files += 1
-                    total += os.path.getsize(p)
-        return files, total
+    def snapshot(self) -> dict[str, tuple[int, int]]:
+        """Every regular file (symlinks, FIFOs, ... skipped): its key -> (mtime in ns, size)."""
+        return {k: (mt, size) for k, (kind, mt, size) in self._inventory().items()
+                if kind == stat.S_IFREG}
+
+    # ----- usage and the caps -----
+
+    def _inventory(self) -> dict[str, tuple[int, int, int]]:
+        """Every entry down to `max_depth`: its key -> (file type, mtime in ns, size)."""
+        with self._root_fd() as root:
+            return {rel: (stat.S_IFMT(st.st_mode), st.st_mtime_ns, st.st_size)
+                    for rel, st, _ in beneath.walk(root, self.limits.max_depth)}
+
+    def _usage(self, root_fd: int) -> tuple[int, int]:
+        """(entries of any kind, bytes of regular files) in the workspace."""
+        entries = total = 0
+        for _, st, _ in beneath.walk(root_fd, self.limits.max_depth):
+            entries += 1
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+        return entries, total
+
+    def caps_broken(self) -> str:
+        """Why the workspace is over its caps ("" when it is not); stops at the first excess, so
+        it costs at most `max_files` lookups however many entries a program made."""
+        lim = self.limits
+        entries = total = 0
+        with self._root_fd() as root:
+            for _, st, depth in beneath.walk(root, lim.max_depth):
+                entries += 1
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+                if entries > lim.max_files:
+                    return f"over {lim.max_files} entries"
+                if total > lim.max_total_bytes:
+                    return f"over {lim.max_total_bytes} bytes"
+                if depth == lim.max_depth and stat.S_ISDIR(st.st_mode):
+                    return f"directories over {lim.max_depth} levels deep"
+        return ""
+
+    def _remove_changes(self, before: dict[str, tuple[int, int, int]]) -> None:
+        """Removes every entry not in `before` and every non-directory that changed."""
+        gone: list[str] = []
+        with self._root_fd() as root:
+            for rel, st, _ in list(beneath.walk(root, self.limits.max_depth)):
+                if any(rel.startswith(g + "/") for g in gone):
+                    continue
+                old = before.get(rel)
+                now = (stat.S_IFMT(st.st_mode), st.st_mtime_ns, st.st_size)
+                if old is None or (old != now and not stat.S_ISDIR(st.st_mode)) \
+                        or old[0] != now[0]:
+                    beneath.remove_beneath(root, tuple(rel.split("/")))
+                    gone.append(rel)
+
+    # ----- running code -----
 
     def run_python(self, rel: str, args: tuple[str, ...] = ()) -> RunResult:
         """Runs a workspace Python file in the sandbox described in the module docstring."""
-        path = self.resolve(rel)
-        if not path.is_file():
-            raise ToolError(f"no file {rel!r}")
+        self.size(rel)  # a regular file, or the tool error saying why not
+        _check_args(args)
         lim = self.limits
         limits = (str(lim.run_memory_mb << 20), str(int(lim.run_timeout_s) + 1),
                   str(lim.max_file_bytes))
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self.root), "TMPDIR": str(self.root),
                "LANG": "C.UTF-8"}
+        before = self._inventory()
+        broken = ""
         with tempfile.TemporaryDirectory(prefix="avalon-run-") as tmp:
             out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
             with open(out_path, "wb") as out, open(err_path, "wb") as err:
                 start = time.monotonic()
                 proc = subprocess.Popen(
-                    [sys.executable, "-I", "-B", "-c", _BOOT, *limits,
-                     str(path.relative_to(self.root)), *args], cwd=self.root, env=env,
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
-                try:
-                    code: int | None = proc.wait(timeout=lim.run_timeout_s)
-                    timed_out = False
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    code, timed_out = None, True
+                    [sys.executable, "-I", "-B", "-c", _BOOT, *limits, self.key(rel), *args],
+                    cwd=self.root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                    start_new_session=True)
+                code: int | None = None
+                timed_out = False
+                while True:  # the caps are checked while it runs, so excess stays bounded
+                    left = start + lim.run_timeout_s - time.monotonic()
+                    try:
+                        code = proc.wait(timeout=max(0.0, min(CAPS_POLL_S, left)))
+                        break
+                    except subprocess.TimeoutExpired:
+                        timed_out = left <= CAPS_POLL_S
+                        broken = "" if timed_out else self.caps_broken()
+                        if timed_out or broken:
+                            os.killpg(proc.pid, signal.SIGKILL)
+                            proc.wait()
+                            code = None if timed_out else proc.returncode
+                            break
                 duration = time.monotonic() - start
             stdout, stderr = self._head(out_path), self._tail(err_path)
-        return RunResult(code, stdout, stderr, duration, timed_out)
+        broken = broken or self.caps_broken()
+        if broken:
+            self._remove_changes(before)
+        after = self.snapshot()
+        changed = tuple(k for k, v in after.items()
+                        if (before.get(k) or (0,))[1:] != v and _nameable(k))
+        return RunResult(code, stdout, stderr, duration, timed_out, changed, broken)
 
     def _tail(self, path: str) -> str:
         """The end of a stream (where a traceback's error is)."""
@@ -237,3 +458,73 @@ class Workspace:
             data = f.read(self.limits.max_output_bytes + 1)
         text = data[:self.limits.max_output_bytes].decode("utf-8", errors="replace")
         return text + ("\n(output truncated)" if len(data) > self.limits.max_output_bytes else "")
+
+
+def _show(rel: str) -> str:
+    """A path for an error message: its repr, cut to 80 characters."""
+    return repr(rel) if len(rel) <= 80 else repr(rel[:80]) + "..."
+
+
+def _nameable(key: str) -> bool:
+    """Whether the file tools accept `key` (a name a program made may be too long, ...)."""
+    try:
+        return len(key.encode("utf-8")) <= MAX_PATH_BYTES and all(
+            len(p.encode("utf-8")) <= MAX_NAME_BYTES for p in key.split("/"))
+    except UnicodeEncodeError:
+        return False
+
+
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link (links are not followed)",
+          stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a device",
+          stat.S_IFBLK: "a device"}
+_ERRORS = {
+    errno.ELOOP: "goes through a symbolic link (links are not followed)",
+    errno.EXDEV: "leaves the workspace", errno.ENOTDIR: "has a component that is not a directory",
+    errno.EISDIR: "is a directory", errno.ENXIO: "is not a regular file",
+    errno.ENAMETOOLONG: "is too long", errno.EACCES: "is not accessible",
+    errno.EPERM: "is not accessible", errno.ENOSPC: "cannot be written: the disk is full",
+    errno.EFBIG: "cannot be written: too large", errno.EMLINK: "has too many entries",
+}
+
+
+def _failure(rel: str, e: OSError) -> ToolError:
+    """The tool error for a failed system call on `rel`."""
+    if e.errno == errno.ENOENT:
+        return ToolError(f"no file {_show(rel)}")
+    why = _ERRORS.get(e.errno, e.strerror or f"errno {e.errno}")
+    return ToolError(f"path {_show(rel)} {why}")
+
+
+def _check_regular(rel: str, parent_fd: int, name: str, must_exist: bool) -> int | None:
+    """The size of regular file `name` in `parent_fd` (None if missing and not `must_exist`);
+    a ToolError for anything else (checked before opening, so no FIFO or device is opened)."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        if must_exist:
+            raise ToolError(f"no file {_show(rel)}") from None
+        return None
+    except OSError as e:
+        raise _failure(rel, e) from None
+    kind = stat.S_IFMT(st.st_mode)
+    if kind != stat.S_IFREG:
+        raise ToolError(f"{_show(rel)} is {_KINDS.get(kind, 'not a regular file')}")
+    return st.st_size
+
+
+def _check_args(args) -> None:
+    """Program arguments: strings without NUL bytes or lone surrogates, bounded in size."""
+    if len(args) > MAX_ARGS:
+        raise ToolError(f"{len(args)} arguments; the limit is {MAX_ARGS}")
+    size = 0
+    for a in args:
+        if not isinstance(a, str):
+            raise ToolError("args must be a list of strings")
+        if "\x00" in a:
+            raise ToolError("an argument contains a NUL byte")
+        try:
+            size += len(a.encode("utf-8")) + 1
+        except UnicodeEncodeError:
+            raise ToolError(f"argument {_show(a)} is not valid text (a lone surrogate)") from None
+    if size > MAX_ARGS_BYTES:
+        raise ToolError(f"the arguments are {size} bytes; the limit is {MAX_ARGS_BYTES}")

@@ -31,21 +31,30 @@ def test_paths_refused(ws, path, why):
         ws.resolve(path)
 
 
-def test_symlink_escape(ws, tmp_path):
+@pytest.mark.parametrize("walk", [False, None], ids=["walk", "openat2"])
+def test_symlinks_are_never_followed(ws, tmp_path, monkeypatch, walk):
+    # Every component, both resolvers (openat2 where the kernel has it, the O_NOFOLLOW walk).
+    from avalon.org import beneath
+    real_open = beneath.open_beneath
+    monkeypatch.setattr(beneath, "open_beneath",
+                        lambda *a, **k: real_open(*a, **k, use_openat2=walk))
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "secret").write_text("s")
     os.symlink(outside, ws.root / "link")
     os.symlink(outside / "secret", ws.root / "file_link")
-    for path in ("link/secret", "file_link"):
-        with pytest.raises(ToolError, match="leaves the workspace"):
+    ws.write("inside/f.txt", "in")
+    os.symlink(ws.root / "inside", ws.root / "in_dir_link")
+    os.symlink("inside/f.txt", ws.root / "in_file_link")
+    for path in ("link/secret", "file_link", "in_dir_link/f.txt", "in_file_link",
+                 "link/new.txt", "in_dir_link/new.txt"):
+        with pytest.raises(ToolError, match="symbolic link"):
             ws.read(path)
-        with pytest.raises(ToolError, match="leaves the workspace"):
+        with pytest.raises(ToolError, match="symbolic link"):
             ws.write(path, "x")
-    assert (outside / "secret").read_text() == "s"
-    os.symlink(ws.root / "inside.txt", ws.root / "ok_link")
-    with pytest.raises(OSError):  # a symlink as the final component is never written through
-        ws.write("ok_link", "x")
+        assert not ws.exists(path)
+    assert (outside / "secret").read_text() == "s" and sorted(os.listdir(outside)) == ["secret"]
+    assert ws.read("inside/f.txt") == "in" and ws.listdir() == ["inside/f.txt"]
 
 
 def test_size_caps(ws):
@@ -58,8 +67,12 @@ def test_size_caps(ws):
     ws.write("f1", "x" * 10)  # rewriting frees the old size
     ws.write("f3", "x" * 600)
     ws.write("f4", "x")
-    with pytest.raises(ToolError, match="4 files"):
+    with pytest.raises(ToolError, match="4 entries"):
         ws.write("f5", "x")
+    os.remove(ws.root / "f4")
+    with pytest.raises(ToolError, match="4 entries"):  # directories are entries too
+        ws.write("d/f5", "x")
+    assert not (ws.root / "d").exists()  # the directory made for it is gone again
 
 
 def test_run_python(ws):

@@ -4,9 +4,9 @@
 1. draws fresh inputs for every function (the caller's generator, seeded from the session, so
    a lookup table of shown examples or of earlier rollouts fails) and computes the expected
    outputs with the reference implementations, here, in the parent process;
-2. copies the workspace's top-level `*.py` files (regular files only: a symlink could smuggle a
-   file from outside in) into a fresh temporary directory outside the workspace, with the
-   inputs (`cases.json`, inputs only) and a harness;
+2. copies the workspace's top-level `*.py` files (regular files only, read by descriptor: a
+   symlink could smuggle a file from outside in) into a fresh temporary directory outside the
+   workspace, with the inputs (`cases.json`, inputs only) and a harness;
 3. runs the harness in the org sandbox (`Workspace.run_python`: time, memory and file-size
    limits, no network, no subprocesses). Before importing the submission the harness opens
    its result file and adds a stricter audit hook: reads only inside its directory and the
@@ -14,7 +14,8 @@
    ctypes, and no importing `avalon`, so the submission cannot read this grader, the reference
    implementations or anything else of the trainer's, and cannot touch its workspace;
 4. reads the outputs back (as JSON, so an object with a rigged `__eq__` becomes plain data or
-   an error) and compares them with the expected outputs here, type-strictly (True is not 1).
+   an error; size- and depth-bounded, since the submission can write that file) and compares
+   them with the expected outputs here, type-strictly (True is not 1).
 The submission never holds an expected output, so printing fake results, exiting early with
 status 0, monkeypatching the harness or writing to its result file can only lose cases.
 """
@@ -24,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -32,9 +32,11 @@ from typing import Any
 import numpy as np
 
 from avalon.envs.software.functions import BY_NAME
+from avalon.org.env import ToolError
 from avalon.org.workspace import Workspace, WorkspaceLimits
 
 HARNESS_FILES = ("_avalon_grade.py", "cases.json", "results.json")
+MAX_RESULT_DEPTH = 64  # of results.json; the functions' outputs nest a few levels
 
 _HARNESS = r'''
 import json, os, sys, sysconfig
@@ -141,19 +143,20 @@ def grade(workspace: Workspace, functions: Sequence[str], rng: np.random.Generat
     passed = dict.fromkeys(functions, 0)
     errors = dict.fromkeys(functions, "")
     with tempfile.TemporaryDirectory(prefix="avalon-grade-") as tmp:
+        graded = Workspace(tmp, limits)
         for rel in workspace.listdir("."):
-            src = workspace.root / rel
-            if ("/" in rel or not rel.endswith(".py") or rel in HARNESS_FILES
-                    or src.is_symlink() or not src.is_file()
-                    or src.stat().st_size > limits.max_file_bytes):
+            if "/" in rel or not rel.endswith(".py") or rel in HARNESS_FILES:
                 continue
-            shutil.copyfile(src, os.path.join(tmp, rel), follow_symlinks=False)
+            try:  # regular files only, read by descriptor (no link followed), size-capped
+                graded.write_bytes(rel, workspace.read_bytes(rel))
+            except ToolError:
+                continue
         with open(os.path.join(tmp, "cases.json"), "w") as f:
             json.dump([[name, args] for name, args, _ in cases], f)
         with open(os.path.join(tmp, HARNESS_FILES[0]), "w") as f:
             f.write(_HARNESS)
-        run = Workspace(tmp, limits).run_python(HARNESS_FILES[0])
-        results = _read_results(os.path.join(tmp, "results.json"), len(cases))
+        run = graded.run_python(HARNESS_FILES[0])
+        results = _read_results(graded, len(cases))
     for (name, _, expected), got in zip(cases, results):
         if isinstance(got, dict) and "value" in got and same(got["value"], expected):
             passed[name] += 1
@@ -167,12 +170,44 @@ def grade(workspace: Workspace, functions: Sequence[str], rng: np.random.Generat
     return GradeReport(passed, total, errors, run.timed_out)
 
 
-def _read_results(path: str, n: int) -> list:
-    """The harness's results, or `n` missing results when there are none to trust."""
+def json_depth(text: str) -> int:
+    """The deepest nesting of JSON arrays and objects in `text` (brackets inside strings not
+    counted); linear time and no recursion, so a hostile file costs nothing to measure."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _read_results(graded: Workspace, n: int) -> list:
+    """The harness's results, or `n` missing results when there are none to trust.
+
+    The file is the submission's to spoil (it runs in the harness's process), so it is read
+    like any workspace file (a regular file, at most `max_file_bytes`) and parsed only when
+    its nesting is at most `MAX_RESULT_DEPTH` (deeper JSON would exhaust the parser's stack)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            results = json.load(f)
-    except (OSError, ValueError):
+        text = graded.read_bytes("results.json").decode("utf-8", errors="replace")
+    except ToolError:
+        return [None] * n
+    if json_depth(text) > MAX_RESULT_DEPTH:
+        return [None] * n
+    try:
+        results = json.loads(text)
+    except ValueError:
         return [None] * n
     if not isinstance(results, list) or len(results) != n:
         return [None] * n
