@@ -8,20 +8,17 @@ naming the field and the value, never a KeyError deep inside.
 Workspaces: an environment with `uses_workspace` reads the rollout's workspace, which lives on
 the client. The client sends a snapshot `{"files": {path: base64}}` with each call and with the
 end; the server writes it into the session's own directory before calling the real session.
-A snapshot holds only the regular files within the workspace's limits (`snapshot` also says
-what it left out: symlinks, FIFOs, bad names, files past a cap); `restore` refuses bad paths
-and snapshots over the limits with a `WireError`. Both work beneath the root without following
-any symlink (see the section below), so what sandboxed code leaves behind cannot redirect them.
+A snapshot holds only the regular files the file tools can name, within the workspace's caps
+(`snapshot` also says what it left out); `restore` refuses bad paths and snapshots over the
+caps with a `WireError`. Both use the Workspace's race-free file operations (see the section
+below), so what sandboxed code leaves behind (links, FIFOs) can neither redirect nor crash them.
 Changes an environment makes (a layout in `on_start`, files in a call) come back in the reply.
 """
 
 from __future__ import annotations
 
 import base64
-import errno
 import math
-import os
-import stat
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +31,7 @@ from avalon.org.env import (
     Param,
     ParamType,
     Task,
+    ToolError,
     ToolOutcome,
     ToolSpec,
 )
@@ -187,138 +185,41 @@ def end_ctx_from_json(obj: Any, workspace: Workspace) -> EndContext:
 
 
 # ----- workspace snapshots -----
-# Files are read and written beneath the workspace root through directory descriptors opened
-# with O_NOFOLLOW, one component at a time: a symlink anywhere in a path (one that sandboxed
-# code may flip while we work, e.g. to /proc/self/cwd) is never followed, only skipped or
-# removed. Only regular files travel; FIFOs and sockets are opened non-blocking and skipped.
-
-MAX_PATH_PARTS = 64
-MAX_PATH_BYTES = 4096
-_NAME_MAX = 255
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def path_parts(rel: Any) -> tuple[str, ...]:
-    """The components of a snapshot path (canonical: 'a/b.py'), or a WireError saying why not."""
-    if not isinstance(rel, str) or not rel:
-        raise WireError(f"workspace snapshot: path {rel!r} must be a non-empty string")
-    if "\x00" in rel:
-        raise WireError(f"workspace snapshot: path {rel!r} contains a NUL byte")
-    if rel.startswith("/"):
-        raise WireError(f"workspace snapshot: path {rel!r} is absolute")
-    try:
-        size = len(rel.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise WireError(f"workspace snapshot: path {rel!r} is not valid UTF-8 text") from None
-    parts = tuple(rel.split("/"))
-    if any(p in ("", ".", "..") for p in parts):
-        raise WireError(f"workspace snapshot: path {rel!r} has an empty, '.' or '..' part")
-    if size > MAX_PATH_BYTES or len(parts) > MAX_PATH_PARTS:
-        raise WireError(f"workspace snapshot: path {rel[:60]!r}... is over {MAX_PATH_BYTES} "
-                        f"bytes or {MAX_PATH_PARTS} parts")
-    if any(len(p.encode("utf-8")) > _NAME_MAX for p in parts):
-        raise WireError(f"workspace snapshot: path {rel[:60]!r} has a part over {_NAME_MAX} "
-                        "bytes")
-    return parts
-
-
-def _open_dir(root_fd: int, parts: tuple[str, ...], create: bool = False) -> int:
-    """A descriptor of directory `parts` beneath `root_fd`, no symlink followed (OSError)."""
-    fd = os.dup(root_fd)
-    try:
-        for name in parts:
-            if create:
-                try:
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            sub = os.open(name, _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = sub
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
-
-
-def _entries(root_fd: int):
-    """(parts, is_dir) of everything beneath the root, each directory's entries sorted,
-    iteratively (no recursion, no links followed, nothing deeper than MAX_PATH_PARTS)."""
-    stack: list[tuple[str, ...]] = [()]
-    while stack:
-        prefix = stack.pop()
-        try:
-            fd = _open_dir(root_fd, prefix)
-        except OSError:
-            continue  # raced away or turned into a link: nothing of ours is there
-        try:
-            with os.scandir(fd) as it:
-                found = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-        finally:
-            os.close(fd)
-        found.sort()
-        for name, is_dir in found:
-            yield (*prefix, name), is_dir
-        stack.extend((*prefix, name) for name, is_dir in reversed(found)
-                     if is_dir and len(prefix) + 1 < MAX_PATH_PARTS)
-
-
-def _read_regular(root_fd: int, parts: tuple[str, ...], limit: int) -> bytes | str:
-    """The file's bytes (at most limit + 1 of them), or why it is not a regular file."""
-    try:
-        dfd = _open_dir(root_fd, parts[:-1])
-    except OSError as e:
-        return f"its directory cannot be opened ({e.strerror})"
-    try:
-        fd = os.open(parts[-1], _READ, dir_fd=dfd)
-    except OSError as e:
-        return "a symlink" if e.errno == errno.ELOOP else f"unreadable ({e.strerror})"
-    finally:
-        os.close(dfd)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "not a regular file"
-        return f.read(limit + 1)
+# Both go through the Workspace's own file operations, which work by descriptors beneath the
+# root and follow no symlink on any component (avalon/org/beneath.py): what sandboxed code
+# leaves behind (links to /proc/self/cwd, FIFOs, names no tool accepts) is invisible to them,
+# and a link swapped in meanwhile cannot redirect them.
 
 
 def snapshot(ws: Workspace) -> tuple[dict, list[str]]:
-    """The workspace's regular files that fit its limits, as {"files": {path: base64}}, and
-    what was left out and why (symlinks, FIFOs, bad names, files past a limit)."""
+    """The workspace's regular files (those `listdir` names) within its caps, as
+    {"files": {path: base64}}, and what was left out and why (a file past a cap, one that
+    changed kind or vanished while being read)."""
     lim = ws.limits
-    files, left_out, total = {}, [], 0
-    root_fd = os.open(ws.root, _DIR)
+    files: dict[str, str] = {}
+    left_out: list[str] = []
+    total = 0
     try:
-        for parts, is_dir in _entries(root_fd):
-            rel = "/".join(parts)
-            if is_dir:
-                if len(parts) >= MAX_PATH_PARTS:
-                    left_out.append(f"{rel[:60]!r}: nested over {MAX_PATH_PARTS} levels")
-                continue
-            try:
-                path_parts(rel)
-            except WireError as e:
-                left_out.append(str(e).removeprefix("workspace snapshot: "))
-                continue
-            data = _read_regular(root_fd, parts, lim.max_file_bytes)
-            if isinstance(data, str):
-                left_out.append(f"{rel!r}: {data}")
-            elif len(data) > lim.max_file_bytes:
-                left_out.append(f"{rel!r}: over {lim.max_file_bytes} bytes")
-            elif total + len(data) > lim.max_total_bytes:
-                left_out.append(f"{rel!r}: the workspace is over {lim.max_total_bytes} bytes")
-            elif len(files) >= lim.max_files:
-                left_out.append(f"{rel!r}: the workspace is over {lim.max_files} files")
-            else:
-                total += len(data)
-                files[rel] = base64.b64encode(data).decode("ascii")
-    finally:
-        os.close(root_fd)
+        names = ws.listdir(".")
+    except ToolError as e:
+        return {"files": files}, [str(e)]
+    for rel in names:
+        try:
+            data = ws.read_bytes(rel)
+        except ToolError as e:
+            left_out.append(str(e))
+            continue
+        if total + len(data) > lim.max_total_bytes:
+            left_out.append(f"{rel!r}: the workspace is over {lim.max_total_bytes} bytes")
+        elif len(files) >= lim.max_files:
+            left_out.append(f"{rel!r}: the workspace is over {lim.max_files} files")
+        else:
+            total += len(data)
+            files[rel] = base64.b64encode(data).decode("ascii")
     return {"files": files}, left_out
 
 
-def _decode_files(ws: Workspace, snap: Any) -> dict[tuple[str, ...], bytes]:
+def _decode_files(ws: Workspace, snap: Any) -> dict[str, bytes]:
     files = field(snap, "files", dict, "workspace snapshot")
     lim = ws.limits
     if len(files) > lim.max_files:
@@ -326,7 +227,13 @@ def _decode_files(ws: Workspace, snap: Any) -> dict[tuple[str, ...], bytes]:
                         f"of {lim.max_files}")
     out, total = {}, 0
     for rel, data in files.items():
-        parts = path_parts(rel)
+        try:
+            key = ws.key(rel)  # refuses '..', absolute paths, NUL, surrogates, long names
+        except ToolError as e:
+            raise WireError(f"workspace snapshot: {e}") from None
+        if key != rel:
+            raise WireError(f"workspace snapshot: path {rel!r} is not in canonical form "
+                            f"({key!r})")
         if not isinstance(data, str):
             raise WireError(f"workspace snapshot: file {rel!r} is not base64 text")
         try:
@@ -336,64 +243,29 @@ def _decode_files(ws: Workspace, snap: Any) -> dict[tuple[str, ...], bytes]:
         total += len(raw)
         if len(raw) > lim.max_file_bytes or total > lim.max_total_bytes:
             raise WireError(f"workspace snapshot: over the workspace limits at {rel!r}")
-        out[parts] = raw
-    dirs = {parts[:i] for parts in out for i in range(1, len(parts))}
-    clash = next((p for p in out if p in dirs), None)
+        out[rel] = raw
+    dirs = {rel.rsplit("/", i)[0] for rel in out for i in range(1, rel.count("/") + 1)}
+    clash = next((rel for rel in out if rel in dirs), None)
     if clash is not None:
-        raise WireError(f"workspace snapshot: {'/'.join(clash)!r} is both a file and a "
-                        "directory")
+        raise WireError(f"workspace snapshot: {clash!r} is both a file and a directory")
     return out
 
 
-def _write(root_fd: int, parts: tuple[str, ...], raw: bytes) -> None:
-    dfd = _open_dir(root_fd, parts[:-1], create=True)
-    try:
-        name = parts[-1]
-        try:
-            fd = os.open(name, _WRITE, 0o644, dir_fd=dfd)
-        except OSError as e:
-            if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
-                raise
-            fd = None
-        if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            fd = None
-        if fd is None:  # a symlink, FIFO, socket or empty directory is in the way: replace it
-            try:
-                os.unlink(name, dir_fd=dfd)
-            except IsADirectoryError:
-                os.rmdir(name, dir_fd=dfd)
-            fd = os.open(name, _WRITE | os.O_EXCL, 0o644, dir_fd=dfd)
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-    finally:
-        os.close(dfd)
-
-
 def restore(ws: Workspace, snap: Any) -> None:
-    """Makes `ws` hold exactly the snapshot's regular files (anything else that is not a
-    directory is removed); a WireError names what is refused (a bad path, over the limits)."""
+    """Makes `ws` hold exactly the snapshot's regular files: the others are removed, and
+    anything else in the way of one (a link, a FIFO, an empty directory) is replaced. A
+    WireError names what is refused (a bad path, over the limits, a file that cannot be
+    written)."""
     files = _decode_files(ws, snap)
-    root_fd = os.open(ws.root, _DIR)
     try:
-        stale = [parts for parts, is_dir in _entries(root_fd)
-                 if not is_dir and parts not in files]
-        for parts in stale:
+        for rel in ws.listdir("."):
+            if rel not in files:
+                ws.remove(rel)
+        for rel, raw in files.items():
             try:
-                dfd = _open_dir(root_fd, parts[:-1])
-            except OSError:
-                continue  # its directory is gone or is a link now: nothing of ours to remove
-            try:
-                os.unlink(parts[-1], dir_fd=dfd)
-            except FileNotFoundError:
-                pass
-            finally:
-                os.close(dfd)
-        for parts, raw in files.items():
-            try:
-                _write(root_fd, parts, raw)
-            except OSError as e:
-                raise WireError(f"workspace snapshot: cannot write {'/'.join(parts)!r} "
-                                f"({e.strerror})") from None
-    finally:
-        os.close(root_fd)
+                ws.write_bytes(rel, raw)
+            except ToolError:  # something not a regular file is in the way: replace it once
+                ws.remove(rel)
+                ws.write_bytes(rel, raw)
+    except ToolError as e:
+        raise WireError(f"workspace snapshot: {e}") from None
