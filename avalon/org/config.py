@@ -6,6 +6,7 @@ import dataclasses
 import enum
 
 from avalon.org.channels import Subscription
+from avalon.org.latency import MIN_MODEL_CALL_S
 from avalon.org.workspace import WorkspaceLimits
 
 REAL_WINDOW = 131072
@@ -39,6 +40,11 @@ class OrgConfig:
     summary_cap: int = REAL_SUMMARY_CAP  # tokens of the tier-2 summary turn
     max_new_tokens: int = 4096  # per ordinary turn
     max_turns: int = 256  # per agent; then it is stopped (a logged `stop`)
+    # Clock-ordered scheduling (avalon/org/schedule.py): the ready agents whose clocks lie within
+    # this many seconds of the earliest ready clock act together (one policy batch). The
+    # default, the shortest possible model call, lets no effect precede a batch-mate's turn
+    # boundary; inf is the old lock-step tick (every ready agent, listing order), for comparison.
+    schedule_horizon_s: float = MIN_MODEL_CALL_S
     max_calls_per_turn: int = 8
     max_result_tokens: int = 8192  # a longer tool result is cut (and says so)
     max_obs_tokens: int = 16384  # a longer observation (results + deliveries) is cut
@@ -61,6 +67,9 @@ class OrgConfig:
         if not 0 < self.elide_target_ratio <= self.compaction_ratio < 1:
             raise ValueError("OrgConfig needs 0 < elide_target_ratio <= compaction_ratio < 1, "
                              f"got {self.elide_target_ratio} and {self.compaction_ratio}")
+        if not self.schedule_horizon_s >= 0:
+            raise ValueError("OrgConfig.schedule_horizon_s must be >= 0 (inf for lock-step), "
+                             f"got {self.schedule_horizon_s}")
         if self.keep_recent_obs < 0:
             raise ValueError(f"OrgConfig.keep_recent_obs must be >= 0, got {self.keep_recent_obs}")
         if self.trigger_tokens + self.max_new_tokens + self.summary_cap > self.window:
