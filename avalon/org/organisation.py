@@ -389,14 +389,17 @@ class Organisation:
                       turn=a.model_calls - 1, stop=out.stop.value)
         skipped = ("ended" if self.end_reason is not None
                    else "fired" if a.state is AgentState.FIRED else None)
-        if skipped:
-            fields["skipped"] = skipped
-        elif a.summary_turn:
+        if not skipped and a.summary_turn:
             fields["summary"] = True
-        else:
+        elif not skipped:
             w.parsed = parse_turn(self.chat, out_ids, self.config.max_calls_per_turn)
             if w.parsed.error is not None:
                 fields["malformed"] = w.parsed.error
+            elif w.parsed.calls and self.clocks.clock(a.id) + model_call_seconds(
+                    len(new), len(out_ids)) >= self.task.wall_clock_s:
+                skipped, w.parsed = "wall_clock", None  # none of its calls can run
+        if skipped:
+            fields["skipped"] = skipped
         if self.config.log_text:
             fields["text"] = self.chat.tok.decode(out_ids)
         start = self.clocks.clock(a.id)
@@ -407,6 +410,10 @@ class Organisation:
         if self.lock_step:  # the old tick charged no boundary time: its clock is the replay's
             self.scheduled[-1] = Scheduled(w.mc, start, self.clocks.clock(a.id), self.now)
         a.mark_trace()  # last_seq is now `mc`: the output exists at the clock after the call
+        if skipped:  # no effect: no loss (rl.types.trained_mask)
+            a.context.row.flag_tail(len(out_ids), TokenFlag.SKIPPED)
+        if skipped == "wall_clock":
+            return True  # `_finish_turn` stops the agent (its clock is past the cap)
         if skipped:
             a.work = None
             return False

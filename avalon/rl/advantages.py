@@ -12,7 +12,8 @@ learning signal and is dropped before the division, so no epsilon is ever added 
 A_i then goes on every loss token of every agent row of rollout i (any number of rows: agents
 hired mid-episode, compaction segments), and per-token shaping is added after normalisation:
 `malformed_penalty` on each token of a malformed tool turn, `tool_error_penalty` on each token of
-a tool-error turn (`TrajectoryRow.flags`). Tokens outside the loss mask carry 0.
+a tool-error turn (`TrajectoryRow.flags`). Tokens outside the loss mask, and those of skipped
+turns (TokenFlag.SKIPPED: they had no effect), carry 0.
 
 A dropped group loses its shaping too (nothing of it is trained on); our reading of "dropped".
 """
@@ -26,7 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from avalon.rl.config import RLConfig
-from avalon.rl.types import Objective, Rollout, RolloutGroup, TokenFlag, TrajectoryRow
+from avalon.rl.types import (
+    Objective,
+    Rollout,
+    RolloutGroup,
+    TokenFlag,
+    TrajectoryRow,
+    trained_mask,
+)
 
 
 def gkpo_utility(wealth_ratio, beta):
@@ -142,5 +150,5 @@ def token_advantages(row: TrajectoryRow, advantage: float, cfg: RLConfig) -> np.
                          f"(agent {row.agent!r}, segment {row.segment}); use TokenFlag values")
     shaping = np.where(flags == TokenFlag.MALFORMED, cfg.malformed_penalty,
                        np.where(flags == TokenFlag.TOOL_ERROR, cfg.tool_error_penalty, 0.0))
-    adv = np.where(np.asarray(row.loss_mask, bool), advantage + shaping, 0.0)
+    adv = np.where(trained_mask(row), advantage + shaping, 0.0)
     return adv.astype(np.float32)

@@ -3,6 +3,8 @@
 RL: score the groups (collective reward, group-relative advantage, zero-variance groups dropped),
 give every row of every kept rollout its rollout's A_i plus its own turns' shaping, and pack.
 SFT: the same row format with only the loss mask used (advantages and old log-probs are 0).
+Either way the loss is taken on `trained_mask(row)`: sampled tokens, less those of skipped turns
+(TokenFlag.SKIPPED: sampled after the end, after a fire, or past the wall clock; no effect).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from avalon.rl.advantages import AdvantageStats, score_groups, token_advantages
 from avalon.rl.batch import TrainBatch
 from avalon.rl.config import RLConfig
 from avalon.rl.packing import PackRow, PackStats, pack_rows
-from avalon.rl.types import RolloutGroup, TrajectoryRow
+from avalon.rl.types import RolloutGroup, TrajectoryRow, trained_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +54,7 @@ def build_rl_batch(groups: list[RolloutGroup], cfg: RLConfig, *, seq_len: int,
         for i, (rollout, a) in enumerate(zip(g.rollouts, g.advantages)):
             for row in rollout.rows:
                 rows.append(PackRow(
-                    tokens=np.asarray(row.tokens, np.int32), loss_mask=row.loss_mask,
+                    tokens=np.asarray(row.tokens, np.int32), loss_mask=trained_mask(row),
                     old_logp=np.asarray(row.sampler_logp, np.float32),
                     advantages=token_advantages(row, float(a), cfg), routing=row.routing,
                     name=_row_name(g.group_id, i, row)))
@@ -64,7 +66,7 @@ def build_rl_batch(groups: list[RolloutGroup], cfg: RLConfig, *, seq_len: int,
 def build_sft_batch(rows: list[TrajectoryRow], *, seq_len: int, num_seqs_multiple: int = 1,
                     min_seqs: int = 0) -> tuple[TrainBatch, BuildStats]:
     """Pack SFT rows (loss on `loss_mask` tokens: the demonstrated agent outputs); no replay."""
-    packed = [PackRow(tokens=np.asarray(r.tokens, np.int32), loss_mask=r.loss_mask,
+    packed = [PackRow(tokens=np.asarray(r.tokens, np.int32), loss_mask=trained_mask(r),
                       old_logp=np.zeros(len(r.tokens), np.float32),
                       advantages=np.zeros(len(r.tokens), np.float32), routing=None,
                       name=_row_name(None, None, r)) for r in rows]

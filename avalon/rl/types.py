@@ -13,7 +13,8 @@ Token alignment inside a row (length T):
   routing[t]       the experts every MoE layer chose when tokens[t] was the *input* position
                    ([T, n_moe_layers, k]); replaying them reproduces the sampler's forward
   flags[t]         TokenFlag of the turn that produced tokens[t] (shaping is applied by the RL
-                   core from its config: -0.1 per malformed-turn token, -0.05 per tool-error token)
+                   core from its config: -0.1 per malformed-turn token, -0.05 per tool-error token;
+                   SKIPPED tokens carry no loss and no advantage: `trained_mask`)
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class TokenFlag(enum.IntEnum):
     NORMAL = 0
     MALFORMED = 1  # a turn whose tool call did not parse
     TOOL_ERROR = 2  # a turn whose tool call failed when run
+    # A turn whose calls were never run, so its tokens had no effect: sampled after the episode
+    # ended, after its agent was fired, or past the wall clock. No loss, no advantage.
+    SKIPPED = 3
 
 
 class Objective(enum.Enum):
@@ -56,6 +60,11 @@ class TrajectoryRow:
         if self.routing is not None and len(self.routing) != t:
             raise ValueError(f"TrajectoryRow.routing has length {len(self.routing)}, tokens has "
                              f"{t} (agent {self.agent!r})")
+
+
+def trained_mask(row: TrajectoryRow) -> np.ndarray:
+    """bool [T]: the tokens a loss is taken on, the sampled ones that had an effect."""
+    return np.asarray(row.loss_mask, bool) & (np.asarray(row.flags) != TokenFlag.SKIPPED)
 
 
 @dataclasses.dataclass
