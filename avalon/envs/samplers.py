@@ -17,7 +17,10 @@ task level once per result. `sample(n)` draws n environments with replacement, t
 environment as many distinct tasks as it was drawn (with replacement only if it has fewer).
 
 `BudgetSampler` (SPEC §4 "20% of rollouts single-agent, 80% multi-agent", training "up to
-b = 8"): b = 0 with probability p_single, else uniform in 1..max_budget.
+b = 8"): b = 0 with probability p_single, else uniform in 1..max_budget. `BudgetConfig.scope`:
+one b per rollout (the report's "b sampled per rollout", the default), or one per group, so
+that the K rollouts an advantage compares share their budget and differ only in what the
+organisation did with it (a group's reward spread then carries no budget luck).
 
 Both are deterministic given their seed and state: a numpy Generator (PCG64) whose bit-generator
 state is part of `state()`, a JSON-ready dict the training checkpoint saves; `load_state`
@@ -27,6 +30,7 @@ restores it (the same draws follow).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
@@ -193,10 +197,16 @@ class LearningProgressSampler:
         _load_rng(self.rng, state.get("rng"))
 
 
+class BudgetScope(enum.Enum):
+    ROLLOUT = "rollout"  # a budget per rollout (the report)
+    GROUP = "group"  # one budget for all K rollouts of a group
+
+
 @dataclasses.dataclass(frozen=True)
 class BudgetConfig:
     p_single: float = 0.2
     max_budget: int = 8
+    scope: BudgetScope = BudgetScope.ROLLOUT
 
     def __post_init__(self):
         if not 0 <= self.p_single <= 1:
@@ -226,6 +236,14 @@ class BudgetSampler:
         single = self.rng.random(n) < self.config.p_single
         multi = self.rng.integers(1, self.config.max_budget + 1, size=n)
         return [0 if s else int(b) for s, b in zip(single, multi)]
+
+    def sample_groups(self, n_groups: int, k: int) -> list[int]:
+        """Budgets of n_groups groups of k rollouts, group by group (`BudgetConfig.scope`)."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"BudgetSampler.sample_groups: k must be an int >= 1, got {k!r}")
+        if self.config.scope is BudgetScope.ROLLOUT:
+            return self.sample(n_groups * k)
+        return [b for b in self.sample(n_groups) for _ in range(k)]
 
     def state(self) -> dict:
         return {"version": STATE_VERSION, "rng": _rng_state(self.rng)}

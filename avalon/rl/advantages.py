@@ -4,8 +4,12 @@ For rollout i of a group (K rollouts of one task, grouped by the explicit `group
 
     R_i = Σ over every agent's reward events            (Objective.SUM)
         = u_β(W_T / W_0)                                 (Objective.GKPO)
-    R_i ← R_i − underhire_slope · max(budget_i − hires_i, 0)
+    R_i ← R_i − underhire_slope · max(budget_i − worked_i, 0)
     A_i = (R_i − mean_j R_j) / std_j R_j                 (population std, ddof = 0)
+
+worked_i counts the specialists that worked (`Rollout.worked`), not those hired: hiring and at
+once firing, or hiring an agent that only idles, leaves the penalty where it was, so the cheap
+way out of it is closed and the way that remains is to put the hires to work.
 
 A group whose std is ≤ `zero_std_tol` (including every group of one rollout) carries no
 learning signal and is dropped before the division, so no epsilon is ever added to the std.
@@ -69,7 +73,10 @@ def rollout_reward(rollout: Rollout, objective: Objective, cfg: RLConfig) -> flo
         r = float(gkpo_utility(x, cfg.beta))
     else:
         raise ValueError(f"objective={objective!r}: must be an Objective")
-    unused = max(rollout.budget - rollout.hires, 0)
+    if not 0 <= rollout.worked <= rollout.hires:
+        raise ValueError(f"Rollout.worked={rollout.worked!r} must be in 0..hires "
+                         f"({rollout.hires})")
+    unused = max(rollout.budget - rollout.worked, 0)
     return r - cfg.underhire_slope * unused
 
 

@@ -81,6 +81,9 @@ class Rollout:
     rewards: list[RewardEvent]
     budget: int  # the hire budget b sampled for this rollout (0 = single agent)
     hires: int  # specialists hired during the episode
+    # Specialists that worked: the underhire penalty's "used budget" (rl/advantages.py). Hired
+    # and then idle, or fired before doing anything, does not count (org/outcome.py says how).
+    worked: int
     wealth_ratio: float | None = None  # W_T / W_0, for GKPO environments
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # latency, tokens, ...
     info: dict[str, Any] = dataclasses.field(default_factory=dict)  # titles, end reason, ...

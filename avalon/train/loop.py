@@ -187,7 +187,7 @@ class Run:
         cfg = self.cfg
         n_groups, k = groups_at(cfg.rollout, self.host.rl_step), cfg.rollout.rollouts_per_group
         picks = self.progress.sample(n_groups)  # same draws on every process
-        budgets = self.budget.sample(n_groups * k)
+        budgets = self.budget.sample_groups(n_groups, k)
         clock = cfg.clock(self.host.rl_step)
         env_by_name = self.setup.env_by_name
         specs, env_of = [], {}
