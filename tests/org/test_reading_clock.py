@@ -8,7 +8,6 @@ sees only what existed at its clock (tests/org/test_schedule.py checks that no r
 clock there, except a measured run_code's files)."""
 
 import math
-
 import re
 
 import pytest
