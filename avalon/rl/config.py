@@ -8,8 +8,13 @@ says "our reading" and the choice is ours:
   SkyRL-tx). Default DELTA, so the importance weight is clipped to [1 − ε_low, 6].
 - `eps_low = 1.0`: the lower bound 1 − ε_low = 0 never binds (ρ ≥ 0), i.e. no lower clip, as
   slime recommends for CISPO.
-- `underhire_slope`: the penalty −slope · max(budget − hires, 0) is added to R_i before the group
-  normalisation; the slope is not published.
+- `underhire_slope`: the penalty −slope · max(budget − worked, 0) is added to R_i before the
+  group normalisation (worked: specialists that worked, `Rollout.worked`); the slope is not
+  published.
+- Truncated sampling (top_p < 1, top_k > 0) is refused for RL rollouts (`check_rl_sampling`,
+  called where the training config is read): the sampler's log-prob is that of the untruncated
+  temperature softmax, the distribution the trainer scores, and a truncated sampler's
+  behaviour policy would differ from it without the trainer knowing.
 - `weight_decay`, `b1`, `b2`, `adam_eps`, `clip_norm`: not published; common RL values.
 """
 
@@ -18,6 +23,22 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+
+
+def check_rl_sampling(top_p: float, top_k: int, where: str) -> None:
+    """Refuses truncated sampling for RL rollouts, naming the field (`where`.top_p / top_k).
+
+    The engine's log-probs are those of softmax(logits / T) over the whole vocabulary
+    (avalon/inference/sampling.py) and the trainer recomputes the same; a top-p or top-k
+    sampler draws from another, renormalised distribution, so its tokens' importance ratios
+    and its loss would be silently off-policy. One rule, no quiet fix: refuse at start-up.
+    """
+    if not top_p == 1.0:
+        raise ValueError(f"config.{where}.top_p={top_p!r}: RL rollouts need top_p = 1 (the "
+                         "trainer scores the untruncated distribution; see rl/config.py)")
+    if top_k != 0:
+        raise ValueError(f"config.{where}.top_k={top_k!r}: RL rollouts need top_k = 0 (the "
+                         "trainer scores the untruncated distribution; see rl/config.py)")
 
 
 class CapMode(enum.Enum):
