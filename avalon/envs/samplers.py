@@ -11,9 +11,11 @@ or an (environment, task) pair) keeps two exponential moving averages of its suc
     P(env e) = w_e / sum_e' w_e';   P(task t | e) = w_(e,t) / sum_t' w_(e,t')
 
 so a key is drawn more the faster its success is changing (up or down), and never less than
-the exploration floor allows. The environment level is updated once per `update` call with the
-mean success of that environment's results in the call (one update per training step), the
-task level once per result. `sample(n)` draws n environments with replacement, then for each
+the exploration floor allows. `update` takes every result of one training step and makes one
+update per key: a task's s is its group's mean success that step (the mean over all its results
+in the call), an environment's the mean of its tasks' means. Change is thus measured *between*
+RL steps: K rollouts of one group are samples of one success rate, and feeding them one by one
+would move the fast average by their within-group noise, which is not learning progress. `sample(n)` draws n environments with replacement, then for each
 environment as many distinct tasks as it was drawn (with replacement only if it has fewer).
 
 `BudgetSampler` (SPEC §4 "20% of rollouts single-agent, 80% multi-agent", training "up to
@@ -163,20 +165,24 @@ class LearningProgressSampler:
         return [(env, next(picked[env])) for env in envs]
 
     def update(self, results: Iterable[tuple[str, str, float]]) -> None:
-        """Records (environment, task, success in [0, 1]) results of one training step."""
-        per_env: dict[str, list[float]] = {}
+        """Records every (environment, task, success in [0, 1]) result of ONE training step
+        (all rollouts of all groups): one update per task, from its mean success."""
+        per_task: dict[tuple[str, str], list[float]] = {}
         for env, task, s in results:
             if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s <= 1:
                 raise ValueError(f"LearningProgressSampler.update: success of ({env!r}, "
                                  f"{task!r}) must be a number in [0, 1], got {s!r}")
-            table = self._table(env)
-            if task not in table.known:
+            if task not in self._table(env).known:
                 raise KeyError(f"LearningProgressSampler: environment {env!r} has no task "
                                f"{task!r}")
-            table.update(task, float(s))
-            per_env.setdefault(env, []).append(float(s))
-        for env, values in per_env.items():
-            self.envs.update(env, sum(values) / len(values))
+            per_task.setdefault((env, task), []).append(float(s))
+        per_env: dict[str, list[float]] = {}
+        for (env, task), values in per_task.items():  # one update per task per step
+            mean = sum(values) / len(values)
+            self.tasks[env].update(task, mean)
+            per_env.setdefault(env, []).append(mean)
+        for env, means in per_env.items():
+            self.envs.update(env, sum(means) / len(means))
 
     def state(self) -> dict:
         return {"version": STATE_VERSION, "rng": _rng_state(self.rng),
