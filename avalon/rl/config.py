@@ -83,6 +83,9 @@ class RLConfig:
     b2: float = 0.999
     adam_eps: float = 1e-8
     clip_norm: float = 1.0  # global-norm gradient clipping; 0 disables
+    # RL steps between per-role gradient norms (rl/roles.py: one extra backward pass per role,
+    # CEO and specialists); 0 = never. Per-role loss tokens and advantages come every step.
+    role_grad_every: int = 10
 
     def __post_init__(self):
         _validate(self)
@@ -146,6 +149,9 @@ def _validate(c: RLConfig):
     for f in ("b1", "b2"):
         if not 0.0 <= getattr(c, f) < 1.0:
             _fail(f, getattr(c, f), "must be in [0, 1)")
+    v = c.role_grad_every
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        _fail("role_grad_every", v, "must be an integer >= 0 (0 = never)")
     for f in ("logprob_chunk", "micro_batches"):
         v = getattr(c, f)
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
