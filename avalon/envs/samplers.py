@@ -15,8 +15,9 @@ the exploration floor allows. `update` takes every result of one training step a
 update per key: a task's s is its group's mean success that step (the mean over all its results
 in the call), an environment's the mean of its tasks' means. Change is thus measured *between*
 RL steps: K rollouts of one group are samples of one success rate, and feeding them one by one
-would move the fast average by their within-group noise, which is not learning progress. `sample(n)` draws n environments with replacement, then for each
-environment as many distinct tasks as it was drawn (with replacement only if it has fewer).
+would move the fast average by their within-group noise, which is not learning progress.
+`sample(n)` draws n environments with replacement, then for each environment as many distinct
+tasks as it was drawn (with replacement only if it has fewer).
 
 `BudgetSampler` (SPEC §4 "20% of rollouts single-agent, 80% multi-agent", training "up to
 b = 8"): b = 0 with probability p_single, else uniform in 1..max_budget. `BudgetConfig.scope`:

@@ -85,13 +85,25 @@ class OrgConfig:
 
     @classmethod
     def scaled(cls, window: int, **overrides) -> OrgConfig:
-        """A config for a toy window (a few thousand tokens): limits scale with it.
+        """A config for a window: limits scale with it.
 
-        At toy sizes the fixed summary request is a larger share of the 12.5% headroom, so the
-        summary cap is window/32 (not the real 12000/131072) and a turn window/16.
+        From the real window (131,072) up, the real limits in proportion: the report's summary
+        cap of 12,000 tokens, 4,096-token turns, and so on (`scaled(131072)` is the default
+        config). Below it, toy sizes: there the fixed summary request is a larger share of the
+        12.5% headroom, so the summary cap is window/32 (not the real 12000/131072) and a turn
+        window/16.
         """
-        fields = dict(window=window, summary_cap=max(8, window // 32),
-                      max_new_tokens=max(8, window // 16), max_result_tokens=max(16, window // 16),
-                      max_obs_tokens=max(32, window // 8), trace_read_tokens=max(16, window // 16))
+        if window >= REAL_WINDOW:
+            real = cls()
+            fields = {f: getattr(real, f) * window // REAL_WINDOW for f in (
+                "summary_cap", "max_new_tokens", "max_result_tokens", "max_obs_tokens",
+                "trace_read_tokens")}
+            fields["window"] = window
+        else:
+            fields = dict(window=window, summary_cap=max(8, window // 32),
+                          max_new_tokens=max(8, window // 16),
+                          max_result_tokens=max(16, window // 16),
+                          max_obs_tokens=max(32, window // 8),
+                          trace_read_tokens=max(16, window // 16))
         fields.update(overrides)
         return cls(**fields)
