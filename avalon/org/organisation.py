@@ -606,10 +606,12 @@ class Organisation:
         t = self.agents[target]
         self._emit(EventKind.FIRE, firer.id, seq, target=target)
         t.state = AgentState.FIRED
-        if t.work is not None and not self.lock_step:  # its turn in flight has no effect
+        if t.work is not None and not self.lock_step:  # its turn in flight ends here
             if t.work.mc is None:
                 self._commit_model_call(t, t.work)  # logged as skipped: fired
-            t.work = None
+            else:  # calls not yet run never will be; those that ran keep their flags
+                t.work.calls.clear()
+                self._finish_turn(t, t.work)
         self.post.remove_agent(target)
         self.retired.append(self.key(t))
 

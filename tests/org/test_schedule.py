@@ -65,12 +65,16 @@ def _late_message(config):
                      step(call("wait_for_messages"))],
              "a1": [step(call("work", part=p)) for p in "bcdef"]
              + [step(call("final_message", text="x"))]}
-    _, _, events = run_playbook(PartsEnv(costs), steps, budget=1, config=config)
-    return events
+    env = PartsEnv(costs)
+    _, _, events = run_playbook(env, steps, budget=1, config=config)
+    return events, env
 
 
 def test_late_message_arrives_at_the_first_boundary_after_its_send():
-    events = _late_message(CLOCK)
+    events, env = _late_message(CLOCK)
+    # The environment is called in clock order (what environments may rely on).
+    clocks_s = [c for _, _, c in env.calls]
+    assert clocks_s == sorted(clocks_s) and len(clocks_s) == 6
     before, clocks = _clocks_before(events)
     send = events_of(events, "send", agent="ceo")[0]
     send_clock = clocks.clock_at(send["seq"])
@@ -86,7 +90,8 @@ def test_late_message_arrives_at_the_first_boundary_after_its_send():
     assert between[-1] < send_clock  # ... is the first one at or after the send
     assert len(between) >= 4  # a1's turns in between happened
     # Lock-step: the message lands at a1's next tick boundary and drags its clock up to 45+ s.
-    events = _late_message(LOCK)
+    events, env = _late_message(LOCK)
+    assert [c for _, _, c in env.calls] != sorted(c for _, _, c in env.calls)
     before, clocks = _clocks_before(events)
     send = events_of(events, "send", agent="ceo")[0]
     deliver = events_of(events, "deliver", message_id=send["message_id"])[0]
