@@ -11,13 +11,19 @@ or an (environment, task) pair) keeps two exponential moving averages of its suc
     P(env e) = w_e / sum_e' w_e';   P(task t | e) = w_(e,t) / sum_t' w_(e,t')
 
 so a key is drawn more the faster its success is changing (up or down), and never less than
-the exploration floor allows. The environment level is updated once per `update` call with the
-mean success of that environment's results in the call (one update per training step), the
-task level once per result. `sample(n)` draws n environments with replacement, then for each
-environment as many distinct tasks as it was drawn (with replacement only if it has fewer).
+the exploration floor allows. `update` takes every result of one training step and makes one
+update per key: a task's s is its group's mean success that step (the mean over all its results
+in the call), an environment's the mean of its tasks' means. Change is thus measured *between*
+RL steps: K rollouts of one group are samples of one success rate, and feeding them one by one
+would move the fast average by their within-group noise, which is not learning progress.
+`sample(n)` draws n environments with replacement, then for each environment as many distinct
+tasks as it was drawn (with replacement only if it has fewer).
 
 `BudgetSampler` (SPEC §4 "20% of rollouts single-agent, 80% multi-agent", training "up to
-b = 8"): b = 0 with probability p_single, else uniform in 1..max_budget.
+b = 8"): b = 0 with probability p_single, else uniform in 1..max_budget. `BudgetConfig.scope`:
+one b per rollout (the report's "b sampled per rollout", the default), or one per group, so
+that the K rollouts an advantage compares share their budget and differ only in what the
+organisation did with it (a group's reward spread then carries no budget luck).
 
 Both are deterministic given their seed and state: a numpy Generator (PCG64) whose bit-generator
 state is part of `state()`, a JSON-ready dict the training checkpoint saves; `load_state`
@@ -27,6 +33,7 @@ restores it (the same draws follow).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
@@ -159,20 +166,24 @@ class LearningProgressSampler:
         return [(env, next(picked[env])) for env in envs]
 
     def update(self, results: Iterable[tuple[str, str, float]]) -> None:
-        """Records (environment, task, success in [0, 1]) results of one training step."""
-        per_env: dict[str, list[float]] = {}
+        """Records every (environment, task, success in [0, 1]) result of ONE training step
+        (all rollouts of all groups): one update per task, from its mean success."""
+        per_task: dict[tuple[str, str], list[float]] = {}
         for env, task, s in results:
             if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s <= 1:
                 raise ValueError(f"LearningProgressSampler.update: success of ({env!r}, "
                                  f"{task!r}) must be a number in [0, 1], got {s!r}")
-            table = self._table(env)
-            if task not in table.known:
+            if task not in self._table(env).known:
                 raise KeyError(f"LearningProgressSampler: environment {env!r} has no task "
                                f"{task!r}")
-            table.update(task, float(s))
-            per_env.setdefault(env, []).append(float(s))
-        for env, values in per_env.items():
-            self.envs.update(env, sum(values) / len(values))
+            per_task.setdefault((env, task), []).append(float(s))
+        per_env: dict[str, list[float]] = {}
+        for (env, task), values in per_task.items():  # one update per task per step
+            mean = sum(values) / len(values)
+            self.tasks[env].update(task, mean)
+            per_env.setdefault(env, []).append(mean)
+        for env, means in per_env.items():
+            self.envs.update(env, sum(means) / len(means))
 
     def state(self) -> dict:
         return {"version": STATE_VERSION, "rng": _rng_state(self.rng),
@@ -193,10 +204,16 @@ class LearningProgressSampler:
         _load_rng(self.rng, state.get("rng"))
 
 
+class BudgetScope(enum.Enum):
+    ROLLOUT = "rollout"  # a budget per rollout (the report)
+    GROUP = "group"  # one budget for all K rollouts of a group
+
+
 @dataclasses.dataclass(frozen=True)
 class BudgetConfig:
     p_single: float = 0.2
     max_budget: int = 8
+    scope: BudgetScope = BudgetScope.ROLLOUT
 
     def __post_init__(self):
         if not 0 <= self.p_single <= 1:
@@ -226,6 +243,14 @@ class BudgetSampler:
         single = self.rng.random(n) < self.config.p_single
         multi = self.rng.integers(1, self.config.max_budget + 1, size=n)
         return [0 if s else int(b) for s, b in zip(single, multi)]
+
+    def sample_groups(self, n_groups: int, k: int) -> list[int]:
+        """Budgets of n_groups groups of k rollouts, group by group (`BudgetConfig.scope`)."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"BudgetSampler.sample_groups: k must be an int >= 1, got {k!r}")
+        if self.config.scope is BudgetScope.ROLLOUT:
+            return self.sample(n_groups * k)
+        return [b for b in self.sample(n_groups) for _ in range(k)]
 
     def state(self) -> dict:
         return {"version": STATE_VERSION, "rng": _rng_state(self.rng)}

@@ -8,9 +8,10 @@ policy the trainer recomputes as pi_theta: the RL loss takes log-softmax of the 
 divided by the same temperature, over the whole vocabulary; it does not know about top-k/top-p.
 With this choice the importance ratio pi_theta / pi_old of an on-policy token is exactly 1 (up
 to float error between the decode and training forwards). Truncation (top-k / top-p) is then a
-known, small off-policy effect: the behaviour policy is the renormalised truncated distribution,
-whose log-prob is this value plus -log(kept mass). Rollouts meant for on-policy RL should use
-top_p = 1, top_k = 0.
+known off-policy effect: the behaviour policy is the renormalised truncated distribution, whose
+log-prob is this value plus -log(kept mass). RL therefore refuses truncation at start-up
+(`avalon/rl/config.check_rl_sampling`, naming `rollout.top_p` / `top_k`); top-k / top-p remain
+for evaluation and inference.
 
 Seeds. Row r's uniform draw is keyed by fold_in(key(seed[r]), position[r]), the position the
 sampled token will occupy in the slot's context, so a slot's tokens depend only on its own seed

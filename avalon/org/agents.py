@@ -5,12 +5,16 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import enum
+from typing import TYPE_CHECKING
 
 from avalon.org.context import AgentContext
 
+if TYPE_CHECKING:
+    from avalon.org.schedule import Work
+
 
 class AgentState(enum.Enum):
-    READY = "ready"  # acts at the next tick
+    READY = "ready"  # acts at its next turn boundary (avalon/org/schedule.py)
     PARKED = "parked"  # in wait_for_messages: costs nothing until a waking delivery
     STOPPED = "stopped"  # turn cap, wall clock or context full (a logged `stop`)
     FIRED = "fired"
@@ -65,6 +69,8 @@ class Agent:
     restart_summary: str | None = None  # the summary, until the next turn's observation
     last_report: dict | None = None  # its latest report_to_ceo (pinned as commitments)
     stats: AgentStats = dataclasses.field(default_factory=AgentStats)
+    work: Work | None = None  # its turn from boundary to last tool call (clock scheduler)
+    wake_at: float | None = None  # woken: the waking message's send time (its next boundary)
     # (trace length, seq of the agent's latest event when the trace reached it), in order: when
     # each part of the trace came to exist, for `read_trace` (latency.py).
     trace_marks: list[tuple[int, int]] = dataclasses.field(default_factory=list)

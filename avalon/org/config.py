@@ -6,6 +6,7 @@ import dataclasses
 import enum
 
 from avalon.org.channels import Subscription
+from avalon.org.latency import MIN_MODEL_CALL_S
 from avalon.org.workspace import WorkspaceLimits
 
 REAL_WINDOW = 131072
@@ -39,6 +40,11 @@ class OrgConfig:
     summary_cap: int = REAL_SUMMARY_CAP  # tokens of the tier-2 summary turn
     max_new_tokens: int = 4096  # per ordinary turn
     max_turns: int = 256  # per agent; then it is stopped (a logged `stop`)
+    # Clock-ordered scheduling (avalon/org/schedule.py): the ready agents whose clocks lie within
+    # this many seconds of the earliest ready clock act together (one policy batch). The
+    # default, the shortest possible model call, lets no effect precede a batch-mate's turn
+    # boundary; inf is the old lock-step tick (every ready agent, listing order), for comparison.
+    schedule_horizon_s: float = MIN_MODEL_CALL_S
     max_calls_per_turn: int = 8
     max_result_tokens: int = 8192  # a longer tool result is cut (and says so)
     max_obs_tokens: int = 16384  # a longer observation (results + deliveries) is cut
@@ -61,6 +67,9 @@ class OrgConfig:
         if not 0 < self.elide_target_ratio <= self.compaction_ratio < 1:
             raise ValueError("OrgConfig needs 0 < elide_target_ratio <= compaction_ratio < 1, "
                              f"got {self.elide_target_ratio} and {self.compaction_ratio}")
+        if not self.schedule_horizon_s >= 0:
+            raise ValueError("OrgConfig.schedule_horizon_s must be >= 0 (inf for lock-step), "
+                             f"got {self.schedule_horizon_s}")
         if self.keep_recent_obs < 0:
             raise ValueError(f"OrgConfig.keep_recent_obs must be >= 0, got {self.keep_recent_obs}")
         if self.trigger_tokens + self.max_new_tokens + self.summary_cap > self.window:
@@ -76,13 +85,25 @@ class OrgConfig:
 
     @classmethod
     def scaled(cls, window: int, **overrides) -> OrgConfig:
-        """A config for a toy window (a few thousand tokens): limits scale with it.
+        """A config for a window: limits scale with it.
 
-        At toy sizes the fixed summary request is a larger share of the 12.5% headroom, so the
-        summary cap is window/32 (not the real 12000/131072) and a turn window/16.
+        From the real window (131,072) up, the real limits in proportion: the report's summary
+        cap of 12,000 tokens, 4,096-token turns, and so on (`scaled(131072)` is the default
+        config). Below it, toy sizes: there the fixed summary request is a larger share of the
+        12.5% headroom, so the summary cap is window/32 (not the real 12000/131072) and a turn
+        window/16.
         """
-        fields = dict(window=window, summary_cap=max(8, window // 32),
-                      max_new_tokens=max(8, window // 16), max_result_tokens=max(16, window // 16),
-                      max_obs_tokens=max(32, window // 8), trace_read_tokens=max(16, window // 16))
+        if window >= REAL_WINDOW:
+            real = cls()
+            fields = {f: getattr(real, f) * window // REAL_WINDOW for f in (
+                "summary_cap", "max_new_tokens", "max_result_tokens", "max_obs_tokens",
+                "trace_read_tokens")}
+            fields["window"] = window
+        else:
+            fields = dict(window=window, summary_cap=max(8, window // 32),
+                          max_new_tokens=max(8, window // 16),
+                          max_result_tokens=max(16, window // 16),
+                          max_obs_tokens=max(32, window // 8),
+                          trace_read_tokens=max(16, window // 16))
         fields.update(overrides)
         return cls(**fields)

@@ -5,9 +5,12 @@
                                                                      seed=0), ...))])
     result.groups  # list[RolloutGroup] for the RL core, in the order of the specs
 
-Each tick gathers the turns of every READY agent of every active rollout (rollout order, then
-agent order), sends them to the policy in ONE `act` call (for the engine policy, one
-`engine.generate`), and applies the outputs in that same order. Parked agents cost nothing.
+Each tick gathers the next turns of every active rollout (rollout order, then agent order: the
+agents at the front of each rollout's derived clock, `avalon/org/schedule.py`, or with
+`OrgConfig.schedule_horizon_s=inf` every READY agent), sends them to the policy in ONE `act`
+call (for the engine policy, one `engine.generate`), and hands the outputs back in that same
+order. Parked agents cost nothing. After the run, every rollout's scheduled clocks are checked
+against the replay of its event log (`schedule.verify_schedule`).
 An agent that will not act again is released from the policy (its engine slot freed) at the
 end of the tick. When every rollout of a group starts with the same CEO system segment, the
 policy may prefill it once and share it (`Policy.prefill_shared`).
@@ -34,6 +37,7 @@ from avalon.org.events import EventLog
 from avalon.org.organisation import Organisation
 from avalon.org.outcome import OrgReport, build_rollout, org_report
 from avalon.org.policy import Policy
+from avalon.org.schedule import Scheduled, verify_schedule
 from avalon.org.workspace import Workspace
 from avalon.rl.types import RolloutGroup
 from avalon.tokenizer.chat import ChatFormat
@@ -64,6 +68,7 @@ class RunResult:
     logs: list[list[EventLog]]  # [group][rollout]
     reports: list[list[OrgReport]]  # [group][rollout]
     ticks: list[TickStat]
+    scheduled: list[list[list[Scheduled]]]  # [group][rollout]: the clocks the scheduler used
 
 
 class RolloutDriver:
@@ -95,6 +100,8 @@ class RolloutDriver:
                 for group in orgs:
                     self._share(group)
             ticks = self._loop([o for group in orgs for o in group])
+            for o in (o for group in orgs for o in group):  # one source of truth (schedule.py)
+                verify_schedule(o.log.events, o.scheduled, clock_order=not o.lock_step)
             if self.log_dir is not None:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 for g, group in zip(groups, orgs):
@@ -106,7 +113,8 @@ class RolloutDriver:
                                      objective=group[0].task.objective)
                         for g, group in zip(groups, orgs)],
                 logs=[[o.log for o in group] for group in orgs],
-                reports=[[org_report(o) for o in group] for group in orgs], ticks=ticks)
+                reports=[[org_report(o) for o in group] for group in orgs], ticks=ticks,
+                scheduled=[[o.scheduled for o in group] for group in orgs])
         finally:
             if not self.keep_workspaces:
                 shutil.rmtree(root, ignore_errors=True)
@@ -140,6 +148,7 @@ class RolloutDriver:
                 o.end_tick()
                 for key in o.take_retired():
                     self.policy.release(key)
-            ticks.append(TickStat(active_rollouts=len(active), turns=len(flat)))
+            if flat:  # a tick in which rollouts only ended made no policy call
+                ticks.append(TickStat(active_rollouts=len(active), turns=len(flat)))
             active = [o for o in active if not o.done]
         return ticks

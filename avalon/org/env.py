@@ -5,6 +5,13 @@ package imports org). One `EnvSession` serves one rollout; the simulator calls i
 thread, in event-log order, so a session needs no locks and must be deterministic given its
 construction (seed) and the sequence of calls.
 
+Order. Under the clock scheduler (the default, `avalon/org/schedule.py`) `call`s arrive in the
+order of their start on the derived clock: `CallContext.clock_s` never decreases from one call
+to the next (ties: the agent hired first), and a call sees every call that started before it
+and none that started after, so the first agent on the clock wins a race for a resource. A
+call happens at its start; its `duration_s` is charged after. With
+`OrgConfig.schedule_horizon_s=inf` (lock-step) calls come in tick order instead.
+
 The calls a session receives, in order:
 1. `task` (a property), at rollout start: the prompt, the environment's tools, the clock cap.
    Then `on_start(budget, workspace)` once: the rollout's hire budget b, and its (empty)

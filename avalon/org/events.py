@@ -14,8 +14,8 @@ Kinds, their `cause`, and their fields (besides seq, agent, kind, cause):
                               segment, turn (the agent's model-call index), stop ("stop" |
                               "length" | "context_full"); optional: summary (a compaction
                               summary turn), malformed (the parse error), skipped ("ended" |
-                              "fired": the turn's calls were not run), text (the output, when
-                              logging text).
+                              "fired" | "wall_clock": the turn's calls were not run; its
+                              tokens carry no loss), text (the output, when logging text).
   tool_call   its model_call  tool, duration_s (seconds on the derived clock), error (bool);
                               optional: measured (duration is wall time), rewards
                               ([{value, label}]), late (rewards dropped: finished after the

@@ -47,6 +47,12 @@ def model_call_seconds(n_in_new: int, n_out: int) -> float:
     return n_in_new / IN_TOKENS_PER_S + n_out / OUT_TOKENS_PER_S
 
 
+# The shortest model call that can run a tool: one sampled token, no new prompt (a call that
+# sampled nothing, the engine's context-full answer, runs no tool). The clock scheduler's
+# default horizon (avalon/org/schedule.py).
+MIN_MODEL_CALL_S = model_call_seconds(0, 1)
+
+
 @dataclasses.dataclass
 class LatencyReport:
     task_latency_s: float

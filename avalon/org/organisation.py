@@ -1,17 +1,29 @@
 """One rollout's organisation: agents, turns, tool calls, delivery, compaction, the end.
 
-A tick has two halves, driven by `avalon/org/driver.py`:
-1. `begin_tick()` builds a `Turn` for every READY agent, in agent order (CEO, then hire order).
-   Building a turn is the agent's turn boundary: its inbox is drained (`deliver` events, in
-   (send time, seq) order), its pending tool results and the deliveries become one observation,
-   and compaction runs if the context has reached `OrgConfig.trigger_tokens`.
-2. `apply(turns, outputs)` takes the policy's outputs in the same order and, agent by agent,
-   logs the `model_call`, parses the output and runs its calls. A message sent now is delivered
-   at each recipient's *next* boundary, never into a turn already built. `end_tick()` then ends
-   the episode when the CEO sent its final message, an environment call was terminal, or no
-   agent can act.
-Because outputs are applied in this fixed order, the log does not depend on how the policy
-batched or timed the turns: the same seed and the same outputs give the same bytes.
+The simulator's time is the derived clock (SPEC §2). A tick has two halves, driven by
+`avalon/org/driver.py`:
+1. `begin_tick()` returns the turns to run next. Under the clock scheduler (the default,
+   `avalon/org/schedule.py`) it first commits, in clock order, every pending model call and
+   tool call that comes before the next turn boundary, then builds the turns of the idle ready
+   agents at the front of the clock (within `OrgConfig.schedule_horizon_s`). With
+   `schedule_horizon_s=inf` (lock-step, the old tick) it builds a turn for every READY agent,
+   in agent order (CEO, then hire order). Building a turn is the agent's turn boundary: its
+   inbox is drained (`deliver` events, in (send time, seq) order), its pending tool results and
+   the deliveries become one observation, and compaction runs if the context has reached
+   `OrgConfig.trigger_tokens`.
+2. `apply(turns, outputs)` takes the policy's outputs in the same order. Lock-step: agent by
+   agent it logs the `model_call`, parses the output and runs its calls at once. Clock
+   scheduler: each output becomes a pending commit at boundary + the model call's seconds; its
+   calls then commit one by one at their agents' clocks, interleaved with everyone else's, so
+   shared state (environment, messages, channels, archive, files, traces) changes in clock
+   order, and a turn sees the state at its clock. A message sent now is delivered at each
+   recipient's next boundary (on the clock: the first at or after its send time), never into a
+   turn already built. `end_tick()` then ends the episode when the CEO sent its final message,
+   an environment call was terminal, or no agent can act; turns still in flight are then
+   logged as skipped.
+Because outputs are committed in an order fixed by the clock and a documented tie key, the log
+does not depend on how the policy batched or timed the turns: the same seed and the same
+outputs give the same bytes.
 
 Compaction (at a turn boundary, context + new observation >= trigger). Tier 1 replaces every
 observation but the latest `keep_recent_obs` by a stub; it is applied when that brings the
@@ -40,7 +52,7 @@ from avalon.org.config import OrgConfig
 from avalon.org.context import AgentContext, SegKind
 from avalon.org.env import CallContext, EndContext, EndReason, EnvSession, FinalOutcome, ToolError
 from avalon.org.events import EventKind, EventLog
-from avalon.org.latency import ClockReplay
+from avalon.org.latency import ClockReplay, model_call_seconds
 from avalon.org.policy import AgentView, Turn, TurnOutput
 from avalon.org.prompts import (
     CEO_ROLE,
@@ -52,7 +64,8 @@ from avalon.org.prompts import (
     summary_request,
     summary_restart,
 )
-from avalon.org.toolcall import Call, ParsedTurn, parse_turn
+from avalon.org.schedule import Scheduled, Work, pick_batch
+from avalon.org.toolcall import Call, parse_turn
 from avalon.org.tools import (
     HANDLERS,
     NOT_COORDINATION,
@@ -124,6 +137,10 @@ class Organisation:
         self.done = False
         self._ending_seq: int | None = None
         self._clock_stops = 0
+        self.lock_step = math.isinf(config.schedule_horizon_s)
+        self.now = 0.0  # the scheduler's time: the clock of the latest boundary or commit
+        self.scheduled: list[Scheduled] = []  # what it charged each model and tool call
+        self._last_tool_call = -1
         start = self._emit(EventKind.START, "ceo", None, task_id=task.task_id, budget=budget,
                            seed=seed)
         session.on_start(budget, workspace)
@@ -219,16 +236,67 @@ class Organisation:
     # ----- the turn boundary -----
 
     def begin_tick(self) -> list[Turn]:
-        """A turn for every READY agent, in agent order (drains their inboxes)."""
+        """The turns the policy runs next (see the module docstring); [] when none is left."""
         if self.done or self.end_reason is not None:
             return []
-        turns = []
-        for a in list(self.agents.values()):
-            if a.state is AgentState.READY:
+        if self.lock_step:
+            turns = [self._begin_turn(a) for a in list(self.agents.values())
+                     if a.state is AgentState.READY]
+            return [t for t in turns if t is not None]
+        agents = list(self.agents.values())  # position = Agent.index
+        while True:
+            effect = self._next_effect()
+            ready = [(self._ready_at(a), a.index) for a in agents
+                     if a.state is AgentState.READY and a.work is None]
+            if effect is not None and (not ready or effect[0] <= min(ready)[0]):
+                self._commit(agents[effect[1]])
+                if self.end_reason is not None:
+                    return []
+                agents = list(self.agents.values())  # a hire adds one
+                continue
+            if not ready:
+                return []
+            limit = math.inf if effect is None else effect[0]
+            turns = []
+            for i in pick_batch(ready, limit, self.config.schedule_horizon_s):
+                a = agents[i]
+                start = self._ready_at(a)
+                self.now = max(self.now, start)
+                a.wake_at = None
                 turn = self._begin_turn(a)
                 if turn is not None:
+                    a.work = Work(turn, start_s=start)
                     turns.append(turn)
-        return turns
+            if turns:
+                return turns
+
+    def _ready_at(self, a: Agent) -> float:
+        """When an idle ready agent's next boundary is: its clock, or its wake-up."""
+        clock = self.clocks.clock(a.id)
+        return clock if a.wake_at is None else max(clock, a.wake_at)
+
+    def _next_effect(self) -> tuple[float, int] | None:
+        """(clock time, agent index) of the earliest pending commit (ties: lower index)."""
+        best = None
+        for a in self.agents.values():
+            w = a.work
+            if w is None or w.out is None:
+                continue
+            key = (w.done_s if w.mc is None else self.clocks.clock(a.id), a.index)
+            if best is None or key < best:
+                best = key
+        return best
+
+    def _commit(self, a: Agent) -> None:
+        """Commits an agent's next item: its model call, or its next tool call."""
+        w = a.work
+        if w.mc is None:
+            if not self._commit_model_call(a, w):
+                return
+        else:
+            self._commit_call(a, w)
+        if a.work is w and not w.calls:
+            self._finish_turn(a, w)
 
     def _begin_turn(self, a: Agent) -> Turn | None:
         cfg, ctx = self.config, a.context
@@ -283,16 +351,32 @@ class Organisation:
     # ----- applying outputs -----
 
     def apply(self, turns: list[Turn], outputs: list[TurnOutput]) -> None:
-        """Applies the policy's outputs for `turns` (as returned by `begin_tick`), in order."""
+        """Takes the policy's outputs for `turns` (as returned by `begin_tick`), in order.
+
+        Lock-step: each output is applied at once, agent by agent, calls and all. Clock
+        scheduler: each becomes a pending model-call commit at its clock time."""
         if len(turns) != len(outputs):
             raise ValueError(f"apply: {len(turns)} turns but {len(outputs)} outputs")
         for turn, out in zip(turns, outputs):
             if turn.key.rollout != self.rollout:
                 raise ValueError(f"apply: turn of rollout {turn.key.rollout} given to "
                                  f"rollout {self.rollout}")
-            self._apply_turn(self.agents[turn.key.agent], turn, out)
+            a = self.agents[turn.key.agent]
+            if self.lock_step:
+                a.work = Work(turn, start_s=self.clocks.clock(a.id))
+            elif a.work is None or a.work.turn is not turn or a.work.out is not None:
+                raise ValueError(f"apply: {turn.key} has no turn waiting for an output")
+            w = a.work
+            w.out = out
+            w.done_s = w.start_s + model_call_seconds(len(turn.new_tokens), len(out.tokens))
+            if self.lock_step and self._commit_model_call(a, w):
+                while w.calls:
+                    self._commit_call(a, w)
+                self._finish_turn(a, w)
 
-    def _apply_turn(self, a: Agent, turn: Turn, out: TurnOutput) -> None:
+    def _commit_model_call(self, a: Agent, w: Work) -> bool:
+        """Logs the model call of `w` (its output joins the context); False when skipped."""
+        turn, out = w.turn, w.out
         out_ids = [int(x) for x in out.tokens]
         new = [int(x) for x in turn.new_tokens]
         a.context.add_output(new, out_ids, np.asarray(out.logprobs), out.routing)
@@ -305,52 +389,76 @@ class Organisation:
                       turn=a.model_calls - 1, stop=out.stop.value)
         skipped = ("ended" if self.end_reason is not None
                    else "fired" if a.state is AgentState.FIRED else None)
-        parsed: ParsedTurn | None = None
+        if not skipped and a.summary_turn:
+            fields["summary"] = True
+        elif not skipped:
+            w.parsed = parse_turn(self.chat, out_ids, self.config.max_calls_per_turn)
+            if w.parsed.error is not None:
+                fields["malformed"] = w.parsed.error
+            elif w.parsed.calls and self.clocks.clock(a.id) + model_call_seconds(
+                    len(new), len(out_ids)) >= self.task.wall_clock_s:
+                skipped, w.parsed = "wall_clock", None  # none of its calls can run
         if skipped:
             fields["skipped"] = skipped
-        elif a.summary_turn:
-            fields["summary"] = True
-        else:
-            parsed = parse_turn(self.chat, out_ids, self.config.max_calls_per_turn)
-            if parsed.error is not None:
-                fields["malformed"] = parsed.error
         if self.config.log_text:
             fields["text"] = self.chat.tok.decode(out_ids)
-        mc = self._emit(EventKind.MODEL_CALL, a.id, a.last_seq, **fields)
+        start = self.clocks.clock(a.id)
+        w.mc = self._emit(EventKind.MODEL_CALL, a.id, a.last_seq, **fields)
+        if not skipped:
+            self.now = max(self.now, w.done_s)
+        self.scheduled.append(Scheduled(w.mc, w.start_s, w.done_s, self.now))
+        if self.lock_step:  # the old tick charged no boundary time: its clock is the replay's
+            self.scheduled[-1] = Scheduled(w.mc, start, self.clocks.clock(a.id), self.now)
         a.mark_trace()  # last_seq is now `mc`: the output exists at the clock after the call
+        if skipped:  # no effect: no loss (rl.types.trained_mask)
+            a.context.row.flag_tail(len(out_ids), TokenFlag.SKIPPED)
+        if skipped == "wall_clock":
+            return True  # `_finish_turn` stops the agent (its clock is past the cap)
         if skipped:
-            return
+            a.work = None
+            return False
         if a.summary_turn:
-            self._restart(a, out_ids, mc)
-        else:
-            a.turns += 1
-            if parsed.error is not None:
-                a.context.row.flag_tail(len(out_ids), TokenFlag.MALFORMED)
-                a.stats.malformed_turns += 1
-                a.pending.append(f"[error] malformed turn: {parsed.error}")
-            else:
-                self._run_calls(a, parsed.calls, mc, len(out_ids))
-            if out.stop is not EngineStop.STOP:
-                a.pending.append(f"(turn cut at {len(out_ids)} tokens)")
-            a.plan_mode = False
-        self._after_turn(a)
-
-    def _run_calls(self, a: Agent, calls: tuple[Call, ...], mc: int, n_out: int) -> None:
-        if not calls:
+            self._restart(a, out_ids, w.mc)
+            return True
+        a.turns += 1
+        if w.parsed.error is not None:
+            a.context.row.flag_tail(len(out_ids), TokenFlag.MALFORMED)
+            a.stats.malformed_turns += 1
+            a.pending.append(f"[error] malformed turn: {w.parsed.error}")
+        elif not w.parsed.calls:
             a.pending.append("(no tool call)")
+        else:
+            w.calls = list(w.parsed.calls)
+        return True
+
+    def _commit_call(self, a: Agent, w: Work) -> None:
+        """Runs the next tool call of `w` at its agent's clock (or refuses it: ended, clock)."""
+        call = w.calls.pop(0)
+        if self.end_reason is not None:
+            a.pending.append(f"[{call.name} not run: the task has ended]")
+            w.calls.clear()
             return
-        failed = False
-        for call in calls:
-            if self.end_reason is not None:
-                a.pending.append(f"[{call.name} not run: the task has ended]")
-                break
-            if self.clocks.clock(a.id) >= self.task.wall_clock_s:
-                a.pending.append(f"[{call.name} not run: wall clock]")
-                break
-            failed |= not self._run_call(a, call, mc)
-        if failed:
-            a.context.row.flag_tail(n_out, TokenFlag.TOOL_ERROR)
-            a.stats.tool_error_turns += 1
+        if self.clocks.clock(a.id) >= self.task.wall_clock_s:
+            a.pending.append(f"[{call.name} not run: wall clock]")
+            w.calls.clear()
+            return
+        start = self.clocks.clock(a.id)
+        self.now = max(self.now, start)
+        w.failed |= not self._run_call(a, call, w.mc)
+        seq = self._last_tool_call
+        self.scheduled.append(Scheduled(seq, start, self.clocks.clock_at(seq), self.now))
+
+    def _finish_turn(self, a: Agent, w: Work) -> None:
+        """After the turn's last call: flags, notes, and the agent's next state."""
+        if w.parsed is not None:  # an ordinary turn (not a summary)
+            if w.failed:
+                a.context.row.flag_tail(len(w.out.tokens), TokenFlag.TOOL_ERROR)
+                a.stats.tool_error_turns += 1
+            if w.out.stop is not EngineStop.STOP:
+                a.pending.append(f"(turn cut at {len(w.out.tokens)} tokens)")
+            a.plan_mode = False
+        a.work = None
+        self._after_turn(a)
 
     def _dispatch(self, a: Agent, call: Call) -> ToolResult:
         name = call.name
@@ -408,6 +516,7 @@ class Organisation:
             fields["args"] = call.args
             fields["result"] = text
         tc = self._emit(EventKind.TOOL_CALL, a.id, mc, **fields)
+        self._last_tool_call = tc
         a.stats.tool_calls += 1
         if call.name in _ORG_TOOLS and _ORG_TOOLS[call.name] not in NOT_COORDINATION:
             a.stats.coordination_calls += 1
@@ -481,6 +590,7 @@ class Organisation:
     def _wake(self, a: Agent, d: Delivery) -> None:
         self._emit(EventKind.WAKE, a.id, d.message.send_seq, message_id=d.message.id)
         a.state = AgentState.READY
+        a.wake_at = d.message.send_time  # the clock scheduler runs its boundary then
 
     def hire(self, seq: int, hirer: Agent, new_id: str, title: str, role: str,
              granted: tuple[str, ...]) -> None:
@@ -496,6 +606,12 @@ class Organisation:
         t = self.agents[target]
         self._emit(EventKind.FIRE, firer.id, seq, target=target)
         t.state = AgentState.FIRED
+        if t.work is not None and not self.lock_step:  # its turn in flight ends here
+            if t.work.mc is None:
+                self._commit_model_call(t, t.work)  # logged as skipped: fired
+            else:  # calls not yet run never will be; those that ran keep their flags
+                t.work.calls.clear()
+                self._finish_turn(t, t.work)
         self.post.remove_agent(target)
         self.retired.append(self.key(t))
 
@@ -531,6 +647,7 @@ class Organisation:
                 self.end_reason = EndReason.DEADLOCK
             else:
                 self.end_reason = EndReason.STOPPED
+        self._flush_work()
         latency = max(self.clocks.clocks.values())
         final = self.session.on_end(EndContext(reason=self.end_reason,
                                                final_message=self.final_message,
@@ -549,6 +666,21 @@ class Organisation:
             if a.active:
                 self.retired.append(self.key(a))
         self.final, self.done = final, True
+
+    def _flush_work(self) -> None:
+        """At the end (clock scheduler): turns still in flight are logged, in commit order;
+        model calls as skipped ("ended"), calls not yet run as not run."""
+        working = [a for a in self.agents.values() if a.work is not None]
+        working.sort(key=lambda a: (a.work.done_s if a.work.mc is None
+                                    else self.clocks.clock(a.id), a.index))
+        for a in working:
+            w = a.work
+            if w.mc is None:
+                self._commit_model_call(a, w)
+            else:
+                while w.calls:
+                    self._commit_call(a, w)
+                self._finish_turn(a, w)
 
     def take_retired(self) -> list[AgentKey]:
         out, self.retired = self.retired, []

@@ -3,7 +3,8 @@
 `Rollout.metrics` (floats, for the training driver's telemetry):
   latency_s, critical_token_share, tokens (n_in_new + n_out of every model call), tokens_out,
   tokens_out_ceo, tokens_out_specialists, agents, hires, fires, model_calls, tool_calls,
-  coordination_share (organisation-tool calls / all tool calls), messages, trace_reads,
+  worked (specialists that worked: `workers`), coordination_share (organisation-tool calls /
+  all tool calls), messages, trace_reads,
   compactions, malformed_turns, tool_error_turns, end/<reason> (1.0 for the episode's end
   reason), and per agent `<id>/tokens_out`, `<id>/messages`, `<id>/trace_reads`,
   `<id>/critical_time_s`.
@@ -20,6 +21,7 @@ import dataclasses
 from avalon.org.agents import AgentState
 from avalon.org.events import EventKind
 from avalon.org.organisation import Organisation
+from avalon.org.tools import OrgTool
 from avalon.rl.types import Rollout
 
 
@@ -28,6 +30,25 @@ class OrgReport:
     titles: dict[str, str]  # agent id -> job title, every agent ever hired
     end_reason: str
     final_message: str | None
+
+
+# Calls that change nothing for the team: waiting, and looking at who is in it.
+IDLE_TOOLS = frozenset({OrgTool.WAIT_FOR_MESSAGES.value, OrgTool.ROSTER.value})
+
+
+def workers(events) -> set[str]:
+    """The specialists that worked: those with at least one successful tool call, other than
+    waiting or the roster, in a turn that ran (skipped turns log no calls).
+
+    This is the underhire penalty's "used budget" (`Rollout.worked`, rl/advantages.py). Counting
+    hires instead would let a policy cancel the penalty for nothing: hire and at once fire, or
+    hire an agent that only waits. An agent counts once it did anything with an effect on the
+    task or the team (an environment or workspace tool, a message, a note, a read), so the way
+    out of the penalty is to use the hires, which is what the penalty is for (SPEC §3).
+    """
+    return {e["agent"] for e in events
+            if e["kind"] == "tool_call" and e["agent"] != "ceo" and not e["error"]
+            and e["tool"] not in IDLE_TOOLS}
 
 
 def build_rollout(org: Organisation) -> Rollout:
@@ -75,7 +96,9 @@ def build_rollout(org: Organisation) -> Rollout:
         by_title[a.title] = by_title.get(a.title, 0) + a.stats.tokens_out
     info = {"titles": [a.title for a in agents[1:]], "end_reason": org.end_reason.value,
             "tokens_out_by_title": by_title}
+    metrics["worked"] = float(len(workers(org.log.events)))
     return Rollout(rows=rows, rewards=list(org.rewards), budget=org.budget, hires=org.hires,
+                   worked=len(workers(org.log.events)),
                    wealth_ratio=org.final.wealth_ratio, metrics=metrics, info=info)
 
 

@@ -4,15 +4,20 @@ For rollout i of a group (K rollouts of one task, grouped by the explicit `group
 
     R_i = Σ over every agent's reward events            (Objective.SUM)
         = u_β(W_T / W_0)                                 (Objective.GKPO)
-    R_i ← R_i − underhire_slope · max(budget_i − hires_i, 0)
+    R_i ← R_i − underhire_slope · max(budget_i − worked_i, 0)
     A_i = (R_i − mean_j R_j) / std_j R_j                 (population std, ddof = 0)
+
+worked_i counts the specialists that worked (`Rollout.worked`), not those hired: hiring and at
+once firing, or hiring an agent that only idles, leaves the penalty where it was, so the cheap
+way out of it is closed and the way that remains is to put the hires to work.
 
 A group whose std is ≤ `zero_std_tol` (including every group of one rollout) carries no
 learning signal and is dropped before the division, so no epsilon is ever added to the std.
 A_i then goes on every loss token of every agent row of rollout i (any number of rows: agents
 hired mid-episode, compaction segments), and per-token shaping is added after normalisation:
 `malformed_penalty` on each token of a malformed tool turn, `tool_error_penalty` on each token of
-a tool-error turn (`TrajectoryRow.flags`). Tokens outside the loss mask carry 0.
+a tool-error turn (`TrajectoryRow.flags`). Tokens outside the loss mask, and those of skipped
+turns (TokenFlag.SKIPPED: they had no effect), carry 0.
 
 A dropped group loses its shaping too (nothing of it is trained on); our reading of "dropped".
 """
@@ -26,7 +31,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from avalon.rl.config import RLConfig
-from avalon.rl.types import Objective, Rollout, RolloutGroup, TokenFlag, TrajectoryRow
+from avalon.rl.types import (
+    Objective,
+    Rollout,
+    RolloutGroup,
+    TokenFlag,
+    TrajectoryRow,
+    trained_mask,
+)
 
 
 def gkpo_utility(wealth_ratio, beta):
@@ -61,7 +73,10 @@ def rollout_reward(rollout: Rollout, objective: Objective, cfg: RLConfig) -> flo
         r = float(gkpo_utility(x, cfg.beta))
     else:
         raise ValueError(f"objective={objective!r}: must be an Objective")
-    unused = max(rollout.budget - rollout.hires, 0)
+    if not 0 <= rollout.worked <= rollout.hires:
+        raise ValueError(f"Rollout.worked={rollout.worked!r} must be in 0..hires "
+                         f"({rollout.hires})")
+    unused = max(rollout.budget - rollout.worked, 0)
     return r - cfg.underhire_slope * unused
 
 
@@ -142,5 +157,5 @@ def token_advantages(row: TrajectoryRow, advantage: float, cfg: RLConfig) -> np.
                          f"(agent {row.agent!r}, segment {row.segment}); use TokenFlag values")
     shaping = np.where(flags == TokenFlag.MALFORMED, cfg.malformed_penalty,
                        np.where(flags == TokenFlag.TOOL_ERROR, cfg.tool_error_penalty, 0.0))
-    adv = np.where(np.asarray(row.loss_mask, bool), advantage + shaping, 0.0)
+    adv = np.where(trained_mask(row), advantage + shaping, 0.0)
     return adv.astype(np.float32)

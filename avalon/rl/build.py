@@ -3,6 +3,8 @@
 RL: score the groups (collective reward, group-relative advantage, zero-variance groups dropped),
 give every row of every kept rollout its rollout's A_i plus its own turns' shaping, and pack.
 SFT: the same row format with only the loss mask used (advantages and old log-probs are 0).
+Either way the loss is taken on `trained_mask(row)`: sampled tokens, less those of skipped turns
+(TokenFlag.SKIPPED: sampled after the end, after a fire, or past the wall clock; no effect).
 """
 
 from __future__ import annotations
@@ -14,20 +16,26 @@ import numpy as np
 from avalon.rl.advantages import AdvantageStats, score_groups, token_advantages
 from avalon.rl.batch import TrainBatch
 from avalon.rl.config import RLConfig
-from avalon.rl.packing import PackRow, PackStats, pack_rows
-from avalon.rl.types import RolloutGroup, TrajectoryRow
+from avalon.rl.packing import PackRow, PackStats, pack_rows, pack_rows_with_roles
+from avalon.rl.roles import role_metrics, row_role
+from avalon.rl.types import RolloutGroup, TrajectoryRow, trained_mask
 
 
 @dataclasses.dataclass(frozen=True)
 class BuildStats:
     advantages: AdvantageStats | None  # None for SFT batches
     packing: PackStats
+    # RL batches: int8 [B, S] role of each loss position (rl/roles.py) and its host metrics.
+    roles: np.ndarray | None = None
+    role: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def as_metrics(self) -> dict[str, float]:
-        """Flat host-side metrics (kept/dropped groups, rewards, fill) to log beside the step's."""
+        """Flat host-side metrics (kept/dropped groups, rewards, fill, per-role loss tokens and
+        mean advantage) to log beside the step's."""
         out = {f"pack_{k}": float(v) for k, v in dataclasses.asdict(self.packing).items()}
         if self.advantages is not None:
             out.update({k: float(v) for k, v in dataclasses.asdict(self.advantages).items()})
+        out.update(self.role)
         return out
 
 
@@ -52,19 +60,20 @@ def build_rl_batch(groups: list[RolloutGroup], cfg: RLConfig, *, seq_len: int,
         for i, (rollout, a) in enumerate(zip(g.rollouts, g.advantages)):
             for row in rollout.rows:
                 rows.append(PackRow(
-                    tokens=np.asarray(row.tokens, np.int32), loss_mask=row.loss_mask,
+                    tokens=np.asarray(row.tokens, np.int32), loss_mask=trained_mask(row),
                     old_logp=np.asarray(row.sampler_logp, np.float32),
                     advantages=token_advantages(row, float(a), cfg), routing=row.routing,
-                    name=_row_name(g.group_id, i, row)))
-    batch, pack_stats = pack_rows(rows, seq_len, num_seqs_multiple=num_seqs_multiple,
-                                  min_seqs=min_seqs, routing_shape=routing_shape)
-    return batch, BuildStats(adv_stats, pack_stats)
+                    name=_row_name(g.group_id, i, row), role=row_role(row)))
+    batch, pack_stats, roles = pack_rows_with_roles(
+        rows, seq_len, num_seqs_multiple=num_seqs_multiple, min_seqs=min_seqs,
+        routing_shape=routing_shape)
+    return batch, BuildStats(adv_stats, pack_stats, roles, role_metrics(batch, roles))
 
 
 def build_sft_batch(rows: list[TrajectoryRow], *, seq_len: int, num_seqs_multiple: int = 1,
                     min_seqs: int = 0) -> tuple[TrainBatch, BuildStats]:
     """Pack SFT rows (loss on `loss_mask` tokens: the demonstrated agent outputs); no replay."""
-    packed = [PackRow(tokens=np.asarray(r.tokens, np.int32), loss_mask=r.loss_mask,
+    packed = [PackRow(tokens=np.asarray(r.tokens, np.int32), loss_mask=trained_mask(r),
                       old_logp=np.zeros(len(r.tokens), np.float32),
                       advantages=np.zeros(len(r.tokens), np.float32), routing=None,
                       name=_row_name(None, None, r)) for r in rows]

@@ -8,8 +8,13 @@ says "our reading" and the choice is ours:
   SkyRL-tx). Default DELTA, so the importance weight is clipped to [1 − ε_low, 6].
 - `eps_low = 1.0`: the lower bound 1 − ε_low = 0 never binds (ρ ≥ 0), i.e. no lower clip, as
   slime recommends for CISPO.
-- `underhire_slope`: the penalty −slope · max(budget − hires, 0) is added to R_i before the group
-  normalisation; the slope is not published.
+- `underhire_slope`: the penalty −slope · max(budget − worked, 0) is added to R_i before the
+  group normalisation (worked: specialists that worked, `Rollout.worked`); the slope is not
+  published.
+- Truncated sampling (top_p < 1, top_k > 0) is refused for RL rollouts (`check_rl_sampling`,
+  called where the training config is read): the sampler's log-prob is that of the untruncated
+  temperature softmax, the distribution the trainer scores, and a truncated sampler's
+  behaviour policy would differ from it without the trainer knowing.
 - `weight_decay`, `b1`, `b2`, `adam_eps`, `clip_norm`: not published; common RL values.
 """
 
@@ -18,6 +23,22 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+
+
+def check_rl_sampling(top_p: float, top_k: int, where: str) -> None:
+    """Refuses truncated sampling for RL rollouts, naming the field (`where`.top_p / top_k).
+
+    The engine's log-probs are those of softmax(logits / T) over the whole vocabulary
+    (avalon/inference/sampling.py) and the trainer recomputes the same; a top-p or top-k
+    sampler draws from another, renormalised distribution, so its tokens' importance ratios
+    and its loss would be silently off-policy. One rule, no quiet fix: refuse at start-up.
+    """
+    if not top_p == 1.0:
+        raise ValueError(f"config.{where}.top_p={top_p!r}: RL rollouts need top_p = 1 (the "
+                         "trainer scores the untruncated distribution; see rl/config.py)")
+    if top_k != 0:
+        raise ValueError(f"config.{where}.top_k={top_k!r}: RL rollouts need top_k = 0 (the "
+                         "trainer scores the untruncated distribution; see rl/config.py)")
 
 
 class CapMode(enum.Enum):
@@ -62,6 +83,9 @@ class RLConfig:
     b2: float = 0.999
     adam_eps: float = 1e-8
     clip_norm: float = 1.0  # global-norm gradient clipping; 0 disables
+    # RL steps between per-role gradient norms (rl/roles.py: one extra backward pass per role,
+    # CEO and specialists); 0 = never. Per-role loss tokens and advantages come every step.
+    role_grad_every: int = 10
 
     def __post_init__(self):
         _validate(self)
@@ -125,6 +149,9 @@ def _validate(c: RLConfig):
     for f in ("b1", "b2"):
         if not 0.0 <= getattr(c, f) < 1.0:
             _fail(f, getattr(c, f), "must be in [0, 1)")
+    v = c.role_grad_every
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        _fail("role_grad_every", v, "must be an integer >= 0 (0 = never)")
     for f in ("logprob_chunk", "micro_batches"):
         v = getattr(c, f)
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:

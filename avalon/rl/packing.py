@@ -32,6 +32,7 @@ class PackRow:
     advantages: np.ndarray  # float32 [T]: advantage of tokens[t] (0 off the mask)
     routing: np.ndarray | None  # int [T, m, k]: experts chosen with tokens[t] as input
     name: str = ""  # for error messages ("rollout 3 agent 'a1' segment 0")
+    role: int = 0  # a label for per-role diagnostics (rl/roles.py), copied to its targets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,15 @@ def pack_rows(rows: list[PackRow], seq_len: int, *, num_seqs_multiple: int = 1,
     routing_shape: (m MoE layers, k) to build the routing replay field (every row must then have
     routing of that shape); None builds a batch without replay (`routing=None`).
     """
+    batch, stats, _ = pack_rows_with_roles(rows, seq_len, num_seqs_multiple=num_seqs_multiple,
+                                           min_seqs=min_seqs, routing_shape=routing_shape)
+    return batch, stats
+
+
+def pack_rows_with_roles(rows: list[PackRow], seq_len: int, *, num_seqs_multiple: int = 1,
+                         min_seqs: int = 0, routing_shape: tuple[int, int] | None = None
+                         ) -> tuple[TrainBatch, PackStats, np.ndarray]:
+    """`pack_rows`, and int8 [B, seq_len]: each loss position's `PackRow.role` (0 elsewhere)."""
     if seq_len < 2:
         raise ValueError(f"seq_len={seq_len}: must be at least 2 (a token and its target)")
     if num_seqs_multiple < 1:
@@ -73,16 +83,19 @@ def pack_rows(rows: list[PackRow], seq_len: int, *, num_seqs_multiple: int = 1,
     n = max(len(bins), min_seqs, 1)
     n = -(-n // num_seqs_multiple) * num_seqs_multiple
     batch = empty_batch(n, seq_len, routing_shape)
+    roles = np.zeros((n, seq_len), np.int8)
     for b, members in enumerate(bins):
         offset = 0
         for seg, i in enumerate(members, start=1):
-            offset = _place(batch, b, offset, seg, kept[i])
+            r = kept[i]
+            roles[b, offset:offset + len(r.tokens) - 1] = np.where(r.loss_mask[1:], r.role, 0)
+            offset = _place(batch, b, offset, seg, r)
     tokens = sum(len(r.tokens) for r in kept)
     stats = PackStats(
         rows=len(kept), skipped_rows=skipped, sequences=n, tokens=tokens,
         loss_tokens=int(batch.loss_mask.sum()), unpredictable_loss_tokens=unpredictable,
         padding=n * seq_len - tokens, fill=tokens / (n * seq_len) if n else 0.0)
-    return batch, stats
+    return batch, stats, roles
 
 
 def _check_row(r: PackRow, i: int, seq_len: int, routing_shape) -> None:

@@ -13,7 +13,8 @@ Token alignment inside a row (length T):
   routing[t]       the experts every MoE layer chose when tokens[t] was the *input* position
                    ([T, n_moe_layers, k]); replaying them reproduces the sampler's forward
   flags[t]         TokenFlag of the turn that produced tokens[t] (shaping is applied by the RL
-                   core from its config: -0.1 per malformed-turn token, -0.05 per tool-error token)
+                   core from its config: -0.1 per malformed-turn token, -0.05 per tool-error token;
+                   SKIPPED tokens carry no loss and no advantage: `trained_mask`)
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class TokenFlag(enum.IntEnum):
     NORMAL = 0
     MALFORMED = 1  # a turn whose tool call did not parse
     TOOL_ERROR = 2  # a turn whose tool call failed when run
+    # A turn whose calls were never run, so its tokens had no effect: sampled after the episode
+    # ended, after its agent was fired, or past the wall clock. No loss, no advantage.
+    SKIPPED = 3
 
 
 class Objective(enum.Enum):
@@ -58,6 +62,11 @@ class TrajectoryRow:
                              f"{t} (agent {self.agent!r})")
 
 
+def trained_mask(row: TrajectoryRow) -> np.ndarray:
+    """bool [T]: the tokens a loss is taken on, the sampled ones that had an effect."""
+    return np.asarray(row.loss_mask, bool) & (np.asarray(row.flags) != TokenFlag.SKIPPED)
+
+
 @dataclasses.dataclass
 class RewardEvent:
     agent: str  # who made the tool call the reward is attached to
@@ -72,6 +81,9 @@ class Rollout:
     rewards: list[RewardEvent]
     budget: int  # the hire budget b sampled for this rollout (0 = single agent)
     hires: int  # specialists hired during the episode
+    # Specialists that worked: the underhire penalty's "used budget" (rl/advantages.py). Hired
+    # and then idle, or fired before doing anything, does not count (org/outcome.py says how).
+    worked: int
     wealth_ratio: float | None = None  # W_T / W_0, for GKPO environments
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # latency, tokens, ...
     info: dict[str, Any] = dataclasses.field(default_factory=dict)  # titles, end reason, ...

@@ -100,6 +100,7 @@ class UpdateStep:
     logprob_fn: Any  # jitted (params, batch) -> (logp [B, S], entropy [B, S])
     state_shardings: Any  # TrainState of NamedSharding, or None without a mesh
     batch_sharding: Any  # one NamedSharding for every batch leaf, or None
+    grad_norm_fn: Any  # jitted (params, batch, keep [B, S] bool) -> |grad| of keep's terms
 
     def init_state(self, params) -> TrainState:
         """A TrainState for `params` (placed per the state shardings when there is a mesh)."""
@@ -124,6 +125,15 @@ class UpdateStep:
 
     def __call__(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict]:
         return self.step_fn(state, self.put_batch(batch))
+
+    def masked_grad_norm(self, params, batch: TrainBatch, keep) -> jax.Array:
+        """The norm of the gradient's part from the loss positions in `keep` (bool [B, S]),
+        under the whole batch's loss-token divisor: the parts of disjoint masks sum to the
+        step's gradient (rl/roles.py). Does not donate or change `params`."""
+        batch = self.put_batch(batch)
+        keep = jax.device_put(keep) if self.mesh is None else jax.device_put(
+            keep, self.batch_sharding)
+        return self.grad_norm_fn(params, batch, keep)
 
     def logprobs(self, params, batch: TrainBatch):
         """The policy's (logp, entropy) [B, S] at every target of a batch (replaying routing)."""
@@ -215,9 +225,19 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
                 return policy_logprobs(params, batch)
         return policy_logprobs(params, batch)
 
+    def masked_grad_norm(params, batch: TrainBatch, keep):
+        num_tokens = jnp.sum(batch.loss_mask, dtype=jnp.int32)
+        part = batch.replace(loss_mask=batch.loss_mask & keep)
+        if rules is not None:
+            with rules():
+                grads, _ = grads_and_metrics(params, part, num_tokens)
+        else:
+            grads, _ = grads_and_metrics(params, part, num_tokens)
+        return optax.tree.norm(grads)
+
     if mesh is None:
         return UpdateStep(cfg, rl_cfg, None, opt, jax.jit(step, donate_argnames="state"),
-                          jax.jit(logprob_pass), None, None)
+                          jax.jit(logprob_pass), None, None, jax.jit(masked_grad_norm))
 
     replicated = NamedSharding(mesh, PartitionSpec())
     dp_axes = tuple(a for a in ("data", "fsdp") if mesh.shape[a] > 1)
@@ -228,7 +248,10 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
                       out_shardings=(state_sh, replicated), donate_argnames="state")
     logprob_fn = jax.jit(logprob_pass, in_shardings=(p_shard, batch_sh),
                          out_shardings=batch_sh)
-    return UpdateStep(cfg, rl_cfg, mesh, opt, step_fn, logprob_fn, state_sh, batch_sh)
+    grad_norm_fn = jax.jit(masked_grad_norm, in_shardings=(p_shard, batch_sh, batch_sh),
+                           out_shardings=replicated)
+    return UpdateStep(cfg, rl_cfg, mesh, opt, step_fn, logprob_fn, state_sh, batch_sh,
+                      grad_norm_fn)
 
 
 def _batch_metrics(batch: TrainBatch, rl_cfg: RLConfig) -> dict:

@@ -29,7 +29,7 @@ from avalon.inference.api import SamplingParams
 from avalon.model import presets
 from avalon.model.config import ModelConfig
 from avalon.org.config import OrgConfig
-from avalon.rl.config import RLConfig
+from avalon.rl.config import RLConfig, check_rl_sampling
 from avalon.sharding import MESH_AXES
 
 
@@ -57,7 +57,11 @@ class RolloutConfig:
     seq_len: int = 2048  # packed training sequence length
     seq_bucket: int = 8  # sequences per batch padded to a multiple of this (fewer compiles)
     temperature: float = 1.0  # sampling temperature (the log-probs use the same)
-    top_p: float = 1.0
+    top_p: float = 1.0  # must stay 1 for RL (refused otherwise: rl/config.check_rl_sampling)
+
+    def __post_init__(self):
+        if self.steps > 0:
+            check_rl_sampling(self.top_p, 0, "rollout")
 
 
 def groups_at(rollout: RolloutConfig, rl_step: int) -> int:

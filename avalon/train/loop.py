@@ -47,6 +47,7 @@ from avalon.model import accounting
 from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
 from avalon.org.engine_policy import EnginePolicy
 from avalon.rl.build import build_rl_batch
+from avalon.rl.roles import role_grad_norms
 from avalon.rl.update import TrainState
 from avalon.train import org_metrics, plots
 from avalon.train.config import TrainConfig, describe, from_config_dict, groups_at
@@ -204,7 +205,7 @@ class Run:
         cfg = self.cfg
         n_groups, k = groups_at(cfg.rollout, self.host.rl_step), cfg.rollout.rollouts_per_group
         picks = self.progress.sample(n_groups)  # same draws on every process
-        budgets = self.budget.sample(n_groups * k)
+        budgets = self.budget.sample_groups(n_groups, k)
         clock = cfg.clock(self.host.rl_step)
         env_by_name = self.setup.env_by_name
         specs, env_of = [], {}
@@ -257,9 +258,13 @@ class Run:
         batch = global_batch(batch, step_fn.batch_sharding)
         t_build = time.perf_counter() - t1
 
+        every = cfg.rl.role_grad_every  # per-role gradient norms, before the state is donated
+        roles = role_grad_norms(step_fn.masked_grad_norm, self.state.params, batch, bstats.roles,
+                                lambda x: global_batch(x, step_fn.batch_sharding)) \
+            if every and self.host.rl_step % every == 0 else {}
         t3 = time.perf_counter()
         self.state, m = step_fn(self.state, batch)
-        m = {k: float(v) for k, v in m.items()}
+        m = {k: float(v) for k, v in m.items()} | roles
         t_update = time.perf_counter() - t3
 
         t4 = time.perf_counter()
@@ -336,7 +341,8 @@ def _gather_results(local: list[tuple[str, str, float]]) -> list[tuple[str, str,
 # Host-side batch statistics that add up across processes (the rest are averaged).
 _COUNTS = frozenset({"groups", "kept_groups", "dropped_groups", "rollouts", "pack_rows",
                      "pack_skipped_rows", "pack_sequences", "pack_tokens", "pack_loss_tokens",
-                     "pack_padding", "pack_unpredictable_loss_tokens"})
+                     "pack_padding", "pack_unpredictable_loss_tokens",
+                     "role/ceo/loss_tokens", "role/specialists/loss_tokens"})
 
 
 def _reduce_sum(x: float) -> float:

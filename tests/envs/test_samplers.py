@@ -122,3 +122,24 @@ def test_budget_state_round_trip():
     b = BudgetSampler(seed=3)
     b.load_state(json.loads(json.dumps(a.state())))
     assert a.sample(50) == b.sample(50)
+
+
+def test_progress_is_change_between_steps_not_noise_within_a_group():
+    # Task "noisy": every step a group of 8 with half successes (mean 0.5, no change); task
+    # "moving": its group mean climbs 0.1 a step. One update per task per step.
+    cfg = ProgressConfig(fast_rate=0.5, slow_rate=0.1, floor=0.01, unvisited_weight=0.05)
+    s = LearningProgressSampler({"e": ["noisy", "moving"]}, cfg, seed=0)
+    for step in range(5):
+        group = [("e", "noisy", float(i % 2)) for i in range(8)]
+        s.update(group + [("e", "moving", 0.1 * step)] * 8)
+    assert s.tasks["e"].stats["noisy"] == [0.5, 0.5, 5]  # five steps, five updates, no change
+    p = s.task_probabilities("e")
+    fast = slow = 0.0
+    for step in range(1, 5):
+        fast += 0.5 * (0.1 * step - fast)
+        slow += 0.1 * (0.1 * step - slow)
+    w = np.array([0.01, abs(fast - slow)])
+    assert [p["noisy"], p["moving"]] == pytest.approx((w / w.sum()).tolist())
+    assert p["moving"] > 0.8
+    # The environment level: the mean of its tasks' means, once per step.
+    assert s.envs.stats["e"][2] == 5

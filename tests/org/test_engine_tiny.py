@@ -25,6 +25,7 @@ from avalon.inference.engine import Engine
 from avalon.org import GroupSpec, OrgConfig, PromptStyle, RolloutDriver, RolloutSpec
 from avalon.org.engine_policy import EnginePolicy
 from avalon.org.policy import RoutedPolicy, ScriptedPolicy, Step
+from avalon.org.schedule import verify_schedule
 from avalon.org.tools import OrgTool
 from avalon.tokenizer import ChatFormat, WordTokenizer
 from tests.org.toyenv import PartsEnv
@@ -142,5 +143,12 @@ def test_sixteen_rollouts_of_up_to_nine_agents(params):
     result, ticks, engine = _run(params, budgets, num_slots=16 * 9,
                                  first_wave=lambda b: (b + 1) // 2, max_new=16)
     _check(result, ticks, engine, budgets)
-    assert max(t["turns"] for t in ticks) > 32
+    # Clock scheduler: a call holds the agents at the front of each rollout's clock, several
+    # per rollout when their clocks are close (the driver checked every rollout's scheduled
+    # clocks against the replay of its log).
+    assert max(t["turns"] for t in ticks) > 16
+    for group, scheds in zip(result.logs, result.scheduled):
+        for log, sched in zip(group, scheds):
+            verify_schedule(log.events, sched, clock_order=True)
+            assert len(sched) >= sum(e["kind"] == "model_call" for e in log.events)
     assert {r.metrics["agents"] for r in result.groups[0].rollouts} == set(range(1, 10))

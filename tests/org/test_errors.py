@@ -1,6 +1,8 @@
 """Every bad call a model can make yields its error message and its shaping flag, and the
 rollout still finishes."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -87,8 +89,11 @@ A1_STEPS = [
 @pytest.fixture(scope="module")
 def episode():
     from avalon.org.workspace import WorkspaceLimits
+    # Lock-step ticks: each CEO step meets one a1 step. On the derived clock a1's 5,000-token
+    # write outlasts the CEO's whole script (the subject here is errors, not scheduling).
     cfg = OrgConfig.scaled(8192, prompt_style=PromptStyle.COMPACT,
-                           workspace=WorkspaceLimits(max_file_bytes=4096))
+                           workspace=WorkspaceLimits(max_file_bytes=4096),
+                           schedule_horizon_s=math.inf)
     steps = {"ceo": [s for s, _, _ in CEO_STEPS], "a1": [s for s, _, _ in A1_STEPS]}
     driver = RolloutDriver(RawPolicy(steps), CHAT, cfg)
     result = driver.run([GroupSpec(0, (RolloutSpec(PartsEnv(), 1, 0),))])

@@ -49,7 +49,10 @@ def test_observation_is_capped_and_messages_stay_readable():
                      step(call("post", channel="plan", text=long),
                           call("post", channel="plan", text=long + "y")),
                      step(call("wait_for_messages"))],
-             "a1": [step(call("roster")), step(call("read_message", message_id="m2"))]}
+             # a1 waits: the first post wakes it, and the second (same turn, same clock) is
+             # delivered at the same boundary.
+             "a1": [step(call("wait_for_messages")),
+                    step(call("read_message", message_id="m2"))]}
     result, rec, events = run_playbook(PartsEnv(), steps, budget=1, config=cfg)
     obs = rec.views["a1"][1].obs
     assert obs.endswith(")") and "(observation cut; read_message re-reads any message:" in obs

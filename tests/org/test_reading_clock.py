@@ -1,7 +1,13 @@
 """Reading moves the reader's clock (latency.py): every read tool names, as `content_seq`, the
 event at which the newest content it returned existed, and the reader's clock is replayed up to
-that event's clock. The CEO mutes the channel, so no delivery moves its clock: only reading."""
+that event's clock. The CEO mutes the channel, so no delivery moves its clock: only reading.
 
+Content newer than its reader exists in lock-step ticks (`schedule_horizon_s=inf`, used here),
+where the CEO reads what a1 did 100 s later on the clock; under the clock scheduler a reader
+sees only what existed at its clock (tests/org/test_schedule.py checks that no read moves a
+clock there, except a measured run_code's files)."""
+
+import math
 import re
 
 import pytest
@@ -56,7 +62,7 @@ class Script(Playbook):
 
 
 def play():
-    cfg = OrgConfig.scaled(8192, trace_read_tokens=64)
+    cfg = OrgConfig.scaled(8192, trace_read_tokens=64, schedule_horizon_s=math.inf)
     driver = RolloutDriver(ScriptedPolicy(CHAT, Script(_steps())), CHAT, cfg)
     result = driver.run([GroupSpec(0, (RolloutSpec(PartsEnv(COSTS), 1, 0),))])
     return result, result.logs[0][0].events

@@ -28,11 +28,13 @@ def make_row(rng: np.random.Generator, length: int, *, agent: str = "ceo", vocab
 
 
 def make_rollout(rows: list[TrajectoryRow], rewards: list[float], *, budget: int = 0,
-                 hires: int = 0, wealth_ratio: float | None = None) -> Rollout:
+                 hires: int = 0, wealth_ratio: float | None = None,
+                 worked: int | None = None) -> Rollout:
     """Reward events spread over the rollout's agents (round robin)."""
     events = [RewardEvent(agent=rows[i % len(rows)].agent, value=v, seq=i)
               for i, v in enumerate(rewards)]
     return Rollout(rows=rows, rewards=events, budget=budget, hires=hires,
+                   worked=hires if worked is None else worked,
                    wealth_ratio=wealth_ratio)
 
 

@@ -165,3 +165,15 @@ def test_rollout_without_loss_tokens_still_counts_in_its_group():
     np.testing.assert_allclose(scored[0].advantages, (r - r.mean()) / r.std())
     batch, stats = build_rl_batch([group], CFG, seq_len=32)
     assert (stats.packing.rows, stats.packing.skipped_rows) == (4, 1)
+
+
+def test_skipped_turns_carry_no_advantage_and_no_loss():
+    from avalon.rl.build import build_rl_batch
+    rng = np.random.default_rng(16)
+    rows = [make_row(rng, 24, loss_frac=1.0), make_row(rng, 24, loss_frac=1.0)]
+    rows[0].flags[5:12] = TokenFlag.SKIPPED
+    adv = token_advantages(rows[0], 0.5, CFG)
+    assert (adv[5:12] == 0).all() and (adv[1:5] == 0.5).all() and (adv[12:] == 0.5).all()
+    group = make_group(0, [make_rollout(rows[:1], [1.0]), make_rollout(rows[1:], [0.0])])
+    batch, _ = build_rl_batch([group], CFG, seq_len=64)
+    assert int(batch.loss_mask.sum()) == 23 - 7 + 23  # targets: each row less its first token
