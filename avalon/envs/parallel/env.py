@@ -36,12 +36,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from avalon.envs.base import Split, TaskTable, check_clock
 from avalon.envs.parallel import schedule
 from avalon.envs.parallel.tasks import (
     Op,
     ParallelTask,
     make_task,
+    parse_prompt,
     prompt,
     reveal_text,
     signature,
@@ -52,7 +55,7 @@ from avalon.envs.parallel.teacher import (
     ParallelTeacherConfig,
     cast,
 )
-from avalon.envs.teacher import TeacherPolicy
+from avalon.envs.teacher import Baselines, TeacherPolicy, chance_policy
 from avalon.org.env import (
     CallContext,
     EndContext,
@@ -260,6 +263,27 @@ class ParallelSubtasks:
                 config: ParallelTeacherConfig = DEFAULT_TEACHER) -> TeacherPolicy:
         """The scripted teacher organisation (`teacher.py`), as an org Policy."""
         return TeacherPolicy(chat, cast(self.config.unit_s, self.config.overhead_s, config))
+
+    def baselines(self, chat: ChatFormat) -> Baselines:
+        """The reference organisations (`avalon/envs/teacher.py`): chance answers uniform in
+        0..81 on random subtasks; the teacher alone, silent, and whole."""
+        unit = self.config.unit_s
+
+        def draw(context: str, rng: np.random.Generator) -> tuple:
+            ids = [s.id for s in parse_prompt(context, unit)[0].subtasks]
+            return "solve", {"id": ids[int(rng.integers(len(ids)))],
+                             "answer": int(rng.integers(0, 82))}
+
+        n = self.config.n_subtasks[1] * self.config.max_attempts
+        return Baselines(chance=lambda: chance_policy(chat, draw, n),
+                         single=lambda: self.teacher(chat),
+                         org_silent=lambda: self.teacher(chat, ParallelTeacherConfig(silent=True)),
+                         org=lambda: self.teacher(chat))
+
+    def optimum(self, task_id: str, clock_s: float, budget: int) -> float:
+        """The most subtasks any organisation of at most `budget` hires solves in time."""
+        return float(self.max_solved_for(task_id, self.best_hires(task_id, clock_s, budget),
+                                         clock_s))
 
     def vocabulary(self) -> tuple[str, ...]:
         n = self.config.n_subtasks[1]
