@@ -79,6 +79,14 @@ def check_clock(clock_s: float | None, default: float, where: str) -> float:
     return float(value)
 
 
+def group_seeds(seed0: int, k: int, common: bool) -> list[int]:
+    """Session seeds of the K rollouts of one group: with common random numbers every session
+    gets the group's seed `seed0` (environments draw their randomness from the session seed,
+    so the group meets the same outcomes and its advantages compare policies, not luck); else
+    seed0, seed0 + 1, ... The rollouts' own sampling seeds stay distinct either way."""
+    return [seed0] * k if common else [seed0 + i for i in range(k)]
+
+
 def split_of(task_id: str) -> Split:
     """The split a task id belongs to (ids are `<prefix>-<split>-<index>`)."""
     parts = task_id.rsplit("-", 2)

@@ -326,5 +326,8 @@ def test_passing_results_on_is_what_the_organisation_gains():
         assert r.metrics["messages"] == 0 and r.metrics["trace_reads"] == 0
         assert r.metrics["malformed_turns"] == 0 and r.metrics["tool_error_turns"] == 0
     assert sum(g.rollouts[0].metrics["messages"] for g in org.groups) > 0
+    # Results that crossed agents: the silent team has none.
+    assert sum(g.rollouts[0].metrics["env/handoffs"] for g in org.groups) > 0
+    assert all(g.rollouts[0].metrics["env/handoffs"] == 0 for g in silent.groups)
     assert np.all(totals(org) >= totals(silent))
     assert totals(org).mean() > totals(silent).mean() + 0.5

@@ -142,6 +142,10 @@ class ParallelSession:
         self.wrong: dict[str, int] = {}
         self.closed: set[str] = set()
         self.duplicates = 0  # solves of a subtask already solved (work spent for nothing)
+        self.solver: dict[str, str] = {}  # subtask -> the agent whose solve counted
+        # Dependants solved right by someone other than their parent's solver: the parent's
+        # result crossed agents (was passed on, or guessed).
+        self.handoffs = 0
         self._task = Task(task_id=task_id,
                           prompt=prompt(spec, clock_s, config.unit_s, hidden=config.inspect),
                           tools=(LOOK, SOLVE) if config.inspect else (SOLVE,),
@@ -185,6 +189,8 @@ class ParallelSession:
             return ToolOutcome(f"{sid} already solved{waited}", duration_s=duration)
         if answer == sub.answer or not self.config.check_answers:
             self.done_at[sid] = ctx.clock_s + duration
+            self.solver[sid] = ctx.agent
+            self.handoffs += any(self.solver[d] != ctx.agent for d in sub.after)
             return ToolOutcome(f"{sid} correct{waited}, result {sub.result}",
                                (EnvReward(1.0, "subtask"),), terminal=self._settled(),
                                duration_s=duration)
@@ -210,7 +216,8 @@ class ParallelSession:
                                      "solved_late": float(len(self.done_at) - in_time),
                                      "wrong": float(sum(self.wrong.values())),
                                      "closed": float(len(self.closed)),
-                                     "duplicates": float(self.duplicates)})
+                                     "duplicates": float(self.duplicates),
+                                     "handoffs": float(self.handoffs)})
 
 
 class ParallelSubtasks:
