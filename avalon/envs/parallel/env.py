@@ -273,7 +273,8 @@ class ParallelSubtasks:
 
     def baselines(self, chat: ChatFormat) -> Baselines:
         """The reference organisations (`avalon/envs/teacher.py`): chance answers uniform in
-        0..81 on random subtasks; the teacher alone, silent, and whole."""
+        0..81 on random subtasks; the teacher alone, silent, and whole (one hire and three
+        solves per turn, so turns fit a toy window's 96-token cap)."""
         unit = self.config.unit_s
 
         def draw(context: str, rng: np.random.Generator) -> tuple:
@@ -282,10 +283,12 @@ class ParallelSubtasks:
                              "answer": int(rng.integers(0, 82))}
 
         n = self.config.n_subtasks[1] * self.config.max_attempts
-        return Baselines(chance=lambda: chance_policy(chat, draw, n),
-                         single=lambda: self.teacher(chat),
-                         org_silent=lambda: self.teacher(chat, ParallelTeacherConfig(silent=True)),
-                         org=lambda: self.teacher(chat))
+        small = dict(hires_per_turn=1, solves_per_turn=3)
+        return Baselines(
+            chance=lambda: chance_policy(chat, draw, n),
+            single=lambda: self.teacher(chat, ParallelTeacherConfig(**small)),
+            org_silent=lambda: self.teacher(chat, ParallelTeacherConfig(silent=True, **small)),
+            org=lambda: self.teacher(chat, ParallelTeacherConfig(**small)))
 
     def optimum(self, task_id: str, clock_s: float, budget: int) -> float:
         """The most subtasks any organisation of at most `budget` hires solves in time."""

@@ -162,6 +162,8 @@ class Worker:
         """This turn's calls and whether the list is finished (see the module docstring)."""
         out: list = []
         batch: list = []
+        # DMs carrying results weigh about a solve each: fewer solves in a turn that sends them.
+        max_solves = max(1, max_solves - max(0, len(self.outbox) - 1))
         for sid in list(self.todo):
             sub = self.by_id[sid]
             if any(d in self.known_failed for d in sub.after):

@@ -274,8 +274,10 @@ class Verification:
         return Baselines(
             chance=lambda: chance_policy(chat, draw, n),
             single=lambda: self.teacher(chat),
-            org_silent=lambda: self.teacher(chat, VerifyTeacherConfig(silent=True)),
-            org=lambda: self.teacher(chat, VerifyTeacherConfig(verifier_rate=1.0)))
+            org_silent=lambda: self.teacher(chat, VerifyTeacherConfig(silent=True,
+                                                                      hires_per_turn=1)),
+            org=lambda: self.teacher(chat, VerifyTeacherConfig(verifier_rate=1.0,
+                                                               hires_per_turn=1)))
 
     def optimum(self, task_id: str, clock_s: float, budget: int) -> float | None:
         return None  # depends on the defects drawn; the teacher's score is the reference

@@ -134,7 +134,8 @@ class VerifierActor:
             if m and not m.group(3):
                 self.builder[m.group(1), m.group(2)] = sender
                 calls.append(("review", {"id": m.group(1), "result": m.group(2)}))
-        calls.append(("wait_for_messages", {}))
+        if not any(name == "review" for name, _ in calls):  # else read the verdicts next turn
+            calls.append(("wait_for_messages", {}))
         return Step("", tuple(calls))
 
 
@@ -166,8 +167,7 @@ class CeoActor:
                                         "tools": ["review"]}))
         # Alone, or silent: the CEO builds everything itself.
         self.own = _Builder(self.items if cfg.silent or not n_builders else [])
-        plan = "; ".join(f"a{i + 1} {' '.join(lst)}" for i, lst in enumerate(lists)) or "none"
-        text = f"Plan: builders {plan}; verifier {self.verifier or 'none'}."
+        text = f"Plan: {n_builders} builders; verifier {self.verifier or 'none'}."
         return Step(text, tuple(self._hire()))
 
     def _hire(self) -> list:
