@@ -2,8 +2,9 @@
 
 The CEO reads the items and clock from its role card and the budget from its first
 observation. With probability `verifier_rate` (when the budget allows) it hires a `Verifier`
-last; the other hires are `Builder`s, the items dealt round-robin (role `Build p1 p3. Send
-results to a3.`); with no builders the CEO builds everything itself.
+first (a1: it must exist before a builder's first result); the other hires are `Builder`s, the
+items dealt round-robin (role `Build p1 p3. Send results to a1.`); with no builders the CEO
+builds everything itself.
 - A builder builds its items one per turn (a build's result code shows in the next
   observation) and passes each result on: to the verifier (`p2 47`) when there is one, else in
   a report to the CEO. A `p2 defect` DM from the verifier puts p2 back on its list.
@@ -157,14 +158,14 @@ class CeoActor:
         with_verifier = not cfg.silent and b >= 1 and rng.random() < cfg.verifier_rate
         n_builders = min(len(self.items), b - with_verifier)
         lists = [self.items[i::n_builders] for i in range(n_builders)] if n_builders else []
-        self.verifier = f"a{n_builders + 1}" if with_verifier else None
+        self.verifier = "a1" if with_verifier else None  # hired first: builders tell it
         send = f" Send results to {self.verifier}." if self.verifier else (
             "" if cfg.silent else " Report results.")
         self.hires = [("hire", {"title": "Builder", "role": f"Build {' '.join(lst)}.{send}",
                                 "tools": ["build"]}) for lst in lists]
         if with_verifier:
-            self.hires.append(("hire", {"title": "Verifier", "role": "Review what you get.",
-                                        "tools": ["review"]}))
+            self.hires.insert(0, ("hire", {"title": "Verifier", "role": "Review what you get.",
+                                           "tools": ["review"]}))
         # Alone, or silent: the CEO builds everything itself.
         self.own = _Builder(self.items if cfg.silent or not n_builders else [])
         text = f"Plan: {n_builders} builders; verifier {self.verifier or 'none'}."
