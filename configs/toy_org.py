@@ -83,7 +83,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.org.max_new_tokens = 96
     c.org.summary_cap = 64
     c.org.prompt_style = PromptStyle.MINIMAL.value  # tool names only in role cards: short rows
-    c.org.max_turns = 16  # per agent
+    c.org.max_turns = 8 if smoke else 16  # per agent
     # Environment sizes for the toy. Parallel: 4-6 subtasks of 1-2 minutes, most of them
     # needing one root's result, under a 5-minute clock: one agent finishes about three, a team
     # that passes results on all of them, a silent team four (env_baselines).
@@ -131,8 +131,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.engine.prefill_chunk = 256
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 2 if smoke else 10
-    c.eval.tasks = 4 if smoke else 24
-    c.eval.seeds = 2
+    c.eval.tasks = 1 if smoke else 24  # per environment
+    c.eval.seeds = 1 if smoke else 2
     c.eval.budget = 3
     c.eval.clock_s = 300.0
     c.checkpoint = ml_collections.ConfigDict({"every": 2 if smoke else 10, "keep": 2})
