@@ -153,3 +153,18 @@ def test_a_verifier_pays_and_a_silent_team_cannot_use_one(env):
     mixed = play(VerifyTeacherConfig(verifier_rate=0.5), 3)
     reviewed = [g.rollouts[0].metrics["env/reviews"] > 0 for g in mixed.groups]
     assert 0.2 < np.mean(reviewed) < 0.8  # room for RL to move the verifier share
+
+
+def test_vocabulary_covers_prompts_results_and_teacher_words():
+    import re
+
+    from avalon.org.vocabulary import org_vocabulary
+    words = set(LOCAL.vocabulary()) | set(org_vocabulary())
+    texts = [LOCAL.task(t).prompt for t in LOCAL.task_ids(Split.TRAIN)[:10]]
+    texts += ["p2 built 47", "p2 47 ok", "p2 47 defect", "p2 47 no defect found (own work)",
+              "p2 shipped", "p2 has no result '11'", "p3 is closed after 2 wrong codes",
+              "Build p1 p3. Send results to a1.", "Review what you get.", "Report results.",
+              "Plan: 2 builders; verifier a1.", "p2 defect"]
+    for text in texts:
+        for w in re.findall(r"[A-Za-z0-9_]{2,}", text):
+            assert w in words, w
