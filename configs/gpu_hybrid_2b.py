@@ -2,27 +2,38 @@
 
     python -m avalon.main --config=configs/gpu_hybrid_2b.py --workdir=runs/gpu2b
 
-The organisation plays all four environments (parallel subtasks, hidden profile, software build,
-wealth) with a byte-level tokenizer (the model's 131,072-entry vocabulary covers it) and real
-windows (16K tokens per agent here, to fit 256+ agents' caches on one card). Weights are
-fp32 masters (AdamW steps at RL learning rates are below bf16 resolution; the forward computes
-in bf16); MoE dispatch uses the batched-matmul capacity path (never `ragged_dot` on GPU). The
-SFT teacher plays its environments' best strategies. `get_config("smoke")` shrinks the run.
+The organisation plays all five environments (parallel subtasks, hidden profile, software build,
+wealth, collective verification) with a byte-level tokenizer (the model's 131,072-entry
+vocabulary covers it) and real windows (16K tokens per agent here, to fit 256+ agents' caches
+on one card). Weights are fp32 masters (AdamW steps at RL learning rates are below bf16
+resolution; the forward computes in bf16); MoE dispatch uses the batched-matmul capacity path
+(never `ragged_dot` on GPU). The SFT teacher plays its environments' best strategies (the
+verification teacher hires a verifier in half the teams). `get_config("smoke")` shrinks the run.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from avalon.envs.hidden_profile.env import HiddenProfile
+from avalon.envs.hidden_profile.env import HiddenProfile, ProfileConfig
 from avalon.envs.parallel.env import ParallelConfig, ParallelSubtasks
-from avalon.envs.software.env import SoftwareBuild
-from avalon.envs.wealth.env import Wealth
+from avalon.envs.software.env import SoftwareBuild, SoftwareConfig
+from avalon.envs.verification import Verification, VerificationConfig
+from avalon.envs.wealth.env import Wealth, WealthConfig
 
 
 def make_environments(env):
-    return [ParallelSubtasks(ParallelConfig(seed=env.seed)), HiddenProfile(),
-            SoftwareBuild(), Wealth()]
+    """The five environments, each under its own clock (the curriculum scales them all by the
+    same ratio, 1 -> 2.55 over 200 steps), chosen so a single agent cannot finish: parallel
+    subtasks need 10-16 work units of 2 minutes against a 10-minute clock (4 units after the
+    overhead; 12 at the end of the ramp); wealth's research fits 3 of 4-6 bets; verification's
+    builds, reviews and rebuilds take a team; software asks for 3-5 functions in 150 s."""
+    return [ParallelSubtasks(ParallelConfig(n_subtasks=(5, 8), cost_units=(1, 3), dep_prob=0.8,
+                                            max_depth=1, unit_s=120.0, clock_s=600.0,
+                                            seed=env.seed)),
+            HiddenProfile(ProfileConfig(seed=env.seed)),
+            SoftwareBuild(SoftwareConfig(seed=env.seed)), Wealth(WealthConfig(seed=env.seed)),
+            Verification(VerificationConfig(seed=env.seed))]
 
 
 def make_teacher(env, chat):
@@ -48,7 +59,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.make_environments = make_environments
     c.make_teacher = make_teacher
     c.budget = ml_collections.ConfigDict({"p_single": 0.2, "max_budget": 8})
-    # The report's clock curriculum, scaled to a 16K window: 20 -> 51 minutes by step 200.
+    # The report's clock curriculum as a ratio (1 -> 2.55 by step 200) applied to each
+    # environment's own clock; evaluation at ratio eval.clock_s / start_s = 1.
     c.clock = ml_collections.ConfigDict({"start_s": 1200.0, "end_s": 3060.0, "ramp_steps": 200})
     c.progress = ml_collections.ConfigDict({"fast_rate": 0.3, "slow_rate": 0.05, "floor": 0.02,
                                             "unvisited_weight": 0.02})

@@ -22,17 +22,24 @@ from __future__ import annotations
 
 import ml_collections
 
-from avalon.envs.hidden_profile.env import HiddenProfile
+from avalon.envs.hidden_profile.env import HiddenProfile, ProfileConfig
 from avalon.envs.parallel.env import ParallelConfig, ParallelSubtasks
-from avalon.envs.software.env import SoftwareBuild
-from avalon.envs.wealth.env import Wealth
+from avalon.envs.software.env import SoftwareBuild, SoftwareConfig
+from avalon.envs.verification import Verification, VerificationConfig
+from avalon.envs.wealth.env import Wealth, WealthConfig
 
 
 def make_environments(env):
-    # The four built-in environments; add `avalon.envs.http_client` environments to train on
-    # an external environment server.
-    return [ParallelSubtasks(ParallelConfig(seed=env.seed)), HiddenProfile(), SoftwareBuild(),
-            Wealth()]
+    """The five built-in environments, each under its own clock, the curriculum scaling them
+    all by the report's ratio (2 h -> 5.1 h: 1 -> 2.55). The clocks are those of
+    configs/gpu_hybrid_2b.py, at which a single agent cannot finish (see there). Add
+    `avalon.envs.http_client` environments to train on an external environment server."""
+    return [ParallelSubtasks(ParallelConfig(n_subtasks=(5, 8), cost_units=(1, 3), dep_prob=0.8,
+                                            max_depth=1, unit_s=120.0, clock_s=600.0,
+                                            seed=env.seed)),
+            HiddenProfile(ProfileConfig(seed=env.seed)),
+            SoftwareBuild(SoftwareConfig(seed=env.seed)), Wealth(WealthConfig(seed=env.seed)),
+            Verification(VerificationConfig(seed=env.seed))]
 
 
 def make_teacher(env, chat):

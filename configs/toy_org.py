@@ -1,48 +1,60 @@
-"""The toy organisation: SFT on teacher traces, then RLCR, on a laptop CPU in minutes.
+"""The toy organisation: SFT on teacher traces, then RLCR, on a laptop CPU.
 
     python -m avalon.main --config=configs/toy_org.py --workdir=runs/toy
 
-Environment 1 (parallel subtasks under a clock) with a ~1M-parameter hybrid (`toy` preset:
-Mamba-2, MoE, attention) and a compact word vocabulary. The environment grades scheduling only
-(`check_answers=False`, see the env section): the collective reward counts the subtasks
-finished before the clock, so it rewards splitting the work and hiring enough specialists. The
-SFT teacher hires a *random* head-count, which leaves room that RLCR's collective reward can
-find. Evaluation compares the organisation (budget 3) with a single agent (budget 0) on the same
-held-out tasks under a 300 s clock. `get_config("smoke")` shrinks everything for a quick check.
+Three environments where talking is needed, answers checked, with a hybrid (`toy` preset:
+Mamba-2, MoE, attention) and a compact word vocabulary:
+- parallel subtasks (environment 1): star-shaped dependency trees whose results only their
+  solver sees, so splitting a tree means passing its root's result on by message;
+- hidden profile (2): the answer is identified only by pooling every analyst's brief;
+- collective verification (5): a build's defect is found only by a teammate's review.
+`python -m avalon.tools.env_baselines --config=configs/toy_org.py` prints the co-ordination gap
+(scripted chance / single / silent organisation / teacher / optimum; experiments/bench/
+RESULTS.md). The SFT teacher is imperfect on purpose (random head-count and 10% wrong answers in
+environment 1, a verifier in half the teams), which leaves RLCR room. Evaluation compares the
+organisation (budget 3) with a single agent (budget 0) on the same held-out tasks, each
+environment under its own clock. `get_config("smoke")` shrinks everything for a quick check.
 
-Measured (2 CPU cores, ~28 min; experiments/bench/RESULTS.md): held-out organisation reward
-2.00 after SFT -> 2.44 / 2.60 / 2.88 after 10 / 20 / 30 RLCR steps, single agent 1.31 -> 1.73;
-hires per rollout 0.7 -> 1.8, deadlocked endings 44% -> 6%. With seed=1: organisation 2.31 ->
-2.94, single agent 1.90 -> 1.94.
+History (experiments/bench/RESULTS.md): the earlier toy trained on environment 1 with answers
+unchecked and no dependencies, where a silent script reaches the optimum; its organisation
+learnt to hire and not to talk.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
+from avalon.envs.hidden_profile.env import HiddenProfile, ProfileConfig
 from avalon.envs.parallel.env import ParallelConfig, ParallelSubtasks
 from avalon.envs.parallel.tasks import Op
 from avalon.envs.parallel.teacher import HirePolicy, ParallelTeacherConfig
+from avalon.envs.verification import Verification, VerificationConfig, VerifyTeacherConfig
 from avalon.org.config import PromptStyle
 
 
 def make_environments(env):
     """The environments of this run, from the `env` section (constructed: no name registry)."""
-    return [ParallelSubtasks(ParallelConfig(
-        n_subtasks=(env.n_subtasks_min, env.n_subtasks_max), dep_prob=env.dep_prob,
-        ops=tuple(Op(o) for o in env.ops), inspect=env.inspect,
-        check_answers=env.check_answers, clock_s=env.clock_s,
-        n_train=env.n_train, n_heldout=env.n_heldout, seed=env.seed))]
+    sizes = dict(n_train=env.n_train, n_heldout=env.n_heldout, seed=env.seed)
+    return [
+        ParallelSubtasks(ParallelConfig(
+            n_subtasks=(env.n_subtasks_min, env.n_subtasks_max), cost_units=(1, 2),
+            dep_prob=env.dep_prob, max_depth=1, ops=tuple(Op(o) for o in env.ops),
+            check_answers=env.check_answers, clock_s=env.parallel_clock_s, **sizes)),
+        HiddenProfile(ProfileConfig(n_holders=(2, 3), clock_s=env.profile_clock_s, **sizes)),
+        Verification(VerificationConfig(clock_s=env.verification_clock_s, **sizes)),
+    ]
 
 
 def make_teacher(env, chat):
-    """The SFT teacher organisation: imperfect on purpose (random head-count; its 10% wrong
-    answers matter only where answers are checked)."""
-    # One hire and three solves per turn keep every teacher turn under the 64-token turn cap
-    # of a 1024-token window.
-    return env.teacher(chat, ParallelTeacherConfig(hire_policy=HirePolicy.RANDOM,
-                                                   answer_error_rate=0.1, hires_per_turn=1,
-                                                   solves_per_turn=3))
+    """The SFT teacher organisation of each environment: imperfect on purpose."""
+    if isinstance(env, ParallelSubtasks):
+        # One hire and three solves per turn keep every teacher turn under the 96-token cap.
+        return env.teacher(chat, ParallelTeacherConfig(hire_policy=HirePolicy.RANDOM,
+                                                       answer_error_rate=0.1, hires_per_turn=1,
+                                                       solves_per_turn=3))
+    if isinstance(env, Verification):
+        return env.teacher(chat, VerifyTeacherConfig(verifier_rate=0.5, hires_per_turn=1))
+    return env.teacher(chat)
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -55,7 +67,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # so on-policy importance ratios are exactly 1.
     # block_causal: packed training rows skip the attention blocks above the diagonal (1.5x
     # faster updates at 1024 tokens on a CPU).
-    c.model.overrides = ml_collections.ConfigDict({"decode_dt_clamp": True,
+    c.model.overrides = ml_collections.ConfigDict({"vocab_size": 640,  # the words need ~560
+                                                   "decode_dt_clamp": True,
                                                    "attention_impl": "block_causal",
                                                    "attention_query_chunk": 128})
     c.init_from = ""  # random init (a toy learns everything from the teacher)
@@ -70,31 +83,27 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.org.max_new_tokens = 96
     c.org.summary_cap = 64
     c.org.prompt_style = PromptStyle.MINIMAL.value  # tool names only in role cards: short rows
-    c.org.max_turns = 16  # per agent
-    # Environment 1, sized for the toy: 3-5 independent subtasks (max / min of two digits) of
-    # 1-3 minutes of work each, under a 5-minute clock: one agent finishes about two of them,
-    # a team of three or four finishes them all.
+    c.org.max_turns = 8 if smoke else 16  # per agent
+    # Environment sizes for the toy. Parallel: 4-6 subtasks of 1-2 minutes, most of them
+    # needing one root's result, under a 5-minute clock: one agent finishes about three, a team
+    # that passes results on all of them, a silent team four (env_baselines).
     c.env = ml_collections.ConfigDict()
-    c.env.n_subtasks_min = 3
-    c.env.n_subtasks_max = 5
-    c.env.dep_prob = 0.0
-    c.env.ops = ("max", "min")
-    # Scheduling only: any integer answer counts. A ~1M-parameter model does not learn to read
-    # the operands back out of its context within a CPU budget (answers stayed at chance after
-    # 700 SFT updates, with hidden operands and `look`, one solve per turn, or extra loss on the
-    # graded tokens: experiments/bench/RESULTS.md), and the arithmetic is not what the toy is
-    # for: the organisation's reward comes from splitting the work and hiring enough people to
-    # beat the clock. Set check_answers=True (and inspect=True) with a model that can learn it.
-    c.env.check_answers = False
-    c.env.inspect = False
-    c.env.clock_s = 300.0
+    c.env.n_subtasks_min = 4
+    c.env.n_subtasks_max = 6
+    c.env.dep_prob = 0.8
+    c.env.ops = ("add", "max", "min")
+    c.env.check_answers = True  # answers are checked (the earlier toy's False is history)
+    c.env.parallel_clock_s = 300.0
+    c.env.profile_clock_s = 300.0
+    c.env.verification_clock_s = 480.0
     c.env.n_train = 512
     c.env.n_heldout = 64
     c.env.seed = 0
     c.make_environments = make_environments
     c.make_teacher = make_teacher
     c.budget = ml_collections.ConfigDict({"p_single": 0.2, "max_budget": 3})
-    # Wall-clock cap: constant 300 s for the toy (the real schedule ramps 2 h -> 5.1 h).
+    # The clock schedule: constant (ratio 1) for the toy, so each environment keeps its own
+    # clock above (the real schedule ramps every clock by 2.55 over 200 steps).
     c.clock = ml_collections.ConfigDict({"start_s": 300.0, "end_s": 300.0, "ramp_steps": 1})
     c.progress = ml_collections.ConfigDict({"fast_rate": 0.3, "slow_rate": 0.05,
                                             "floor": 0.02, "unvisited_weight": 0.02})
@@ -122,8 +131,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.engine.prefill_chunk = 256
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 2 if smoke else 10
-    c.eval.tasks = 4 if smoke else 24
-    c.eval.seeds = 2
+    c.eval.tasks = 1 if smoke else 24  # per environment
+    c.eval.seeds = 1 if smoke else 2
     c.eval.budget = 3
     c.eval.clock_s = 300.0
     c.checkpoint = ml_collections.ConfigDict({"every": 2 if smoke else 10, "keep": 2})

@@ -5,7 +5,8 @@
   the client Environment whose sessions forward every call (`wire.py`: the JSON forms).
 - `teacher.py`: `TeacherPolicy`, the scripted organisations behind each `env.teacher(...)`.
 - `parallel/` (1: parallel subtasks under a clock, the toy organisation's environment),
-  `hidden_profile/` (2), `software/` (3: software build, hardened grader), `wealth/` (4: GKPO).
+  `hidden_profile/` (2), `software/` (3: software build, hardened grader), `wealth/` (4: GKPO),
+  `verification/` (5: collective verification: hidden defects only a teammate's review finds).
 - `curriculum.py` (`ClockSchedule`), `samplers.py` (`LearningProgressSampler`, `BudgetSampler`).
 """
 
@@ -27,12 +28,13 @@ from avalon.envs.samplers import (
     ProgressConfig,
 )
 from avalon.envs.software import SoftwareBuild, SoftwareConfig
-from avalon.envs.teacher import TeacherPolicy
+from avalon.envs.teacher import Baselines, TeacherPolicy
+from avalon.envs.verification import Verification, VerificationConfig
 from avalon.envs.wealth import Wealth, WealthConfig
 
-__all__ = ["BudgetConfig", "BudgetSampler", "ClockSchedule", "EnvRequestError", "EnvServer",
-           "EnvServerError", "Environment", "HiddenProfile", "HirePolicy", "HttpEnvironment",
-           "LearningProgressSampler", "ParallelConfig", "ParallelSubtasks",
+__all__ = ["Baselines", "BudgetConfig", "BudgetSampler", "ClockSchedule", "EnvRequestError",
+           "EnvServer", "EnvServerError", "Environment", "HiddenProfile", "HirePolicy",
+           "HttpEnvironment", "LearningProgressSampler", "ParallelConfig", "ParallelSubtasks",
            "ParallelTeacherConfig", "ProfileConfig", "ProgressConfig", "SoftwareBuild",
-           "SoftwareConfig", "Split", "TaskTable", "TeacherPolicy", "UnknownTaskError", "Wealth",
-           "WealthConfig"]
+           "SoftwareConfig", "Split", "TaskTable", "TeacherPolicy", "UnknownTaskError",
+           "Verification", "VerificationConfig", "Wealth", "WealthConfig"]

@@ -79,6 +79,14 @@ def check_clock(clock_s: float | None, default: float, where: str) -> float:
     return float(value)
 
 
+def group_seeds(seed0: int, k: int, common: bool) -> list[int]:
+    """Session seeds of the K rollouts of one group: with common random numbers every session
+    gets the group's seed `seed0` (environments draw their randomness from the session seed,
+    so the group meets the same outcomes and its advantages compare policies, not luck); else
+    seed0, seed0 + 1, ... The rollouts' own sampling seeds stay distinct either way."""
+    return [seed0] * k if common else [seed0 + i for i in range(k)]
+
+
 def split_of(task_id: str) -> Split:
     """The split a task id belongs to (ids are `<prefix>-<split>-<index>`)."""
     parts = task_id.rsplit("-", 2)
@@ -96,18 +104,22 @@ class TaskTable(Generic[T]):
     `make(rng) -> spec` draws one spec; `signature(spec)` is its content key. Training task i
     is drawn from `default_rng([seed, 0, i])`; held-out draws come from `default_rng([seed, 1,
     j])` for j = 0, 1, ... and are kept only if their signature is new (not in train, not an
-    earlier held-out task), so held-out content never repeats a training task.
+    earlier held-out task), so held-out content never repeats a training task. `make_heldout`
+    (default `make`) draws held-out specs from their own space where an environment keeps the
+    splits' content apart (software build: held-out functions no training task has).
     """
 
     def __init__(self, prefix: str, make: Callable[[np.random.Generator], T],
                  signature: Callable[[T], Hashable], n_train: int, n_heldout: int, seed: int,
-                 max_draws_per_task: int = 64):
+                 max_draws_per_task: int = 64,
+                 make_heldout: Callable[[np.random.Generator], T] | None = None):
         for name, n in (("n_train", n_train), ("n_heldout", n_heldout)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{prefix}: {name} must be an int >= 1, got {n!r}")
         self.prefix, self.make, self.signature = prefix, make, signature
         self.n = {Split.TRAIN: n_train, Split.HELDOUT: n_heldout}
         self.seed, self.max_draws = seed, max_draws_per_task
+        self.make_heldout = make if make_heldout is None else make_heldout
         self._specs: dict[Split, list[T]] = {}
 
     def ids(self, split: Split) -> tuple[str, ...]:
@@ -141,7 +153,7 @@ class TaskTable(Generic[T]):
                 raise ValueError(f"{self.prefix}: found only {len(out)} of {self.n[split]} "
                                  f"held-out tasks unlike the {self.n[Split.TRAIN]} training tasks "
                                  f"in {j} draws; the task space is too small for these sizes")
-            spec = self.make(np.random.default_rng([self.seed, 1, j]))
+            spec = self.make_heldout(np.random.default_rng([self.seed, 1, j]))
             j += 1
             sig = self.signature(spec)
             if sig not in seen:

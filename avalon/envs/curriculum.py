@@ -9,6 +9,11 @@ constant after:
 scaled for the parallel-subtasks toy environment: 300 s -> 765 s (5 minutes to 12.75 minutes,
 the same 2.55 ratio), over `ramp_steps` steps (200 by default; a short toy run passes fewer).
 
+Each environment keeps its own clock: rollouts of training step s run under the environment's
+default clock (its task's `wall_clock_s`) times `ratio(s) = cap(s) / start_s`, so a 5-minute
+toy task and a 20-minute build grow by the same factor instead of sharing one cap. `cap` itself
+is the reference clock the ratio is taken from (logged as `clock_s`).
+
 The schedule has no state of its own: it is a function of the step the training checkpoint
 already holds (`state()` returns its fields, for the record).
 """
@@ -54,6 +59,10 @@ class ClockSchedule:
             raise ValueError(f"ClockSchedule step must be an int >= 0, got {step!r}")
         frac = min(step, self.ramp_steps) / self.ramp_steps
         return self.start_s + (self.end_s - self.start_s) * frac
+
+    def ratio(self, step: int) -> float:
+        """The factor every environment's own clock is scaled by at `step` (1 at step 0)."""
+        return self(step) / self.start_s
 
     def state(self) -> dict:
         return dataclasses.asdict(self)

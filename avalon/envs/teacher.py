@@ -122,3 +122,49 @@ def reports(obs: str) -> list[tuple[str, str]]:
 def chunks(items: Sequence, size: int) -> list[list]:
     """`items` in consecutive lists of at most `size` (a turn holds a few calls)."""
     return [list(items[i:i + size]) for i in range(0, len(items), size)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Baselines:
+    """An environment's scripted reference organisations (`avalon/tools/env_baselines.py`),
+    each a fresh `Policy` per call and the budget it plays at (None: the evaluation budget).
+
+    - `chance`: uniform valid actions, one agent;
+    - `single`: the best scripted single agent (b = 0);
+    - `org_silent`: the best scripted organisation that hires and works in parallel but never
+      sends a message, posts, reacts, reports or reads a trace;
+    - `org`: the teacher organisation.
+    """
+
+    chance: Callable[[], TeacherPolicy]
+    single: Callable[[], TeacherPolicy]
+    org_silent: Callable[[], TeacherPolicy]
+    org: Callable[[], TeacherPolicy]
+
+    def policies(self) -> tuple[tuple[str, Callable[[], TeacherPolicy], int | None], ...]:
+        """(name, policy factory, budget or None for the evaluation budget), in report order."""
+        return (("chance", self.chance, 0), ("single", self.single, 0),
+                ("org_silent", self.org_silent, None), ("org", self.org, None))
+
+
+class ChanceActor:
+    """Uniform valid actions: each turn one environment call drawn by `draw(context, rng)` (the
+    agent's first prompt as text), and after `turns` calls the final message."""
+
+    def __init__(self, start: Start, draw: Callable[[str, np.random.Generator], tuple],
+                 turns: int):
+        self.context, self.draw, self.turns, self.done = start.context, draw, turns, 0
+
+    def step(self, view: AgentView, rng: np.random.Generator) -> Step:
+        if view.turn == 0:  # plan mode refuses environment tools in the first turn
+            return Step("Plan: try things.")
+        if self.done >= self.turns:
+            return Step("", (("final_message", {"text": "done"}),))
+        self.done += 1
+        return Step("", (self.draw(self.context, rng),))
+
+
+def chance_policy(chat: ChatFormat, draw: Callable[[str, np.random.Generator], tuple],
+                  turns: int) -> TeacherPolicy:
+    """A `TeacherPolicy` of `ChanceActor`s (one agent: run it at b = 0)."""
+    return TeacherPolicy(chat, lambda start: ChanceActor(start, draw, turns))

@@ -58,6 +58,9 @@ class RolloutConfig:
     seq_bucket: int = 8  # sequences per batch padded to a multiple of this (fewer compiles)
     temperature: float = 1.0  # sampling temperature (the log-probs use the same)
     top_p: float = 1.0  # must stay 1 for RL (refused otherwise: rl/config.check_rl_sampling)
+    # The K sessions of a group share one environment seed (same bet outcomes, hidden test
+    # inputs, defects): advantages compare policies, not luck (`envs.base.group_seeds`).
+    common_random_numbers: bool = True
 
     def __post_init__(self):
         if self.steps > 0:

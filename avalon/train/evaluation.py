@@ -2,21 +2,40 @@
 
 For the first `eval.tasks` held-out tasks of every environment, `eval.seeds` sampled rollouts
 with hire budget `eval.budget` (the organisation arm) and as many with budget 0 (the single
-agent), all under the clock `eval.clock_s`, all in one batched run through the engine. Seeds are
-fixed per (task, arm, seed index), so evaluations at different steps differ only by the policy.
-Metrics: `eval/org_reward`, `eval/single_reward` (mean collective reward), and the rest of
-`org_metrics.rollout_metrics` for each arm under `eval/org_...` / `eval/single_...`.
+agent), all in one batched run through the engine. Each environment plays under its own clock
+scaled as the curriculum scales it at `eval.clock_s` (`eval_clock`: the environment's default
+clock times `eval.clock_s / clock.start_s`, so 1x when they are equal). Seeds are fixed per
+(task, arm, seed index), so evaluations at different steps differ only by the policy.
+
+Metrics: `eval/org_reward`, `eval/single_reward` (mean collective reward), and every metric of
+`org_metrics.rollout_metrics` for each arm as `eval/org/<metric>` and `eval/single/<metric>`
+(the training metric `org/hires_per_rollout` is `eval/org/hires_per_rollout` and
+`eval/single/hires_per_rollout`; `reward/mean` is `eval/org/reward/mean`).
 """
 
 from __future__ import annotations
 
-from avalon.envs.base import Split
+from avalon.envs.base import Environment, Split
 from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
 from avalon.org.engine_policy import EnginePolicy
 from avalon.train.org_metrics import rollout_metrics
 from avalon.train.setup import Setup
 
 _EVAL_SEED = 10_000_000  # eval seeds never collide with training rollout seeds
+
+
+def eval_clock(cfg, env: Environment, task_id: str) -> float:
+    """The wall clock of an environment's evaluation rollouts (see the module docstring)."""
+    return env.task(task_id).wall_clock_s * cfg.eval.clock_s / cfg.clock.start_s
+
+
+def arm_metrics(groups, arm: str) -> dict:
+    """`rollout_metrics` of one arm under `eval/<arm>/...`, plus `eval/<arm>_reward`."""
+    m = rollout_metrics(groups)
+    out = {f"eval/{arm}_reward": m["reward/mean"]}
+    for key, value in m.items():
+        out[f"eval/{arm}/{key.removeprefix('org/')}"] = value
+    return out
 
 
 def evaluate(setup: Setup, engine) -> dict:
@@ -31,10 +50,10 @@ def evaluate(setup: Setup, engine) -> dict:
     gid = 0
     for env in setup.envs:
         for t_index, task_id in enumerate(env.task_ids(Split.HELDOUT)[:cfg.eval.tasks]):
+            clock = eval_clock(cfg, env, task_id)
             for a_index, (arm, budget) in enumerate(arms):
                 rollouts = tuple(
-                    RolloutSpec(env.session(task_id, seed=s, clock_s=cfg.eval.clock_s),
-                                budget=budget,
+                    RolloutSpec(env.session(task_id, seed=s, clock_s=clock), budget=budget,
                                 seed=_EVAL_SEED + (t_index * len(arms) + a_index) * 1000 + s)
                     for s in range(cfg.eval.seeds))
                 specs.append(GroupSpec(group_id=gid, rollouts=rollouts))
@@ -46,8 +65,5 @@ def evaluate(setup: Setup, engine) -> dict:
         groups_done += driver.run(specs[start:start + step]).groups
     out = {}
     for arm, _ in arms:
-        groups = [g for g, a in zip(groups_done, arm_of) if a == arm]
-        m = rollout_metrics(groups, prefix=f"eval/{arm}_")
-        out[f"eval/{arm}_reward"] = m.pop(f"eval/{arm}_reward/mean")
-        out.update(m)
+        out.update(arm_metrics([g for g, a in zip(groups_done, arm_of) if a == arm], arm))
     return out

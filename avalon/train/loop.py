@@ -40,7 +40,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from avalon.checkpoint.train_state import TrainCheckpointer
-from avalon.envs.base import Split
+from avalon.envs.base import Split, group_seeds
 from avalon.envs.samplers import BudgetSampler, LearningProgressSampler
 from avalon.inference.engine import Engine
 from avalon.model import accounting
@@ -206,15 +206,17 @@ class Run:
         n_groups, k = groups_at(cfg.rollout, self.host.rl_step), cfg.rollout.rollouts_per_group
         picks = self.progress.sample(n_groups)  # same draws on every process
         budgets = self.budget.sample_groups(n_groups, k)
-        clock = cfg.clock(self.host.rl_step)
+        ratio = cfg.clock.ratio(self.host.rl_step)  # each environment's own clock, scaled
         env_by_name = self.setup.env_by_name
         specs, env_of = [], {}
         for g, (env_name, task_id) in enumerate(picks):
             env = env_by_name[env_name]
             env_of[task_id] = env_name
             seed0 = (cfg.seed * 1_000_003 + self.host.rl_step) * 4096 + g * k
+            env_seeds = group_seeds(seed0, k, cfg.rollout.common_random_numbers)
+            clock = env.task(task_id).wall_clock_s * ratio
             specs.append(GroupSpec(group_id=g, rollouts=tuple(
-                RolloutSpec(env.session(task_id, seed=seed0 + i, clock_s=clock),
+                RolloutSpec(env.session(task_id, seed=env_seeds[i], clock_s=clock),
                             budget=budgets[g * k + i], seed=seed0 + i) for i in range(k))))
         return specs, env_of
 

@@ -67,6 +67,15 @@ def rollout_metrics(groups: list[RolloutGroup], prefix: str = "") -> dict:
                                if k.startswith("end/"))
     for reason, n in ends.items():
         out[f"{prefix}org/end_{reason}"] = n / len(rollouts)
+    # Behaviours the co-ordination environments need, over the rollouts that report them:
+    # teams with at least one review by another agent (verification; the report's 42% -> 64%),
+    # and results passed between agents that a dependant needed (parallel subtasks).
+    reviewed = [r.metrics["env/reviews"] > 0 for r in rollouts if "env/reviews" in r.metrics]
+    if reviewed:
+        out[f"{prefix}org/review_share"] = _mean(reviewed)
+    handoffs = [r.metrics["env/handoffs"] for r in rollouts if "env/handoffs" in r.metrics]
+    if handoffs:
+        out[f"{prefix}org/result_handoffs"] = _mean(handoffs)
     titles = collections.Counter(t for r in rollouts for t in r.info.get("titles", ()))
     if titles:
         out[f"{prefix}org/titles"] = dict(titles.most_common(8))

@@ -2,6 +2,8 @@
 report's central effect (under a short clock the organisation beats the single agent, and the
 derived latencies say why). Every test runs in-process and over HTTP."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -28,6 +30,8 @@ from tests.envs.helpers import (
 )
 
 LOCAL = ParallelSubtasks(ParallelConfig(n_train=32, n_heldout=16, wrong_penalty=0.25))
+DEEP = ParallelSubtasks(ParallelConfig(n_train=64, n_heldout=16, dep_prob=0.8, max_depth=1,
+                                       cost_units=(1, 2), n_subtasks=(4, 6)))
 CLOCK = 300.0
 
 
@@ -49,12 +53,34 @@ def test_correct_answers_pay_once_with_their_work_time(env):
     s1 = LOCAL.spec(tid).subtasks[0]
     d = Direct(env, tid, clock_s=CLOCK)
     out = d.call("solve", id="s1", answer=s1.answer, clock_s=10.0)
-    assert out.text == "s1 correct" and [(r.value, r.label) for r in out.rewards] == [
-        (1.0, "subtask")]
+    assert out.text == f"s1 correct, result {s1.result}" and [
+        (r.value, r.label) for r in out.rewards] == [(1.0, "subtask")]
     assert out.duration_s == s1.units * 60.0 and not out.error
-    with pytest.raises(ToolError, match="already solved"):  # no second reward
-        d.call("solve", id="s1", answer=s1.answer)
-    assert d.end().metrics["solved"] == 1.0
+    # Hack: two agents on one subtask. The second pays the work time and gets neither reward
+    # nor the result.
+    again = d.call("solve", agent="a1", id="s1", answer=s1.answer)
+    assert again.text == "s1 already solved" and again.rewards == ()
+    assert again.duration_s == s1.units * 60.0 and not again.error
+    metrics = d.end().metrics
+    assert metrics["solved"] == 1.0 and metrics["duplicates"] == 1.0
+
+
+def test_results_are_hidden_until_solved():
+    # A dependent subtask's operand is its parent's result: not in the prompt, not in `look`,
+    # and (over many tasks) not predictable from what the prompt shows.
+    hits = tries = 0
+    for tid in DEEP.task_ids(Split.TRAIN):
+        spec = DEEP.spec(tid)
+        prompt = DEEP.task(tid).prompt
+        for s in spec.subtasks:
+            if s.after:
+                assert f"{s.id} {s.op.value} r{s.after[0][1:]} {s.b}" in prompt
+                tries += 1
+                # Hack: guess the parent's result as its shown first operand (or 0).
+                parent = spec.subtasks[int(s.after[0][1:]) - 1]
+                guess = parent.a if not parent.after else 0
+                hits += s.answer_with(guess) == s.answer
+    assert tries > 100 and hits / tries < 0.25
 
 
 def test_wrong_answers_cost_time_and_close_the_subtask(env):
@@ -95,20 +121,21 @@ def test_unchecked_answers_pay_any_integer_but_still_take_the_work_time():
     s1 = unchecked.spec(tid).subtasks[0]
     d = Direct(unchecked, tid, clock_s=CLOCK)
     out = d.call("solve", id="s1", answer=s1.answer + 3, clock_s=10.0)
-    assert out.text == "s1 correct" and [(r.value, r.label) for r in out.rewards] == [
-        (1.0, "subtask")]
+    assert out.text == f"s1 correct, result {s1.result}"
+    assert [(r.value, r.label) for r in out.rewards] == [(1.0, "subtask")]
     assert out.duration_s == s1.units * 60.0
-    with pytest.raises(ToolError, match="already solved"):
-        d.call("solve", id="s1", answer=0)
+    assert d.call("solve", id="s1", answer=0).rewards == ()  # already solved
 
 
 def test_dependencies_are_enforced_on_the_derived_clock(env):
     tid = find_task(lambda t: len(t.subtasks) > 1 and t.subtasks[1].after == ("s1",))
     s1, s2 = LOCAL.spec(tid).subtasks[:2]
+    assert s2.answer == s2.op.apply(s1.result, s2.b)  # r1 is s1's result
     d = Direct(env, tid)
     with pytest.raises(ToolError, match="s2 needs s1 first"):  # hack: skip the dependency
         d.call("solve", id="s2", answer=s2.answer)
-    d.call("solve", agent="a1", clock_s=5.0, id="s1", answer=s1.answer)  # done at 5 + work
+    first = d.call("solve", agent="a1", clock_s=5.0, id="s1", answer=s1.answer)  # done at 5 +
+    assert first.text.endswith(f"result {s1.result}")  # work; only a1 sees the result
     # A teammate whose clock is behind waits for s1 on the derived clock: no building on work
     # that is not finished yet.
     out = d.call("solve", agent="a2", clock_s=0.0, id="s2", answer=s2.answer)
@@ -134,7 +161,10 @@ def test_task_prompt_tools_and_clock(env):
     assert [t.name for t in task.tools] == ["solve"]
     assert task.tools[0].json_schema()["required"] == ["id", "answer"]
     spec, clock = parse_prompt(task.prompt, 60.0)
-    assert spec == LOCAL.spec(tid) and clock == 412.0
+    # The prompt states everything but the hidden results (and the operands they fill in).
+    hidden = [dataclasses.replace(s, result=None, a=None if s.after else s.a)
+              for s in LOCAL.spec(tid).subtasks]
+    assert list(spec.subtasks) == hidden and clock == 412.0
     with pytest.raises(ValueError, match="clock_s"):
         env.session(tid, 0, clock_s=-1.0)
 
@@ -193,7 +223,8 @@ def test_teacher_reaches_the_optimal_schedule_on_heldout_tasks(env):
     ids = env.task_ids(Split.HELDOUT)
     for b in (0, 1, 3, 8):
         result = _teacher_scores_the_optimum(LOCAL, env, chat, b, LOCAL.teacher(chat))
-    assert np.mean(totals(result) / [len(LOCAL.spec(t).subtasks) for t in ids]) > 0.85
+    # (a property of these tasks: at b = 8 the optimum finishes 85% of their subtasks)
+    assert np.mean(totals(result) / [len(LOCAL.spec(t).subtasks) for t in ids]) > 0.8
 
 
 def test_organisation_beats_single_agent_under_a_short_clock(env):
@@ -204,7 +235,7 @@ def test_organisation_beats_single_agent_under_a_short_clock(env):
     solo = run_teacher(policy, BYTES, [env.session(t, 0, CLOCK) for t in ids], [0] * len(ids))
     n = np.array([len(LOCAL.spec(t).subtasks) for t in ids])
     org_r, solo_r = totals(org), totals(solo)
-    assert np.mean(org_r / n) > 0.85 and np.mean(solo_r / n) < 0.55
+    assert np.mean(org_r / n) > 0.8 and np.mean(solo_r / n) < 0.55
     assert np.all(org_r >= solo_r) and np.mean(org_r > solo_r) > 0.8
     for t, g_org, g_solo, rep in zip(ids, org.groups, solo.groups, solo.reports):
         work = sum(LOCAL.spec(t).costs()) * 60.0
@@ -239,7 +270,8 @@ def test_vocabulary_covers_prompts_results_and_teacher_words():
     words = set(LOCAL.vocabulary()) | set(org_vocabulary())
     import re
     texts = [LOCAL.task(t).prompt for t in LOCAL.task_ids(Split.TRAIN)[:10]]
-    texts += ["s1 correct (waited 30 for s1)", "s2 wrong, closed", "Do s2 s5. Tell a3 after s2."]
+    texts += ["s1 correct (waited 30 for s1), result 4", "s2 wrong, closed", "s2 already solved",
+              "Do s2 s5. Tell a3 after s2.", "s2 result 7", "s3 add r2 4"]
     for text in texts:
         for w in re.findall(r"[A-Za-z0-9_]{2,}", text):
             assert w in words or (w.isdigit() and len(w) >= 3), w
@@ -277,3 +309,25 @@ def test_teacher_looks_then_solves_to_the_optimum(hidden_env):
     for b in (0, 3):
         policy = HIDDEN.teacher(chat, ParallelTeacherConfig(hires_per_turn=1, solves_per_turn=3))
         _teacher_scores_the_optimum(HIDDEN, hidden_env, chat, b, policy)
+
+
+def test_passing_results_on_is_what_the_organisation_gains():
+    # With many dependencies, a team that never messages must keep each dependency tree on one
+    # worker; the teacher splits trees and passes results on by DM, and scores more.
+    ids = DEEP.task_ids(Split.HELDOUT)
+    sessions = lambda: [DEEP.session(t, 0, CLOCK) for t in ids]  # noqa: E731
+    org = run_teacher(DEEP.teacher(BYTES), BYTES, sessions(), [3] * len(ids))
+    silent = run_teacher(DEEP.teacher(BYTES, ParallelTeacherConfig(silent=True)), BYTES,
+                         sessions(), [3] * len(ids))
+    want = [DEEP.max_solved_for(t, DEEP.best_hires(t, CLOCK, 3), CLOCK) for t in ids]
+    assert totals(org).tolist() == want
+    for g in silent.groups:
+        r = g.rollouts[0]
+        assert r.metrics["messages"] == 0 and r.metrics["trace_reads"] == 0
+        assert r.metrics["malformed_turns"] == 0 and r.metrics["tool_error_turns"] == 0
+    assert sum(g.rollouts[0].metrics["messages"] for g in org.groups) > 0
+    # Results that crossed agents: the silent team has none.
+    assert sum(g.rollouts[0].metrics["env/handoffs"] for g in org.groups) > 0
+    assert all(g.rollouts[0].metrics["env/handoffs"] == 0 for g in silent.groups)
+    assert np.all(totals(org) >= totals(silent))
+    assert totals(org).mean() > totals(silent).mean() + 0.5

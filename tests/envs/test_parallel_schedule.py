@@ -84,3 +84,25 @@ def test_best_headcount():
 def test_bad_input(bad, match):
     with pytest.raises(ValueError, match=match):
         plan(*bad)
+
+
+def test_silent_plan_keeps_each_tree_on_one_worker():
+    from avalon.envs.parallel.schedule import components, silent_plan
+    # A star: s0 (1 unit) whose result s1..s3 (1 unit each) need, and a lone s4 (2 units).
+    costs, deps = [1, 1, 1, 1, 2], [[], [0], [0], [0], []]
+    assert components(deps) == [[0, 1, 2, 3], [4]]
+    # Passing s0's result on, 4 workers finish all 5 in 2 units; without it the star stays on
+    # one worker (2 of 4 fit in 2 units) and the lone task on another.
+    assert max_solved(costs, deps, 4, 2) == 5
+    solved, lists = silent_plan(costs, deps, 4, 2)
+    assert solved == 3 and lists == [[0, 1], [4], [], []]
+    rng = np.random.default_rng(0)
+    for _ in range(30):  # never above the optimum; every tree on one worker
+        n = int(rng.integers(1, 7))
+        costs = [int(c) for c in rng.integers(1, 4, size=n)]
+        deps = [[int(rng.integers(j))] if j and rng.random() < 0.6 else [] for j in range(n)]
+        w, h = int(rng.integers(1, 4)), int(rng.integers(1, 6))
+        solved, lists = silent_plan(costs, deps, w, h)
+        assert solved <= max_solved(costs, deps, w, h)
+        owner = {j: i for i, lst in enumerate(lists) for j in lst}
+        assert all(owner.get(d, owner[j]) == owner[j] for j in owner for d in deps[j])

@@ -12,13 +12,15 @@ import pytest
 
 import avalon
 from avalon.envs.base import Split
-from avalon.envs.software import FAMILIES, SUBMIT, SoftwareBuild, SoftwareConfig, same
+from avalon.envs.software import BY_NAME, FAMILIES, SUBMIT, SoftwareBuild, SoftwareConfig, same
 from avalon.envs.software.grader import make_cases
 from avalon.org.env import EndReason, ToolError
 from avalon.org.workspace import Workspace
 from tests.envs.helpers import BYTES, MODES, Direct, environment, run_teacher, totals
 
 LOCAL = SoftwareBuild(SoftwareConfig(n_train=64, n_heldout=8))
+HAND = SoftwareBuild(SoftwareConfig(n_train=64, n_heldout=8, n_functions=(2, 3),
+                                    hand_written=True))
 REPO = str(Path(avalon.__file__).resolve().parent.parent)
 REFERENCE = str(Path(avalon.__file__).resolve().parent / "envs" / "software" / "functions.py")
 
@@ -30,7 +32,7 @@ def env(request):
 
 
 def reference_solution(names) -> str:
-    return "\n\n".join(f.source for f in FAMILIES if f.name in names)
+    return "\n\n".join(BY_NAME[n].source for n in names)
 
 
 def submit(env, tid, code: str | None, seed: int = 0):
@@ -159,9 +161,10 @@ def test_writes_are_refused_and_the_workspace_is_untouched(env):
 
 
 @pytest.mark.parametrize("trick", ["fake_results", "exit_zero", "rigged_eq", "bool_for_int"])
-def test_faked_results_fail(env, trick):
-    tid = next(t for t in env.task_ids(Split.TRAIN) if "digit_sum" in LOCAL.spec(t).functions)
-    names = LOCAL.spec(tid).functions
+def test_faked_results_fail(trick):
+    env = HAND
+    tid = next(t for t in env.task_ids(Split.TRAIN) if "digit_sum" in HAND.spec(t).functions)
+    names = HAND.spec(tid).functions
     header = "import json, os, sys\n"
     if trick == "fake_results":  # print and write results that claim success, then go on
         header += ("print(json.dumps([{'value': True}] * 100))\n"
@@ -214,9 +217,33 @@ def test_teacher_builds_heldout_tasks(env):
     ids = env.task_ids(Split.HELDOUT)[:2]
     policy = LOCAL.teacher(BYTES)
     sessions = [env.session(t, i) for i, t in enumerate(ids + ids)]
-    result = run_teacher(policy, BYTES, sessions, [0, 0, 2, 2], window=8192)
+    result = run_teacher(policy, BYTES, sessions, [0, 0, 2, 2], window=16384)  # the GPU config's
     assert totals(result).tolist() == [1.0] * 4
     assert policy.cut_turns == 0
     assert [g.rollouts[0].hires for g in result.groups] == [0, 0, 2, 2]
     for g in result.groups:
         assert g.rollouts[0].metrics["tool_error_turns"] == 0
+
+
+def test_heldout_functions_appear_in_no_training_task():
+    # Hack: memorise the training functions. Held-out tasks ask for generated pipelines of
+    # their own bucket, so not one held-out function was ever asked for in training.
+    from avalon.envs.software import generated
+    train = {f for t in LOCAL.task_ids(Split.TRAIN) for f in LOCAL.spec(t).functions}
+    heldout = {f for t in LOCAL.task_ids(Split.HELDOUT) for f in LOCAL.spec(t).functions}
+    assert len(train) > 150 and len(heldout) > 20 and not train & heldout
+    assert {generated.bucket(f) for f in heldout} == {0} and 0 not in {
+        generated.bucket(f) for f in train}
+    # The name spells the pipeline: its spec and reference come back from the name alone.
+    name = sorted(heldout)[0]
+    assert name in BY_NAME and BY_NAME[name].source.startswith(f"def {name}(xs):")
+    assert "not_a__pipeline" not in BY_NAME and "sum" not in BY_NAME
+
+
+def test_generated_functions_have_no_constant_answer_floor():
+    names = sorted({f for t in LOCAL.task_ids(Split.TRAIN) for f in LOCAL.spec(t).functions})
+    for name in names[:60]:
+        fam = BY_NAME[name]
+        ref, rng = fam.reference(), np.random.default_rng(11)
+        outs = Counter(json.dumps(ref(*fam.gen(rng))) for _ in range(200))
+        assert outs.most_common(1)[0][1] / 200 < 0.6, name

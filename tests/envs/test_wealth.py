@@ -151,3 +151,36 @@ def test_single_agent_researches_only_what_fits():
     r = result.groups[0].rollouts[0]
     assert r.metrics["env/research"] == fit and r.metrics["env/bets"] == n
     assert r.metrics["latency_s"] < cfg.clock_s
+
+
+def test_final_utility_is_a_reward_event_and_success_is_growth():
+    tid = LOCAL.task_ids(Split.TRAIN)[0]
+    d = Direct(LOCAL, tid, seed=3)
+    d.call("bet", id="b1", fraction=0.5)
+    final = d.end()
+    x = final.wealth_ratio
+    assert [r.label for r in final.rewards] == ["utility"]
+    assert final.rewards[0].value == pytest.approx(float(gkpo_utility(x, BETA)), abs=1e-6)
+    assert final.metrics["success"] == float(x > 1)
+
+
+def test_common_random_numbers_across_a_group():
+    # The K sessions of a group share the environment seed: the same outcome sequence (and the
+    # same research samples) for every rollout; without it, outcomes differ.
+    from avalon.envs.base import group_seeds
+    tid = LOCAL.task_ids(Split.TRAIN)[0]
+    n = len(LOCAL.spec(tid).probs)
+
+    def outcomes(seed):
+        d = Direct(LOCAL, tid, seed=seed)
+        seen = [d.call("research", id=f"b{i + 1}").text for i in range(n)]
+        seen += [d.call("bet", id=f"b{i + 1}", fraction=0.0).text.split(",")[0]
+                 for i in range(n)]
+        d.end()
+        return seen
+
+    assert group_seeds(40, 4, True) == [40] * 4 and group_seeds(40, 4, False) == [40, 41, 42, 43]
+    shared = [outcomes(s) for s in group_seeds(4096, 8, True)]
+    assert all(o == shared[0] for o in shared)
+    own = [outcomes(s) for s in group_seeds(4096, 8, False)]
+    assert len({tuple(o) for o in own}) > 1

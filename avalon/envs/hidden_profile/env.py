@@ -7,12 +7,16 @@ specialists also read) holds the shared facts; m "analysts" (m in `n_holders`) e
 private set, dealt through `EnvSession.brief`: the specialist hired i-th (index i >= 1) gets
 holder (i - 1) mod m's facts; the CEO's brief is empty.
 
-The construction (scores are good minus bad): the shared facts favour a decoy D over the
-answer C by 2m - 1; each holder has one `C good` and one `D bad` fact (plus a balanced good/bad
-pair on a random option, which changes nothing). With k of the m holders pooled, C - D =
-2k - 2m + 1: negative for k < m, +1 for k = m. The third option stays below both. So the
-shared facts alone, or any proper subset of holders, point to D; only all m identify C.
-Option order, roles, attributes and fact order are random per task.
+The construction (scores are good minus bad). Shared facts give the three options the scores
++1, 0 and -1 (one good fact, a good/bad pair, one bad fact) in a random order, so the answer's
+rank on the shared facts is uniform: no fixed rule on the shared facts (top, middle, bottom, most
+or fewest facts, prompt position) beats chance (the leak probe in tests/envs/
+test_hidden_profile.py, over 1,000 tasks). Each holder has one fact per option, good or bad, drawn
+uniformly among the deals under which all m holders pooled make the answer the strict top and
+the fewest proper subsets of holders already do (for most shared orders none or one of them).
+So pooling every brief identifies the answer; the shared facts alone are right a third of the
+time and a subset of the holders little more often. Option order, attributes and fact order
+are random per task.
 
 Tool: `choose(option)`, CEO only (not grantable), terminal: reward 1 (label `correct`) for the
 answer, nothing otherwise; one choice per session. Sessions are deterministic (the seed is
@@ -22,6 +26,8 @@ unused).
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 
 from avalon.envs.base import Split, TaskTable, check_clock
 from avalon.envs.hidden_profile.tasks import (
@@ -33,8 +39,8 @@ from avalon.envs.hidden_profile.tasks import (
     prompt,
     signature,
 )
-from avalon.envs.hidden_profile.teacher import TEACHER_WORDS, cast
-from avalon.envs.teacher import TeacherPolicy
+from avalon.envs.hidden_profile.teacher import OPTIONS_LINE, TEACHER_WORDS, cast
+from avalon.envs.teacher import Baselines, TeacherPolicy, chance_policy
 from avalon.org.env import (
     CallContext,
     EndContext,
@@ -131,9 +137,25 @@ class HiddenProfile:
         clock = check_clock(clock_s, self.config.clock_s, f"hidden_profile task {task_id!r}")
         return ProfileSession(task_id, self.table.get(task_id), clock)
 
-    def teacher(self, chat: ChatFormat) -> TeacherPolicy:
-        """The scripted teacher organisation (`teacher.py`)."""
-        return TeacherPolicy(chat, cast)
+    def teacher(self, chat: ChatFormat, silent: bool = False) -> TeacherPolicy:
+        """The scripted teacher organisation (`teacher.py`); `silent`: nobody reports."""
+        return TeacherPolicy(chat, lambda start: cast(start, silent))
+
+    def baselines(self, chat: ChatFormat) -> Baselines:
+        """Reference organisations: chance picks an option at random; the single agent and the
+        silent organisation choose on the shared facts; the teacher pools every brief."""
+        def draw(context: str, rng: np.random.Generator) -> tuple:
+            options = OPTIONS_LINE.search(context).group(1).split(", ")
+            return "choose", {"option": options[int(rng.integers(len(options)))]}
+
+        return Baselines(chance=lambda: chance_policy(chat, draw, 1),
+                         single=lambda: self.teacher(chat),
+                         org_silent=lambda: self.teacher(chat, silent=True),
+                         org=lambda: self.teacher(chat))
+
+    def optimum(self, task_id: str, clock_s: float, budget: int) -> float | None:
+        """1 when the budget hires every holder (pooling decides), else not computed."""
+        return 1.0 if budget >= len(self.spec(task_id).held) else None
 
     def vocabulary(self) -> tuple[str, ...]:
         words = ["Choose", "the", "best", "of", "one", "with", "most", "good", "minus", "bad",

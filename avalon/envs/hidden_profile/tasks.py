@@ -6,7 +6,10 @@ See `env.py` for the rules. `make_task` checks the invariant on every task it dr
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import re
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -35,7 +38,7 @@ class Fact:
 class ProfileTask:
     options: tuple[str, ...]  # prompt order
     answer: str
-    decoy: str
+    decoy: str  # the top option on the shared facts alone (the answer in a third of tasks)
     shared: tuple[Fact, ...]
     held: tuple[tuple[Fact, ...], ...]  # one tuple per holder
 
@@ -55,40 +58,68 @@ def best_option(options, facts) -> str:
     return max(options, key=lambda o: (s[o], -options.index(o)))
 
 
+def _identifying(shared: Sequence[int], deltas: Sequence[Sequence[int]], subset) -> bool:
+    """Whether option 0 (the answer) strictly tops shared + the holders in `subset`."""
+    total = [shared[o] + sum(deltas[h][o] for h in subset) for o in range(3)]
+    return total[0] > max(total[1:])
+
+
+@functools.cache
+def _deals(shared: tuple[int, int, int], m: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Every deal of held polarities (per holder, +1 / -1 for each of the three options, the
+    answer first) under which pooling all m holders identifies the answer, keeping those in
+    which the fewest proper subsets of holders already do."""
+    best: list = []
+    fewest = None
+    for bits in itertools.product((1, -1), repeat=3 * m):
+        deltas = tuple(bits[3 * h:3 * h + 3] for h in range(m))
+        if not _identifying(shared, deltas, range(m)):
+            continue
+        early = sum(_identifying(shared, deltas, sub) for k in range(1, m)
+                    for sub in itertools.combinations(range(m), k))
+        if fewest is None or early < fewest:
+            best, fewest = [], early
+        if early == fewest:
+            best.append(deltas)
+    return tuple(best)
+
+
 def make_task(rng: np.random.Generator, n_holders: tuple[int, int]) -> ProfileTask:
+    """The construction (see `env.py`): shared scores a random permutation of (+1, 0, -1),
+    the answer's rank in it uniform; holders one fact per option each, drawn uniformly among
+    the deals that identify the answer only once pooled (`_deals`)."""
     m = int(rng.integers(n_holders[0], n_holders[1] + 1))
     opts = [OPTIONS[i] for i in rng.choice(len(OPTIONS), size=3, replace=False)]
-    answer, decoy, other = opts  # roles before shuffling the prompt order
+    answer = opts[0]  # roles before shuffling the prompt order: answer, then the others
     attrs = iter(ATTRIBUTES[i] for i in rng.permutation(len(ATTRIBUTES)))
-    a = int(rng.integers(1, 2 * m - 1))  # 1 .. 2m - 2 shared goods for the decoy
-    shared = [Fact(decoy, True, next(attrs)) for _ in range(a)]
-    shared += [Fact(answer, False, next(attrs)) for _ in range(2 * m - 1 - a)]
-    s_other = a - m - int(rng.integers(0, 2))  # <= the decoy's total
-    shared += [Fact(other, s_other > 0, next(attrs)) for _ in range(abs(s_other))]
-    noise = opts[int(rng.integers(3))]
-    shared += [Fact(noise, True, next(attrs)), Fact(noise, False, next(attrs))]
+    values = [(1, 0, -1)[i] for i in rng.permutation(3)]  # shared score of opts[0], [1], [2]
+    shared: list[Fact] = []
+    for option, v in zip(opts, values):
+        if v == 0:  # a balanced pair
+            shared += [Fact(option, True, next(attrs)), Fact(option, False, next(attrs))]
+        else:
+            shared.append(Fact(option, v > 0, next(attrs)))
+    deals = _deals(tuple(values), m)
+    deltas = deals[int(rng.integers(len(deals)))]
     held = []
-    for _ in range(m):
-        facts = [Fact(answer, True, next(attrs)), Fact(decoy, False, next(attrs))]
-        noise = opts[int(rng.integers(3))]
-        facts += [Fact(noise, True, next(attrs)), Fact(noise, False, next(attrs))]
+    for h in range(m):
+        facts = [Fact(o, d > 0, next(attrs)) for o, d in zip(opts, deltas[h])]
         held.append(tuple(facts[i] for i in rng.permutation(len(facts))))
     shared = [shared[i] for i in rng.permutation(len(shared))]
     order = tuple(opts[i] for i in rng.permutation(3))
+    decoy = best_option(order, shared)
     task = ProfileTask(order, answer, decoy, tuple(shared), tuple(held))
     _check(task)
     return task
 
 
 def _check(task: ProfileTask) -> None:
-    """The hidden-profile invariant: only all holders together give the answer."""
+    """The hidden-profile invariant: pooling every holder identifies the answer."""
     everything = list(task.shared) + [f for h in task.held for f in h]
-    if best_option(task.options, everything) != task.answer:
+    s = scores(task.options, everything)
+    if sorted(s.values())[-1] == sorted(s.values())[-2] or \
+            best_option(task.options, everything) != task.answer:
         raise RuntimeError(f"hidden_profile: pooled facts do not give the answer: {task}")
-    for k in range(len(task.held)):
-        partial = list(task.shared) + [f for h in task.held[:k] for f in h]
-        if best_option(task.options, partial) != task.decoy:
-            raise RuntimeError(f"hidden_profile: {k} holders already decide: {task}")
 
 
 def signature(task: ProfileTask) -> tuple:

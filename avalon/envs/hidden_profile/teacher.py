@@ -4,8 +4,12 @@ The CEO reads the options, the shared facts and the number of analysts m from it
 and hires min(budget, m) analysts (`Analyst`, no tools) in its first turn. Each analyst reports
 the facts of its brief to the CEO (`report_to_ceo`, the facts in `done`). Once every hire has
 reported, the CEO tallies every distinct fact it has seen (good +1, bad -1) and chooses the top
-option. With a budget below m it chooses on partial facts, so it is wrong by construction: the
+option. With a budget below m it chooses on partial facts, so it is often wrong: the
 environment's point.
+
+The silent organisation (`cast(..., silent=True)`, the `org_silent` baseline): the CEO hires the
+analysts the same way, but nobody reports, so it chooses on the shared facts alone as soon as
+its hires are made; analysts only wait.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from avalon.org.policy import AgentView, Step
 
 TEACHER_WORDS = ("Analyst", "Report", "your", "to", "ceo", "Tally", "hire", "title", "role",
                  "tools", "report_to_ceo", "status", "done", "wait_for_messages")
-_OPTIONS = re.compile(r"Choose the best of ([a-z, ]+):")
+OPTIONS_LINE = re.compile(r"Choose the best of ([a-z, ]+):")
 _HOLDERS = re.compile(r"(\d+) analysts each hold")
 HIRES_PER_TURN = 2
 
@@ -31,8 +35,9 @@ def facts_in(text: str, options) -> list[Fact]:
 
 
 class CeoActor:
-    def __init__(self, start: Start):
-        opts, holders = _OPTIONS.search(start.context), _HOLDERS.search(start.context)
+    def __init__(self, start: Start, silent: bool = False):
+        self.silent = silent
+        opts, holders = OPTIONS_LINE.search(start.context), _HOLDERS.search(start.context)
         if opts is None or holders is None:
             raise ValueError("hidden_profile teacher: no task in the CEO's role card")
         self.options = tuple(o.strip() for o in opts.group(1).split(","))
@@ -56,7 +61,7 @@ class CeoActor:
             self.reported.add(sender)
             self.facts += facts_in(text, self.options)
         calls = self._hire()
-        if self.hires or len(self.reported) < self.hired:
+        if self.hires or (len(self.reported) < self.hired and not self.silent):
             return Step("", tuple(calls + [("wait_for_messages", {})]))
         choice = best_option(self.options, self.facts)
         return Step("Tally done.", tuple(calls + [("choose", {"option": choice})]))
@@ -70,10 +75,10 @@ class CeoActor:
 
 
 class AnalystActor:
-    def __init__(self, start: Start):
+    def __init__(self, start: Start, silent: bool = False):
         brief = start.context.split("Brief: ", 1)
         self.facts = brief[1].split("\n", 1)[0] if len(brief) == 2 else ""
-        self.reported = False
+        self.reported = silent  # a silent analyst never reports
 
     def step(self, view: AgentView, rng: np.random.Generator) -> Step:
         if self.reported:
@@ -84,5 +89,7 @@ class AnalystActor:
                          ("wait_for_messages", {})))
 
 
-def cast(start: Start):
-    return CeoActor(start) if start.key.agent == "ceo" else AnalystActor(start)
+def cast(start: Start, silent: bool = False):
+    if start.key.agent == "ceo":
+        return CeoActor(start, silent)
+    return AnalystActor(start, silent)

@@ -1,19 +1,26 @@
 """Environment 1: parallel subtasks under a clock (the toy organisation's training environment).
 
 A task is a handful of arithmetic subtasks (`tasks.py`), each with a known work cost and
-optional dependencies. One tool, `solve(id, answer)`:
+optional dependencies. The environment does none of the co-ordination: agents pick subtasks
+themselves, and a dependent subtask's input is its parent's *result*, which only the agent
+whose solve counted sees. One tool, `solve(id, answer)`:
 - declared duration: the subtask's work cost, plus any wait for its dependencies (below);
-- correct: reward +1 (label `subtask`), once per subtask;
+- correct: reward +1 (label `subtask`) and the subtask's result (`s1 correct, result 4`), to
+  this caller only; a teammate who needs r1 must be told (message, post or workspace file);
+- already solved (by anyone, this caller included): the work time is spent all the same and
+  nothing is earned or shown (`s1 already solved`): two agents on one subtask both pay, only
+  the first counts. The first is the first call the simulator applies; with clock-ordered
+  scheduling (the simulator's turn order following the derived clock) that is the first in
+  clock order;
 - wrong: reward -wrong_penalty (label `wrong`, default 0: nothing), the work time is spent all
   the same, and after `max_attempts` wrong answers the subtask is closed (no answer-guessing);
-- refused with a tool error (no time, no reward): unknown ids, a subtask already solved or
-  closed, a subtask whose dependency is not solved yet (or closed);
+- refused with a tool error (no time, no reward): unknown ids, a closed subtask, a subtask
+  whose dependency is not solved yet (or closed);
 - the episode ends (terminal) once every subtask is solved or closed.
 With `check_answers=False` every well-formed solve counts as correct: the task is then pure
 scheduling (who works on what, how many to hire under the clock), for models too small to learn
-the arithmetic in the time they have (the toy organisation; experiments/bench/RESULTS.md).
-The organisation drops rewards of calls that finish after the wall clock, so the reward is the
-number of subtasks solved in time.
+the arithmetic (experiments/bench/RESULTS.md). The organisation drops rewards of calls that
+finish after the wall clock, so the reward is the number of subtasks solved in time.
 
 Dependencies on the derived clock. A dependency solved by a teammate finishes at that
 teammate's clock. If the caller's clock is earlier, the call's duration includes the wait until
@@ -21,12 +28,15 @@ then, so no one builds on work that, on the derived clock, is not finished yet.
 
 The best head-count is computable: `best_hires(task_id, clock_s, max_budget)` and
 `max_solved_for(task_id, hires, clock_s)` (schedule.py, with the work time that fits in
-clock_s - overhead_s). Sessions are deterministic; the session seed is unused.
+clock_s - overhead_s); it assumes results are passed on at no cost in time, as a message is.
+Sessions are deterministic; the session seed is unused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+import numpy as np
 
 from avalon.envs.base import Split, TaskTable, check_clock
 from avalon.envs.parallel import schedule
@@ -34,6 +44,7 @@ from avalon.envs.parallel.tasks import (
     Op,
     ParallelTask,
     make_task,
+    parse_prompt,
     prompt,
     reveal_text,
     signature,
@@ -44,7 +55,7 @@ from avalon.envs.parallel.teacher import (
     ParallelTeacherConfig,
     cast,
 )
-from avalon.envs.teacher import TeacherPolicy
+from avalon.envs.teacher import Baselines, TeacherPolicy, chance_policy
 from avalon.org.env import (
     CallContext,
     EndContext,
@@ -74,6 +85,7 @@ class ParallelConfig:
     n_subtasks: tuple[int, int] = (5, 7)  # inclusive range
     cost_units: tuple[int, int] = (1, 3)  # inclusive range of work units per subtask
     dep_prob: float = 0.3  # chance a subtask depends on one earlier subtask
+    max_depth: int = 0  # > 0: parents only among subtasks less deep (1: star-shaped trees)
     ops: tuple[Op, ...] = tuple(Op)
     max_operand: int = 9
     unit_s: float = 60.0  # seconds of work per unit
@@ -112,6 +124,10 @@ class ParallelConfig:
                              f"{self.overhead_s} and {self.wrong_penalty}")
         if self.max_attempts < 1:
             raise ValueError(f"ParallelConfig.max_attempts must be >= 1, got {self.max_attempts}")
+        if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or \
+                self.max_depth < 0:
+            raise ValueError(f"ParallelConfig.max_depth must be an int >= 0, got "
+                             f"{self.max_depth!r}")
         if self.look_s < 0:
             raise ValueError(f"ParallelConfig.look_s must be >= 0, got {self.look_s}")
 
@@ -125,6 +141,11 @@ class ParallelSession:
         self.done_at: dict[str, float] = {}  # subtask -> derived clock when it was solved
         self.wrong: dict[str, int] = {}
         self.closed: set[str] = set()
+        self.duplicates = 0  # solves of a subtask already solved (work spent for nothing)
+        self.solver: dict[str, str] = {}  # subtask -> the agent whose solve counted
+        # Dependants solved right by someone other than their parent's solver: the parent's
+        # result crossed agents (was passed on, or guessed).
+        self.handoffs = 0
         self._task = Task(task_id=task_id,
                           prompt=prompt(spec, clock_s, config.unit_s, hidden=config.inspect),
                           tools=(LOOK, SOLVE) if config.inspect else (SOLVE,),
@@ -152,8 +173,6 @@ class ParallelSession:
         sub = self.by_id.get(sid)
         if sub is None:
             raise ToolError(f"no subtask {sid!r}; ids are s1..s{len(self.by_id)}")
-        if sid in self.done_at:
-            raise ToolError(f"{sid} already solved")
         if sid in self.closed:
             raise ToolError(f"{sid} closed after {self.config.max_attempts} wrong answers")
         for d in sub.after:
@@ -165,10 +184,16 @@ class ParallelSession:
         wait = max(0.0, ready - ctx.clock_s)
         duration = wait + sub.units * self.config.unit_s
         waited = f" (waited {round(wait)} for {' '.join(sub.after)})" if wait > 0 else ""
+        if sid in self.done_at:  # a second agent on the same subtask: the work, for nothing
+            self.duplicates += 1
+            return ToolOutcome(f"{sid} already solved{waited}", duration_s=duration)
         if answer == sub.answer or not self.config.check_answers:
             self.done_at[sid] = ctx.clock_s + duration
-            return ToolOutcome(f"{sid} correct{waited}", (EnvReward(1.0, "subtask"),),
-                               terminal=self._settled(), duration_s=duration)
+            self.solver[sid] = ctx.agent
+            self.handoffs += any(self.solver[d] != ctx.agent for d in sub.after)
+            return ToolOutcome(f"{sid} correct{waited}, result {sub.result}",
+                               (EnvReward(1.0, "subtask"),), terminal=self._settled(),
+                               duration_s=duration)
         self.wrong[sid] = self.wrong.get(sid, 0) + 1
         text = f"{sid} wrong{waited}"
         if self.wrong[sid] >= self.config.max_attempts:
@@ -190,7 +215,9 @@ class ParallelSession:
                                      "success": in_time / len(self.by_id),
                                      "solved_late": float(len(self.done_at) - in_time),
                                      "wrong": float(sum(self.wrong.values())),
-                                     "closed": float(len(self.closed))})
+                                     "closed": float(len(self.closed)),
+                                     "duplicates": float(self.duplicates),
+                                     "handoffs": float(self.handoffs)})
 
 
 class ParallelSubtasks:
@@ -205,7 +232,8 @@ class ParallelSubtasks:
         self.table = TaskTable(
             "parallel", lambda rng: make_task(rng, n_subtasks=c.n_subtasks,
                                               cost_units=c.cost_units, dep_prob=c.dep_prob,
-                                              ops=c.ops, max_operand=c.max_operand),
+                                              ops=c.ops, max_operand=c.max_operand,
+                                              max_depth=c.max_depth),
             signature, c.n_train, c.n_heldout, c.seed)
 
     def task_ids(self, split: Split) -> tuple[str, ...]:
@@ -243,13 +271,38 @@ class ParallelSubtasks:
         """The scripted teacher organisation (`teacher.py`), as an org Policy."""
         return TeacherPolicy(chat, cast(self.config.unit_s, self.config.overhead_s, config))
 
+    def baselines(self, chat: ChatFormat) -> Baselines:
+        """The reference organisations (`avalon/envs/teacher.py`): chance answers uniform in
+        0..81 on random subtasks; the teacher alone, silent, and whole (one hire and three
+        solves per turn, so turns fit a toy window's 96-token cap)."""
+        unit = self.config.unit_s
+
+        def draw(context: str, rng: np.random.Generator) -> tuple:
+            ids = [s.id for s in parse_prompt(context, unit)[0].subtasks]
+            return "solve", {"id": ids[int(rng.integers(len(ids)))],
+                             "answer": int(rng.integers(0, 82))}
+
+        n = self.config.n_subtasks[1] * self.config.max_attempts
+        small = dict(hires_per_turn=1, solves_per_turn=3)
+        return Baselines(
+            chance=lambda: chance_policy(chat, draw, n),
+            single=lambda: self.teacher(chat, ParallelTeacherConfig(**small)),
+            org_silent=lambda: self.teacher(chat, ParallelTeacherConfig(silent=True, **small)),
+            org=lambda: self.teacher(chat, ParallelTeacherConfig(**small)))
+
+    def optimum(self, task_id: str, clock_s: float, budget: int) -> float:
+        """The most subtasks any organisation of at most `budget` hires solves in time."""
+        return float(self.max_solved_for(task_id, self.best_hires(task_id, clock_s, budget),
+                                         clock_s))
+
     def vocabulary(self) -> tuple[str, ...]:
         n = self.config.n_subtasks[1]
         words = ["Subtasks", "work", "after", "Clock", "Call", "solve", "with", "id", "and",
                  "answer", "each", "correct", "subtask", "before", "the", "clock", "scores",
                  "wrong", "closed", "waited", "for", "no", "ids", "are", "already", "solved",
-                 "needs", "first", "which", "is", "is", "look", "to", "see", *(o.value for o in Op)]
-        words += [f"s{i}" for i in range(1, n + 1)]
+                 "needs", "first", "which", "is", "look", "to", "see", "result", "shows", "its",
+                 "solver", *(o.value for o in Op)]
+        words += [f"s{i}" for i in range(1, n + 1)] + [f"r{i}" for i in range(1, n + 1)]
         words += [str(i) for i in range(10, 100)]
         span = range(self.config.cost_units[0], self.config.cost_units[1] + 1)
         words += [str(round(u * self.config.unit_s)) for u in span]

@@ -154,3 +154,60 @@ def best_headcount(costs: Sequence[int], deps: Sequence[Sequence[int]], horizon:
         raise ValueError(f"best_headcount: max_budget must be an int >= 0, got {max_budget!r}")
     scores = [max_solved(costs, deps, h + 1, horizon) for h in range(max_budget + 1)]
     return scores.index(max(scores))
+
+
+def components(deps: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The dependency trees (connected components), each as sorted job indices, in order of
+    their smallest job."""
+    parent = list(range(len(deps)))
+
+    def root(j: int) -> int:
+        while parent[j] != j:
+            parent[j] = parent[parent[j]]
+            j = parent[j]
+        return j
+
+    for j, ds in enumerate(deps):
+        for d in ds:
+            parent[root(j)] = root(d)
+    groups: dict[int, list[int]] = {}
+    for j in range(len(deps)):
+        groups.setdefault(root(j), []).append(j)
+    return sorted(groups.values())
+
+
+def silent_plan(costs: Sequence[int], deps: Sequence[Sequence[int]], workers: int,
+                horizon: int) -> tuple[int, list[list[int]]]:
+    """A schedule in which no result crosses workers: every dependency tree stays on one
+    worker. Trees go, longest total work first, to the least-loaded worker (ties: the lowest
+    index); each worker's share is ordered (and cut to what fits) by the exact one-worker
+    schedule. Returns (subtasks finished by the horizon, each worker's jobs in order). A
+    heuristic (trees are not split to balance load), so a lower bound on the best silent
+    schedule."""
+    _check(costs, deps, workers, horizon)
+    trees = sorted(components(deps), key=lambda t: (-sum(costs[j] for j in t), t[0]))
+    shares: list[list[int]] = [[] for _ in range(workers)]
+    load = [0] * workers
+    for tree in trees:
+        w = min(range(workers), key=lambda i: (load[i], i))
+        shares[w] += tree
+        load[w] += sum(costs[j] for j in tree)
+    solved, lists = 0, []
+    for share in shares:
+        if not share:
+            lists.append([])
+            continue
+        share = sorted(share)
+        local = {j: i for i, j in enumerate(share)}
+        p = plan([costs[j] for j in share], [[local[d] for d in deps[j]] for j in share], 1,
+                 horizon)
+        solved += p.solved
+        lists.append([share[i] for i in p.jobs_of(0)])
+    return solved, lists
+
+
+def best_silent_headcount(costs: Sequence[int], deps: Sequence[Sequence[int]], horizon: int,
+                          max_budget: int) -> int:
+    """The fewest hires whose silent plan (`silent_plan`) finishes the most subtasks."""
+    scores = [silent_plan(costs, deps, h + 1, horizon)[0] for h in range(max_budget + 1)]
+    return scores.index(max(scores))

@@ -8,9 +8,11 @@ hires; each hire's role is its list and whom to tell, e.g. `Do s2 s5. Tell a3 af
 in time go to the end of the CEO's own list when it holds their dependencies (the clock may
 allow them; late ones earn nothing).
 
-Every worker then solves its list in order. A subtask whose dependency belongs to a teammate
-waits (`wait_for_messages`) for that teammate's DM (`s2 done` or `s2 failed`); a worker DMs
-those it must tell once it sees its result. A wrong answer is retried until the subtask closes.
+Every worker then solves its list in order. A dependent subtask needs its parent's result (a
+correct solve shows it to its solver only: `s2 correct, result 4`). One whose parent belongs to
+a teammate waits (`wait_for_messages`) for that teammate's DM (`s2 result 4` or `s2 failed`); a
+worker DMs those it must tell once it sees the result, and never solves a subtask in the same
+turn as the parent whose result it needs. A wrong answer is retried until the subtask closes.
 Specialists report to the CEO when their list is done; the CEO sends its final message once its
 own list is done and every hire has reported (a task whose subtasks are all settled ends
 earlier, by the environment's terminal event).
@@ -29,6 +31,13 @@ Hidden operands (`ParallelConfig.inspect`): a worker first `look`s at the next b
 subtasks and solves them in its following turn (with the looks of the batch after), reading
 each operation and its operands from the observation just delivered.
 
+The silent organisation (`ParallelTeacherConfig(silent=True)`, the `org_silent` baseline of
+`avalon/tools/env_baselines.py`): it hires and works in parallel but never messages, reports or
+reads a trace, so no result crosses agents. Its plan keeps each dependency tree on one worker
+(`silent_plan`: trees by total work, longest first, to the least-loaded worker, each worker's
+share ordered by the exact one-worker schedule); the CEO never waits for reports (the episode
+ends when every agent waits, or by the clock).
+
 Knobs (`ParallelTeacherConfig`), to leave SFT room for RL to improve:
 - `hire_policy`: BEST (the fewest hires that solve the most), RANDOM (h uniform in 0..budget),
   ALL (the whole budget);
@@ -43,7 +52,7 @@ import enum
 import numpy as np
 
 from avalon.envs.parallel import schedule
-from avalon.envs.parallel.tasks import ParallelTask, parse_prompt, parse_reveal
+from avalon.envs.parallel.tasks import RESULT, ParallelTask, parse_prompt, parse_reveal
 from avalon.envs.teacher import Start, budget, dms, reports, results
 from avalon.org.policy import AgentView, Step
 
@@ -67,6 +76,7 @@ class ParallelTeacherConfig:
     answer_error_rate: float = 0.0
     hires_per_turn: int = 2
     solves_per_turn: int = 4  # with DMs, a turn stays under a toy window's 128-token turn cap
+    silent: bool = False  # no messages, reports or trace reads (see the module docstring)
 
     def __post_init__(self):
         if not 0 <= self.answer_error_rate <= 1:
@@ -100,19 +110,23 @@ class Worker:
         self.hidden = any(s.op is None for s in task.subtasks)
         self.looking: set[str] = set()  # looked at, result not seen yet
         self.todo, self.tell, self.error_rate = list(todo), tell, error_rate
+        self.results: dict[str, int] = {}  # subtask -> its result (own solves and DMs)
         self.known_done: set[str] = set()
         self.known_failed: set[str] = set()
         self.solved: list[str] = []
         self.outbox: list[tuple[str, str]] = []  # (agent, text) DMs to send
 
-    def _settle(self, sid: str, ok: bool) -> None:
+    def _settle(self, sid: str, ok: bool, result: int | None = None) -> None:
         (self.known_done if ok else self.known_failed).add(sid)
         if ok:
             self.solved.append(sid)
+        if result is not None:
+            self.results[sid] = result
         if sid in self.todo:
             self.todo.remove(sid)
         for agent in self.tell.get(sid, []):
-            self.outbox.append((agent, f"{sid} {'done' if ok else 'failed'}"))
+            text = f"{sid} result {result}" if ok and result is not None else f"{sid} failed"
+            self.outbox.append((agent, text))
 
     def observe(self, obs: str) -> None:
         for r in results(obs):
@@ -128,32 +142,42 @@ class Worker:
             sid = r.text.split(" ", 1)[0]
             if sid not in self.by_id:
                 continue
-            if (not r.error and "correct" in r.text) or "already solved" in r.text:
+            got = RESULT.match(r.text)
+            if not r.error and got is not None:
+                self._settle(sid, True, int(got.group(2)))
+            elif "already solved" in r.text:
                 self._settle(sid, True)
             elif "closed" in r.text and "needs" not in r.text:
                 self._settle(sid, False)
         for _, text in dms(obs):
             parts = text.split()
-            if len(parts) == 2 and parts[0] in self.by_id:
-                (self.known_done if parts[1] == "done" else self.known_failed).add(parts[0])
+            if len(parts) == 3 and parts[0] in self.by_id and parts[1] == "result" and \
+                    parts[2].isdigit():
+                self.known_done.add(parts[0])
+                self.results[parts[0]] = int(parts[2])
+            elif len(parts) == 2 and parts[0] in self.by_id and parts[1] == "failed":
+                self.known_failed.add(parts[0])
 
     def calls(self, rng: np.random.Generator, max_solves: int) -> tuple[list, bool]:
         """This turn's calls and whether the list is finished (see the module docstring)."""
         out: list = []
         batch: list = []
-        ready = set(self.known_done)  # done, or solved earlier in this batch
+        # DMs carrying results weigh about a solve each: fewer solves in a turn that sends them.
+        max_solves = max(1, max_solves - max(0, len(self.outbox) - 1))
         for sid in list(self.todo):
             sub = self.by_id[sid]
             if any(d in self.known_failed for d in sub.after):
                 self._settle(sid, False)
                 continue
-            if len(batch) == max_solves or not all(d in ready for d in sub.after):
+            # A parent's result is known only once its solve (or a DM) came back: never in
+            # the turn that solves the parent.
+            if len(batch) == max_solves or not all(d in self.results for d in sub.after):
                 break
             if sub.op is None:  # hidden operands: look first, solve next turn
                 break
-            answer = sub.answer + (1 if rng.random() < self.error_rate else 0)
+            answer = sub.answer_with(self.results.get(sub.a_from or "")) + (
+                1 if rng.random() < self.error_rate else 0)
             batch.append(_call("solve", id=sid, answer=answer))
-            ready.add(sid)
             if self.tell.get(sid):
                 break
         out = [_call("dm", to=a, text=t) for a, t in self.outbox]
@@ -259,17 +283,24 @@ class CeoActor:
     def _plan(self, b: int, rng: np.random.Generator) -> Step:
         costs, deps = self.task.costs(), self.task.deps()
         horizon = schedule.horizon_units(self.clock_s, self.unit_s, self.overhead_s)
-        policy = self.config.hire_policy
+        policy, silent = self.config.hire_policy, self.config.silent
         if policy is HirePolicy.BEST:
-            h = schedule.best_headcount(costs, deps, horizon, b)
+            best = schedule.best_silent_headcount if silent else schedule.best_headcount
+            h = best(costs, deps, horizon, b)
         elif policy is HirePolicy.RANDOM:
             h = int(rng.integers(0, b + 1))
         else:
             h = b
-        plan = schedule.plan(costs, deps, h + 1, horizon)
-        lists = _assign(plan, self.task, h)
         agents = ["ceo"] + [f"a{i}" for i in range(1, h + 1)]
-        tells = _tells(self.task, lists, agents)
+        if silent:  # every tree on one worker: nothing to tell
+            ids = [s.id for s in self.task.subtasks]
+            _, shares = schedule.silent_plan(costs, deps, h + 1, horizon)
+            lists = [[ids[j] for j in share] for share in shares]
+            lists = [lists[0]] + sorted(lists[1:], key=lambda lst: not lst)
+            tells: list[dict] = [{} for _ in lists]
+        else:
+            lists = _assign(schedule.plan(costs, deps, h + 1, horizon), self.task, h)
+            tells = _tells(self.task, lists, agents)
         self.worker = Worker(self.task, lists[0], tells[0], self.config.answer_error_rate)
         self.hires = h
         hires = [_call("hire", title="Solver", role=role_text(lists[i], tells[i]),
@@ -301,7 +332,9 @@ class CeoActor:
         if not calls or finished:  # idle hires once the CEO's own work is under way
             calls += _take(self.idle_calls, self.config.hires_per_turn)
         if finished and not self.idle_calls:
-            if len(self.reported) >= self.hires:
+            if self.config.silent:  # no reports come: wait until the episode ends
+                calls.append(_call("wait_for_messages"))
+            elif len(self.reported) >= self.hires:
                 calls.append(_call("final_message", text="done"))
             else:
                 calls.append(_call("wait_for_messages"))
@@ -314,7 +347,7 @@ class SolverActor:
         todo, tell = parse_role(start.role)
         self.worker = Worker(task, todo, tell, config.answer_error_rate)
         self.solves_per_turn = config.solves_per_turn
-        self.reported = False
+        self.reported = config.silent  # the silent organisation never reports
 
     def step(self, view: AgentView, rng: np.random.Generator) -> Step:
         self.worker.observe(view.obs)

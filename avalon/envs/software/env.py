@@ -1,7 +1,11 @@
 """Environment 3: software build. Implement functions in the workspace; hidden tests grade them.
 
-A task asks for 2-3 functions (`functions.py` families) in `solution.py`, each shown with its
-signature, a one-line spec and two examples. `on_start` lays out `solution.py` with stubs.
+A task asks for 3-5 functions in `solution.py`, each shown with its signature, a one-line spec
+and two examples: procedurally generated pipelines (`generated.py`), held-out tasks drawing only
+pipelines that no training task has. The clock (150 s by default) binds at the derived clock's
+token rates (SPEC §2: 50 output tokens a second): a model that spends ~2,000 tokens of thought
+and code per function fits about three alone; a team writes them in parallel. `on_start` lays
+out `solution.py` with stubs.
 Grading (`grader.py`) runs fresh hidden tests (`tests_per_function` per function, inputs drawn
 from the session seed) against the workspace's code in the sandbox, outside the workspace.
 
@@ -33,10 +37,11 @@ import zlib
 import numpy as np
 
 from avalon.envs.base import Split, TaskTable, check_clock
+from avalon.envs.software import generated
 from avalon.envs.software.functions import BY_NAME, FAMILIES
 from avalon.envs.software.grader import GradeReport, grade
 from avalon.envs.software.teacher import TEACHER_WORDS, cast
-from avalon.envs.teacher import TeacherPolicy
+from avalon.envs.teacher import Baselines, TeacherPolicy, chance_policy
 from avalon.org.env import (
     CallContext,
     EndContext,
@@ -57,22 +62,26 @@ SOLUTION = "solution.py"
 
 @dataclasses.dataclass(frozen=True)
 class SoftwareConfig:
-    n_functions: tuple[int, int] = (2, 3)  # inclusive range
+    n_functions: tuple[int, int] = (3, 5)  # inclusive range
     examples_per_function: int = 2
     tests_per_function: int = 12
     pass_threshold: float = 1.0
     grade_cost_s: float = 30.0
     grade_timeout_s: float = 10.0
-    clock_s: float = 1800.0
+    clock_s: float = 150.0
+    # The 14 hand-written families instead of generated pipelines (held-out tasks then differ
+    # only in which set they ask for: memorisable; kept for grader tests).
+    hand_written: bool = False
     n_train: int = 256
     n_heldout: int = 64
     seed: int = 0
 
     def __post_init__(self):
         lo, hi = self.n_functions
-        if not 1 <= lo <= hi <= len(FAMILIES):
-            raise ValueError(f"SoftwareConfig.n_functions must be 1 <= lo <= hi <= "
-                             f"{len(FAMILIES)}, got {self.n_functions}")
+        top = len(FAMILIES) if self.hand_written else 8
+        if not 1 <= lo <= hi <= top:
+            raise ValueError(f"SoftwareConfig.n_functions must be 1 <= lo <= hi <= {top}, got "
+                             f"{self.n_functions}")
         if not 0 < self.pass_threshold <= 1:
             raise ValueError(f"SoftwareConfig.pass_threshold must be in (0, 1], got "
                              f"{self.pass_threshold}")
@@ -94,9 +103,14 @@ class SoftwareTask:
     examples: tuple[tuple[str, tuple, object], ...]  # (function, args, expected)
 
 
-def make_task(rng: np.random.Generator, config: SoftwareConfig) -> SoftwareTask:
+def make_task(rng: np.random.Generator, config: SoftwareConfig,
+              heldout: bool = False) -> SoftwareTask:
     n = int(rng.integers(config.n_functions[0], config.n_functions[1] + 1))
-    names = tuple(sorted(FAMILIES[i].name for i in rng.choice(len(FAMILIES), n, replace=False)))
+    if config.hand_written:
+        names = tuple(sorted(FAMILIES[i].name
+                             for i in rng.choice(len(FAMILIES), n, replace=False)))
+    else:
+        names = generated.draw(rng, n, heldout, BY_NAME.__getitem__)
     examples = []
     for name in names:
         fam = BY_NAME[name]
@@ -184,7 +198,8 @@ class SoftwareBuild:
         self.config = config
         self.table = TaskTable("software", lambda rng: make_task(rng, config),
                                lambda t: t.functions, config.n_train, config.n_heldout,
-                               config.seed)
+                               config.seed,
+                               make_heldout=lambda rng: make_task(rng, config, heldout=True))
 
     def task_ids(self, split: Split) -> tuple[str, ...]:
         return self.table.ids(split)
@@ -199,13 +214,26 @@ class SoftwareBuild:
         clock = check_clock(clock_s, self.config.clock_s, f"software task {task_id!r}")
         return SoftwareSession(task_id, self.table.get(task_id), seed, clock, self.config)
 
-    def teacher(self, chat: ChatFormat) -> TeacherPolicy:
-        """The scripted teacher organisation (`teacher.py`)."""
-        return TeacherPolicy(chat, cast)
+    def teacher(self, chat: ChatFormat, silent: bool = False) -> TeacherPolicy:
+        """The scripted teacher organisation (`teacher.py`); `silent`: nobody reports."""
+        return TeacherPolicy(chat, lambda start: cast(start, silent))
+
+    def baselines(self, chat: ChatFormat) -> Baselines:
+        """Reference organisations: chance submits the stubs; the teacher alone, silent (the
+        CEO writes everything) and whole."""
+        return Baselines(chance=lambda: chance_policy(chat, lambda c, r: ("submit", {}), 1),
+                         single=lambda: self.teacher(chat),
+                         org_silent=lambda: self.teacher(chat, silent=True),
+                         org=lambda: self.teacher(chat))
+
+    def optimum(self, task_id: str, clock_s: float, budget: int) -> float | None:
+        return None  # every function right (1.0) is possible only when the clock allows
 
     def vocabulary(self) -> tuple[str, ...]:
         words = re.findall(r"[A-Za-z0-9_]{2,}", " ".join(
             [prompt(SoftwareTask(tuple(f.name for f in FAMILIES), ())), *(
                 f.source for f in FAMILIES), stub(SoftwareTask(tuple(BY_NAME), ())),
-             "graded already submitted unknown tool", *TEACHER_WORDS]))
+             "graded already submitted unknown tool", *TEACHER_WORDS,
+             *(p.phrase + " " + p.code + " " + p.key for p in generated.STEPS + generated.REDUCERS)
+             ]))
         return tuple(dict.fromkeys(words))

@@ -1,5 +1,9 @@
 """The function families of the software-build environment: spec, reference, input generator.
 
+Tasks ask for procedurally generated pipelines (`generated.py`); the 14 hand-written families
+below stay for tests and examples. `BY_NAME` finds both: a hand-written name, or any name that
+spells a generated pipeline (its `Family` is built from the name).
+
 Each family has a signature and a one-line spec (what the task shows), a reference
 implementation as source text (run in the grader's parent process to compute expected outputs,
 and what the scripted teacher writes), and an input generator. Generators balance the output
@@ -11,8 +15,9 @@ frequency of every family).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -180,4 +185,37 @@ FAMILIES: tuple[Family, ...] = (
            "        run = run + 1 if i and x == xs[i - 1] else 1\n        best = max(best, run)\n"
            "    return best\n", _gen_longest),
 )
-BY_NAME = {f.name: f for f in FAMILIES}
+HAND_WRITTEN = {f.name: f for f in FAMILIES}
+
+
+@functools.cache
+def _generated(name: str) -> Family | None:
+    from avalon.envs.software import generated  # generated.py imports nothing of this module
+    steps = generated.parse(name)
+    if steps is None:
+        return None
+    return Family(name, "xs", generated.spec_text(steps), generated.source(name, steps),
+                  generated.gen_input)
+
+
+class FunctionIndex(Mapping):
+    """Name -> Family for hand-written families and generated pipelines. Iterating lists the
+    hand-written ones only (the generated ones are too many)."""
+
+    def __getitem__(self, name: str) -> Family:
+        fam = HAND_WRITTEN.get(name) or (_generated(name) if isinstance(name, str) else None)
+        if fam is None:
+            raise KeyError(name)
+        return fam
+
+    def __contains__(self, name) -> bool:
+        return isinstance(name, str) and (name in HAND_WRITTEN or _generated(name) is not None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(HAND_WRITTEN)
+
+    def __len__(self) -> int:
+        return len(HAND_WRITTEN)
+
+
+BY_NAME = FunctionIndex()

@@ -6,8 +6,11 @@ The CEO reads the functions and examples from its role card and hires min(budget
 (`part_clamp.py`; the teacher knows the reference implementations: it plays a stronger model),
 then a check of the task's examples, runs it, and reports to the CEO with its files as evidence.
 The CEO then writes `solution.py` importing every part (alone, it writes the parts itself
-first), checks all examples with run_code, and submits. One file per turn keeps every turn
+first), checks the examples with run_code, and submits. One file per turn keeps every turn
 within a toy window's output limit.
+
+The silent organisation (`cast(..., silent=True)`, the `org_silent` baseline): engineers are
+hired and write their parts but never report, so the CEO writes every part itself, as alone.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ TEACHER_WORDS = ("Plan", "Engineer", "Implement", "in", "part", "py", "check", "
                  "from", "import", "print", "solution", "write_file", "run_code", "read_file",
                  "report_to_ceo", "status", "done", "evidence", "file", "submit", "hire",
                  "title", "role", "tools", "wait_for_messages", "path", "text")
-_FUNCTION = re.compile(r"^(?:Task: )?([a-z_]+)\([a-z_, ]*\): ", re.MULTILINE)
-_EXAMPLE = re.compile(r"^  e\.g\. (([a-z_]+)\(.*)$", re.MULTILINE)
-_ROLE = re.compile(r"Implement ([a-z_ ]+)\.")
+_FUNCTION = re.compile(r"^(?:Task: )?([a-z0-9_]+)\([a-z_, ]*\): ", re.MULTILINE)
+_EXAMPLE = re.compile(r"^  e\.g\. (([a-z0-9_]+)\(.*)$", re.MULTILINE)
+_ROLE = re.compile(r"Implement ([a-z0-9_ ]+)\.")
 HIRES_PER_TURN = 3
 
 
@@ -40,8 +43,12 @@ def _task(context: str) -> tuple[list[str], list[tuple[str, str]]]:
 
 
 def _check(imports: str, names: list[str], examples: list[tuple[str, str]]) -> str:
-    """A script asserting the task's examples of `names`, then printing ok."""
-    asserts = "".join(f"assert {ex}\n" for fn, ex in examples if fn in names)
+    """A script asserting the first example of each of `names`, then printing ok (one per
+    function keeps the turn within a turn's output cap)."""
+    first = {}
+    for fn, ex in examples:
+        first.setdefault(fn, ex)
+    asserts = "".join(f"assert {ex}\n" for fn, ex in first.items() if fn in names)
     return imports + asserts + "print('ok')\n"
 
 
@@ -58,7 +65,8 @@ def _imports(names: list[str]) -> str:
 
 
 class CeoActor:
-    def __init__(self, start: Start):
+    def __init__(self, start: Start, silent: bool = False):
+        self.silent = silent
         self.names, self.examples = _task(start.context)
         self.hires: list | None = None
         self.hired = 0
@@ -73,8 +81,10 @@ class CeoActor:
         self.hires = [("hire", {"title": "Engineer", "role": f"Implement {' '.join(fns)}.",
                                 "tools": ["read_file", "write_file", "run_code"]})
                       for fns in lists]
-        if not h:
+        if not h or self.silent:
             self.mine = list(self.names)
+            self.hired = 0  # no reports to wait for
+        if not h:
             return Step("Plan: write each part, solution.py, check the examples, submit.")
         text = "Plan: " + "; ".join(f"a{i + 1} {' '.join(fns)}"
                                     for i, fns in enumerate(lists)) + "."
@@ -110,7 +120,8 @@ class CeoActor:
 
 
 class EngineerActor:
-    def __init__(self, start: Start):
+    def __init__(self, start: Start, silent: bool = False):
+        self.silent = silent
         _, examples = _task(start.context)
         m = _ROLE.search(start.role)
         if m is None:
@@ -129,7 +140,7 @@ class EngineerActor:
             check = f"check_{self.names[0]}.py"
             code = _check(_imports(self.names), self.names, self.examples)
             return Step("", (_write(check, code), ("run_code", {"path": check})))
-        if self.stage == "checked":
+        if self.stage == "checked" and not self.silent:
             self.stage = "reported"
             evidence = [f"file:part_{n}.py" for n in self.names]
             return Step("", (("report_to_ceo", {"status": "done", "done": " ".join(self.names),
@@ -138,5 +149,7 @@ class EngineerActor:
         return Step("", (("wait_for_messages", {}),))
 
 
-def cast(start: Start):
-    return CeoActor(start) if start.key.agent == "ceo" else EngineerActor(start)
+def cast(start: Start, silent: bool = False):
+    if start.key.agent == "ceo":
+        return CeoActor(start, silent)
+    return EngineerActor(start, silent)

@@ -12,7 +12,14 @@ Hardening: fraction must be a number in [0, max_fraction] (max_fraction <= 1, so
 goes negative; NaN and booleans are refused), unknown or settled bets are refused, and each
 bet's outcome is drawn when the session opens (from the session seed), so neither the order of
 calls nor research can steer it. Research samples come from a stream per bet. `on_end` reports
-W_T / W_0 whatever ended the episode; there are no per-call rewards.
+W_T / W_0 whatever ended the episode, and the final utility u_beta(W_T / W_0) = (x^beta - 1) /
+beta as a reward event (label `utility`, beta = `utility_beta`) so that reward metrics, the
+learning-progress sampler and evaluation see the outcome; there are no per-call rewards.
+Success (`env/success`, the sampler's score) is a wealth ratio above 1.
+
+Common random numbers: outcomes and research samples depend only on the session seed and the
+task, so sessions opened with one seed (the K rollouts of a group, `avalon/envs/base.py`
+`group_seeds`) meet the same outcome sequence and their advantages compare policies, not luck.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import zlib
 import numpy as np
 
 from avalon.envs.base import Split, TaskTable, check_clock
-from avalon.envs.teacher import TeacherPolicy
+from avalon.envs.teacher import Baselines, TeacherPolicy, chance_policy
 from avalon.envs.wealth.tasks import (
     DEFAULT_CONFIG,
     WealthConfig,
@@ -31,10 +38,11 @@ from avalon.envs.wealth.tasks import (
     make_task,
     prompt,
 )
-from avalon.envs.wealth.teacher import TEACHER_WORDS, cast
+from avalon.envs.wealth.teacher import BETS_LINE, TEACHER_WORDS, cast
 from avalon.org.env import (
     CallContext,
     EndContext,
+    EnvReward,
     FinalOutcome,
     Param,
     ParamType,
@@ -114,10 +122,13 @@ class WealthSession:
                            duration_s=self.config.bet_cost_s)
 
     def on_end(self, ctx: EndContext) -> FinalOutcome:
-        return FinalOutcome(wealth_ratio=self.wealth / self.config.start_wealth,
+        ratio = self.wealth / self.config.start_wealth
+        beta = self.config.utility_beta
+        utility = (ratio ** beta - 1) / beta
+        return FinalOutcome(rewards=(EnvReward(utility, "utility"),), wealth_ratio=ratio,
                             metrics={"bets": float(len(self.settled)),
                                      "research": float(self.research_calls),
-                                     "wealth": self.wealth})
+                                     "wealth": self.wealth, "success": float(ratio > 1)})
 
 
 class Wealth:
@@ -146,9 +157,28 @@ class Wealth:
         return WealthSession(task_id, self.table.get(task_id), seed, clock, self.config)
 
     def teacher(self, chat: ChatFormat, kelly_scale: float = 0.5,
-                overhead_s: float = 30.0) -> TeacherPolicy:
-        """The scripted teacher organisation (`teacher.py`): research, then fractional Kelly."""
-        return TeacherPolicy(chat, cast(self.config, kelly_scale, overhead_s))
+                overhead_s: float = 30.0, silent: bool = False) -> TeacherPolicy:
+        """The scripted teacher organisation (`teacher.py`): research, then fractional Kelly;
+        `silent`: researchers never report (the CEO researches what it can itself)."""
+        return TeacherPolicy(chat, cast(self.config, kelly_scale, overhead_s, silent))
+
+    def baselines(self, chat: ChatFormat) -> Baselines:
+        """Reference organisations: chance stakes a uniform fraction on random bets; the
+        teacher alone, silent and whole."""
+        top = self.config.max_fraction
+
+        def draw(context: str, rng: np.random.Generator) -> tuple:
+            bets = BETS_LINE.search(context).group(1).split()
+            return "bet", {"id": bets[int(rng.integers(len(bets)))],
+                           "fraction": round(float(rng.uniform(0, top)), 3)}
+
+        return Baselines(chance=lambda: chance_policy(chat, draw, self.config.n_bets[1]),
+                         single=lambda: self.teacher(chat),
+                         org_silent=lambda: self.teacher(chat, silent=True),
+                         org=lambda: self.teacher(chat))
+
+    def optimum(self, task_id: str, clock_s: float, budget: int) -> float | None:
+        return None  # outcomes are random; no closed form for the best research plan
 
     def vocabulary(self) -> tuple[str, ...]:
         words = ["Bets", "pay", "even", "money", "staking", "fraction", "of", "your", "wealth",

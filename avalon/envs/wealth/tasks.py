@@ -19,6 +19,10 @@ class WealthConfig:
     bet_cost_s: float = 5.0
     max_fraction: float = 1.0
     start_wealth: float = 100.0
+    # The final utility u_beta(W_T / W_0) is reported as a reward event (label `utility`), so
+    # reward metrics, the learning-progress sampler and evaluation see it; keep beta equal to
+    # the GKPO loss's `rl.beta` (GKPO advantages read the wealth ratio itself).
+    utility_beta: float = 0.2582
     clock_s: float = 240.0
     n_train: int = 512
     n_heldout: int = 64
@@ -34,6 +38,8 @@ class WealthConfig:
         if not 0 < self.max_fraction <= 1:
             raise ValueError(f"WealthConfig.max_fraction must be in (0, 1] (no negative "
                              f"wealth), got {self.max_fraction}")
+        if not self.utility_beta > 0:
+            raise ValueError(f"WealthConfig.utility_beta must be > 0, got {self.utility_beta}")
         if self.research_trials < 1:
             raise ValueError(f"WealthConfig.research_trials must be >= 1, got "
                              f"{self.research_trials}")

@@ -8,6 +8,10 @@ hires the CEO researches what fits itself. Once every hire has reported, the CEO
 researched bet's win chance as (wins + 1) / (trials + 2) and stakes `kelly_scale` times the
 Kelly fraction for even money, max(0, 2p - 1); unresearched bets and bets without an edge get
 fraction 0, which settles them, so the episode ends when the last bet is placed.
+
+The silent organisation (`silent=True`, the `org_silent` baseline): researchers are hired and
+research but never report, so the CEO researches what fits itself, as a single agent does, and
+bets on what it saw.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from avalon.org.policy import AgentView, Step
 
 TEACHER_WORDS = ("Plan", "Researcher", "Research", "hire", "title", "role", "tools",
                  "report_to_ceo", "status", "done", "wait_for_messages", "ceo")
-_BETS = re.compile(r"Bets ((?:b\d+ ?)+) pay")
+BETS_LINE = re.compile(r"Bets ((?:b\d+ ?)+) pay")
 _CLOCK = re.compile(r"Clock (\d+)")
 HIRES_PER_TURN = 2
 BETS_PER_TURN = 4
@@ -36,7 +40,7 @@ def affordable(config: WealthConfig, n_bets: int, clock_s: float, overhead_s: fl
 
 
 def _read_task(context: str) -> tuple[list[str], float]:
-    bets, clock = _BETS.search(context), _CLOCK.search(context)
+    bets, clock = BETS_LINE.search(context), _CLOCK.search(context)
     if bets is None or clock is None:
         raise ValueError("wealth teacher: no bets and clock in the role card")
     return bets.group(1).split(), float(clock.group(1))
@@ -48,7 +52,8 @@ def _research(bets: list[str]) -> tuple[str, dict]:
 
 class CeoActor:
     def __init__(self, start: Start, config: WealthConfig, kelly_scale: float,
-                 overhead_s: float):
+                 overhead_s: float, silent: bool = False):
+        self.silent = silent
         self.bets, self.clock_s = _read_task(start.context)
         self.config, self.kelly_scale, self.overhead_s = config, kelly_scale, overhead_s
         self.hires: list | None = None
@@ -61,6 +66,8 @@ class CeoActor:
     def _plan(self, b: int) -> Step:
         fit = affordable(self.config, len(self.bets), self.clock_s, self.overhead_s)
         self.hired = min(b, len(self.bets))
+        if self.silent:  # hires research for no one: the CEO researches what fits itself
+            self.mine = self.bets[:fit]
         if self.hired == 0:
             self.mine = self.bets[:fit]
             self.hires = []
@@ -103,7 +110,7 @@ class CeoActor:
             calls.append(_research(self.mine))
             self.mine = self.mine[1:]
             return Step("", tuple(calls))
-        if len(self.reported) < self.hired:
+        if len(self.reported) < self.hired and not self.silent:
             return Step("", tuple(calls + [("wait_for_messages", {})]))
         if self.to_bet is None:
             self.to_bet = [(b, self._fraction(b)) for b in self.bets]
@@ -115,12 +122,13 @@ class CeoActor:
 
 
 class ResearcherActor:
-    def __init__(self, start: Start, config: WealthConfig, overhead_s: float):
+    def __init__(self, start: Start, config: WealthConfig, overhead_s: float,
+                 silent: bool = False):
         bets, clock = _read_task(start.context)
         role = start.role.removeprefix("Research ").rstrip(".").split()
         self.todo = role[:affordable(config, len(bets), clock, overhead_s)]
         self.results: list[str] = []
-        self.reported = False
+        self.reported = silent
 
     def step(self, view: AgentView, rng: np.random.Generator) -> Step:
         self.results += [m.group(0) for m in RESEARCH_LINE.finditer(view.obs)]
@@ -136,9 +144,9 @@ class ResearcherActor:
                          ("wait_for_messages", {})))
 
 
-def cast(config: WealthConfig, kelly_scale: float, overhead_s: float):
+def cast(config: WealthConfig, kelly_scale: float, overhead_s: float, silent: bool = False):
     def make(start: Start):
         if start.key.agent == "ceo":
-            return CeoActor(start, config, kelly_scale, overhead_s)
-        return ResearcherActor(start, config, overhead_s)
+            return CeoActor(start, config, kelly_scale, overhead_s, silent)
+        return ResearcherActor(start, config, overhead_s, silent)
     return make
