@@ -58,6 +58,9 @@ class RolloutConfig:
     seq_bucket: int = 8  # sequences per batch padded to a multiple of this (fewer compiles)
     temperature: float = 1.0  # sampling temperature (the log-probs use the same)
     top_p: float = 1.0
+    # Write the event logs of every `log_every`-th RLCR step's rollouts under
+    # WORKDIR/events/rl/ (0: none; `keep_event_logs` writes every step's).
+    log_every: int = 0
 
 
 def groups_at(rollout: RolloutConfig, rl_step: int) -> int:
@@ -83,6 +86,7 @@ class EvalConfig:
     seeds: int = 2  # sampled rollouts per task and arm
     budget: int = 8  # the organisation arm's hire budget (the single agent has 0)
     clock_s: float = 300.0  # wall-clock cap of evaluation rollouts
+    log_events: bool = True  # write every evaluation rollout's event log (WORKDIR/events/eval/)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,6 +304,8 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
     if cfg.sft.steps < 0 or cfg.sft.teacher_episodes < 0 or cfg.sft.batch_seqs < 1:
         _fail("sft", dataclasses.asdict(cfg.sft), "steps and teacher_episodes must be >= 0, "
               "batch_seqs >= 1")
+    if cfg.rollout.log_every < 0:
+        _fail("rollout.log_every", cfg.rollout.log_every, "must be >= 0")
     if cfg.eval.every < 1 or cfg.checkpoint.every < 1:
         _fail("eval.every" if cfg.eval.every < 1 else "checkpoint.every",
               min(cfg.eval.every, cfg.checkpoint.every), "must be >= 1")

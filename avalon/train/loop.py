@@ -35,6 +35,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from avalon.analysis.logs import IndexEntry, rollout_file, step_dir, write_index
 from avalon.checkpoint.train_state import TrainCheckpointer
 from avalon.envs.base import Split
 from avalon.envs.samplers import BudgetSampler, LearningProgressSampler
@@ -207,12 +208,18 @@ class Run:
         info = _process_info()
         specs = host_shard(all_specs, info)
         policy = EnginePolicy(self.engine, setup.chat, cfg.sampling)
-        log_dir = os.path.join(self.workdir, "events", f"step{self.host.rl_step}") \
-            if cfg.keep_event_logs else None
+        every = cfg.rollout.log_every
+        logged = cfg.keep_event_logs or (every > 0 and self.host.rl_step % every == 0)
+        log_dir = step_dir(self.workdir, "rl", self.host.step) if logged else None
         driver = RolloutDriver(policy, setup.chat, cfg.org, log_dir=log_dir)
         stats0 = self.engine.stats.snapshot()
         result = driver.run(specs)
         t_rollout = time.perf_counter() - t0
+        if log_dir is not None:
+            write_index(log_dir, (
+                IndexEntry(rollout_file(g.group_id, i), "rl", self.host.step, self.host.rl_step,
+                           env_of[g.rollouts[0].session.task.task_id], "train")
+                for g in specs for i in range(len(g.rollouts))), part=info.process_id)
 
         groups = result.groups
         local_success = org_metrics.per_task_success(groups, env_of)
@@ -279,7 +286,10 @@ class Run:
 
     def _evaluate(self) -> None:
         t = time.perf_counter()
-        m = evaluate(self.setup, self.engine)
+        log_dir = step_dir(self.workdir, "eval", self.host.step) \
+            if self.cfg.eval.log_events and self.main else None
+        m = evaluate(self.setup, self.engine, log_dir=log_dir, at_step=self.host.step,
+                     at_rl_step=self.host.rl_step)
         m = {k: (v if isinstance(v, dict) else _reduce_mean(v)) for k, v in m.items()}
         self.telemetry.log(self.host.step, {"phase": "eval", "rl_step": self.host.rl_step, **m,
                                             "time/eval_s": time.perf_counter() - t})

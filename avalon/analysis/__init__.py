@@ -1,0 +1,10 @@
+"""The laboratory: reading run directories and event logs, organisation metrics, judges,
+statistics and the run report (SPEC §5). It reads logs only; it never runs rollouts.
+
+- `logs.py`: the run directory's layout and `read_run(workdir)`.
+- `stats.py`: Wilcoxon signed-rank (exact), sign counts, Wilson and bootstrap intervals.
+- `titles.py`: the job-title classifier (its rules are data).
+- `metrics.py`: the organisation metrics of SPEC §5, per rollout and per checkpoint.
+- `judges.py`: the `Judge` interface, a rule judge, a model judge, Cohen's kappa.
+- `report.py`: report.json, plots and index.html (`python -m avalon.analyze RUN_DIR`).
+"""
