@@ -175,6 +175,25 @@ class ModelJudge:
         return out
 
 
+def load_model_judge(path: str, *, chat: ChatFormat | None = None, slots: int = 64,
+                     max_context: int = 4096, max_answer_tokens: int = 8) -> ModelJudge:
+    """A `ModelJudge` over a checkpoint directory: Avalon's own format (`save_avalon`) or a
+    Hugging Face Nemotron-H directory; `chat` defaults to the directory's `tokenizer.json`."""
+    from avalon.checkpoint import hf
+    from avalon.checkpoint.avalon_format import is_avalon_checkpoint, load_avalon
+    from avalon.inference.engine import Engine
+    from avalon.tokenizer import HFTokenizer
+
+    if is_avalon_checkpoint(path):
+        cfg, params = load_avalon(path)
+    else:
+        cfg, params = hf.load(path, max_context=max_context)
+    if chat is None:
+        chat = ChatFormat(HFTokenizer.from_dir(path))
+    engine = Engine(cfg, params, num_slots=slots, max_context=min(max_context, cfg.max_context))
+    return ModelJudge(engine, chat, max_answer_tokens=max_answer_tokens)
+
+
 def cohen_kappa(a: Sequence[str], b: Sequence[str]) -> float:
     """Cohen's kappa of two label sequences: (p_o - p_e) / (1 - p_e); 1.0 when both judges give
     one and the same label throughout (p_e = 1)."""

@@ -17,7 +17,9 @@ from avalon.analysis.judges import (
     ModelJudge,
     RuleJudge,
     cohen_kappa,
+    load_model_judge,
 )
+from avalon.checkpoint.avalon_format import save_avalon
 from avalon.inference.api import StopReason, TurnResult
 from avalon.inference.engine import Engine
 from avalon.tokenizer import ByteTokenizer, ChatFormat, WordTokenizer
@@ -83,15 +85,17 @@ def test_model_judge_cuts_long_texts_to_the_context():
 
 
 @pytest.mark.slow  # compiling the engine: ~20-60 s on 2 loaded cores
-def test_model_judge_through_the_engine_with_a_random_model():
+def test_model_judge_through_the_engine_with_a_random_model(tmp_path):
     # A word vocabulary keeps the rubric prompts short (about 110 tokens): one small KV bucket.
     words = sorted({w for r in RUBRICS for w in re.findall(r"[A-Za-z]{2,}", r.instruction)}
                    | {"You", "are", "judge", "Answer", "with", "one", "word", "Text"})
     chat = ChatFormat(WordTokenizer(words))
     cfg = M.presets.get("tiny", vocab_size=512, max_context=256)
-    engine = Engine(cfg, M.init_params(jax.random.key(0), cfg), num_slots=4, max_context=256,
-                    steps_per_dispatch=4, prefill_chunk=64)
-    j = ModelJudge(engine, chat, max_answer_tokens=4)
+    # Saved in Avalon's own format and loaded back the way any checkpoint is.
+    save_avalon(tmp_path / "judge", cfg, M.init_params(jax.random.key(0), cfg))
+    j = load_model_judge(str(tmp_path / "judge"), chat=chat, slots=4, max_context=256,
+                         max_answer_tokens=4)
+    assert isinstance(j.engine, Engine) and j.engine.max_context == 256
     assert max(len(j.prompt(r, "")) for r in RUBRICS) < 128
     texts = ["LGTM", "please fix the bug", "happy to help", "plan: split by part", "hi"]
     for rubric in RUBRICS:
