@@ -58,9 +58,10 @@ def step_dir(workdir: str | os.PathLike, phase: str, step: int) -> str:
 
 
 def write_index(log_dir: str | os.PathLike, entries: Iterable[IndexEntry], *,
-                part: int = 0) -> str:
-    """Writes `index.jsonl` (part 0) or `index-p<part>.jsonl` (another process's rollouts)."""
-    name = "index.jsonl" if part == 0 else f"index-p{part}.jsonl"
+                part: str = "") -> str:
+    """Writes `index.jsonl`, or `index-<part>.jsonl` for another writer of the same directory
+    (another process's rollouts: "p1", ...; the baselines: "baselines")."""
+    name = f"index-{part}.jsonl" if part else "index.jsonl"
     path = os.path.join(os.fspath(log_dir), name)
     os.makedirs(os.fspath(log_dir), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
@@ -143,7 +144,9 @@ def read_events(path: str | os.PathLike, **meta) -> LoggedRollout:
 
 def read_index(log_dir: str) -> list[IndexEntry]:
     entries = []
-    for path in sorted(glob.glob(os.path.join(log_dir, INDEX_GLOB))):
+    paths = sorted(glob.glob(os.path.join(log_dir, INDEX_GLOB)),
+                   key=lambda p: (os.path.basename(p) != "index.jsonl", p))  # the main one first
+    for path in paths:
         with open(path, encoding="utf-8") as f:
             for n, line in enumerate(f, 1):
                 if not line.strip():

@@ -18,6 +18,7 @@ from avalon.train.org_metrics import rollout_metrics
 from avalon.train.setup import Setup
 
 _EVAL_SEED = 10_000_000  # eval seeds never collide with training rollout seeds
+EVAL_SEED = _EVAL_SEED  # for the baselines' clock sweeps (the same seeds, other clocks)
 
 
 def evaluate(setup: Setup, engine, *, log_dir: str | None = None, at_step: int = 0,
@@ -44,7 +45,7 @@ def evaluate(setup: Setup, engine, *, log_dir: str | None = None, at_step: int =
                 specs.append(GroupSpec(group_id=gid, rollouts=rollouts))
                 arm_of.append(arm)
                 index += [IndexEntry(rollout_file(gid, i), "eval", at_step, at_rl_step, env.name,
-                                     arm)
+                                     arm, {"seed_index": i})
                           for i in range(len(rollouts))]
                 gid += 1
     groups_done = []

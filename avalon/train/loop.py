@@ -45,10 +45,10 @@ from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
 from avalon.org.engine_policy import EnginePolicy
 from avalon.rl.build import build_rl_batch
 from avalon.rl.update import TrainState
-from avalon.train import org_metrics, plots
+from avalon.train import baselines, org_metrics, plots
 from avalon.train.config import TrainConfig, describe, from_config_dict, groups_at
 from avalon.train.distributed import host_shard
-from avalon.train.evaluation import evaluate
+from avalon.train.evaluation import EVAL_SEED, evaluate
 from avalon.train.setup import Setup, build, engine_params, global_batch, initial_params
 from avalon.train.sft import SFTBatches, teacher_traces
 from avalon.train.telemetry import Telemetry
@@ -219,7 +219,8 @@ class Run:
             write_index(log_dir, (
                 IndexEntry(rollout_file(g.group_id, i), "rl", self.host.step, self.host.rl_step,
                            env_of[g.rollouts[0].session.task.task_id], "train")
-                for g in specs for i in range(len(g.rollouts))), part=info.process_id)
+                for g in specs for i in range(len(g.rollouts))),
+                part=f"p{info.process_id}" if info.process_id else "")
 
         groups = result.groups
         local_success = org_metrics.per_task_success(groups, env_of)
@@ -291,6 +292,14 @@ class Run:
         m = evaluate(self.setup, self.engine, log_dir=log_dir, at_step=self.host.step,
                      at_rl_step=self.host.rl_step)
         m = {k: (v if isinstance(v, dict) else _reduce_mean(v)) for k, v in m.items()}
+        if baselines.enabled(self.cfg.eval) and self.main:
+            # Main process only (it holds the logs S8 matches), after the cross-process means.
+            m.update(baselines.run_baselines(
+                self.cfg.eval, self.cfg.org, self.setup.envs, self.setup.chat,
+                EnginePolicy(self.engine, self.setup.chat, self.cfg.sampling),
+                slots=self.cfg.engine.slots,
+                log_dir=log_dir or step_dir(self.workdir, "eval", self.host.step),
+                at_step=self.host.step, at_rl_step=self.host.rl_step, eval_seed=EVAL_SEED))
         self.telemetry.log(self.host.step, {"phase": "eval", "rl_step": self.host.rl_step, **m,
                                             "time/eval_s": time.perf_counter() - t})
 
