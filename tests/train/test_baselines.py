@@ -96,3 +96,15 @@ def test_baseline_config_fields():
         _config(s8=True, log_events=False)
     with pytest.raises(ValueError, match=r"config\.eval=.*sweep_clocks"):
         _config(sweep_clocks=[0.0])
+
+
+def test_toy_baseline_configs():
+    from avalon.train.config import from_config_dict
+    from configs import toy_baselines
+    arms = from_config_dict(toy_baselines.get_config("arms,smoke"), num_devices=1)
+    assert arms.eval.s8 and arms.eval.best_of_k == arms.eval.budget + 1 == 4
+    assert arms.eval.sweep_clocks == (60.0, 150.0)
+    single = from_config_dict(toy_baselines.get_config("single_rl"), num_devices=1)
+    assert single.budget.p_single == 1.0 and single.rollout.steps == 30
+    with pytest.raises(ValueError, match="arms or single_rl"):
+        toy_baselines.get_config("smoke")
