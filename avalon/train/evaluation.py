@@ -6,6 +6,9 @@ agent), all under the clock `eval.clock_s`, all in one batched run through the e
 fixed per (task, arm, seed index), so evaluations at different steps differ only by the policy.
 Metrics: `eval/org_reward`, `eval/single_reward` (mean collective reward), and the rest of
 `org_metrics.rollout_metrics` for each arm under `eval/org_...` / `eval/single_...`.
+With `eval.log_events` (the default) every rollout's event log goes to
+WORKDIR/events/eval/step<N>/ with an index (`avalon/analysis/logs.py`); the baselines
+(`baselines.py`) run after it on the same tasks.
 """
 
 from __future__ import annotations
