@@ -6,7 +6,8 @@ writes RUN_DIR/report/report.json, PNG plots and a self-contained index.html for
 directory given (each report's runs table lists every given run's last evaluation), with the
 rule judge labelling messages, reasoning and plans. `--judge=CHECKPOINT_DIR` labels them with a
 model instead (any checkpoint Avalon loads: its own format or a Hugging Face directory with a
-tokenizer.json).
+tokenizer.json); `--audit` then also labels with the rule judge and reports Cohen's kappa
+between the two per rubric (`judge_agreement` in report.json).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from avalon.analysis.judges import load_model_judge
+from avalon.analysis.judges import RuleJudge, load_model_judge
 from avalon.analysis.report import write_report
 
 
@@ -24,14 +25,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--episodes", type=int, default=8,
                         help="viewer pages for this many rollouts of the last evaluation")
     parser.add_argument("--judge", default="", help="a checkpoint directory to judge with")
+    parser.add_argument("--audit", action="store_true",
+                        help="with --judge: Cohen's kappa against the rule judge")
     args = parser.parse_args(argv)
     for run in args.runs:
         if not os.path.isdir(os.path.join(run, "events")):
             parser.error(f"{run}: no events/ directory (not a run directory, or nothing logged)")
+    if args.audit and not args.judge:
+        parser.error("--audit needs --judge (it compares the model judge with the rule judge)")
     judge = load_model_judge(args.judge) if args.judge else None
+    audit = RuleJudge() if args.audit else None
     for run in args.runs:
         others = [r for r in args.runs if r != run]
-        print(write_report(run, judge=judge, others=others, episodes=args.episodes))
+        print(write_report(run, judge=judge, audit=audit, others=others,
+                           episodes=args.episodes))
 
 
 if __name__ == "__main__":

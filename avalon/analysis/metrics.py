@@ -38,7 +38,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from avalon.analysis.judges import HELP_OFFER, HELP_PLAN, OPENING_PLAN, REVIEW, Judge
+from avalon.analysis.judges import (
+    HELP_OFFER,
+    HELP_PLAN,
+    OPENING_PLAN,
+    REVIEW,
+    Judge,
+    cohen_kappa,
+)
 from avalon.analysis.logs import LoggedRollout, reward_of
 from avalon.analysis.stats import bootstrap_mean, wilson
 from avalon.analysis.titles import DEFAULT_TITLE_RULES, LEAD, TitleRules
@@ -109,6 +116,22 @@ def judge_rollouts(rollouts: Sequence[LoggedRollout], judge: Judge) -> list[Roll
             opening_plan=next(plan_labels) if p is not None else None))
         i += len(ms)
         j += len(ts)
+    return out
+
+
+def agreement(a: Sequence[RolloutLabels], b: Sequence[RolloutLabels]) -> dict:
+    """Cohen's kappa between two judges' labels of the same rollouts, per rubric (None where
+    there was nothing to label), with the number of items."""
+    if len(a) != len(b):
+        raise ValueError(f"agreement: {len(a)} rollouts against {len(b)}")
+    out = {}
+    for name in ("review", "help_offer", "help_plan"):
+        xs = [lab for r in a for _, lab in sorted(getattr(r, name).items())]
+        ys = [lab for r in b for _, lab in sorted(getattr(r, name).items())]
+        out[name] = {"items": len(xs), "kappa": cohen_kappa(xs, ys) if xs else None}
+    xs = [r.opening_plan for r in a if r.opening_plan is not None]
+    ys = [r.opening_plan for r in b if r.opening_plan is not None]
+    out["opening_plan"] = {"items": len(xs), "kappa": cohen_kappa(xs, ys) if xs else None}
     return out
 
 

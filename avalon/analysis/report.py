@@ -21,6 +21,7 @@ given one) and measured (`metrics.py`):
 - `runs`: with several run directories, every run's last evaluation per arm side by side (the
   single-agent-RL-at-matched-compute baseline is a run of its own).
 - `episodes`: a viewer page per rollout of the last evaluation (up to `episodes`).
+- `judge_agreement`: with an audit judge, Cohen's kappa between the two judges per rubric.
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ import numpy as np
 from avalon.analysis.episode import render_episode
 from avalon.analysis.judges import Judge, RuleJudge
 from avalon.analysis.logs import LoggedRollout, read_run
-from avalon.analysis.metrics import RolloutMetrics, aggregate, judge_rollouts, rollout_metrics
+from avalon.analysis.metrics import (
+    RolloutMetrics,
+    aggregate,
+    agreement,
+    judge_rollouts,
+    rollout_metrics,
+)
 from avalon.analysis.stats import bootstrap_mean, paired_bootstrap, sign_test, wilcoxon
 from avalon.org.events import EventKind
 from avalon.org.tools import OrgTool
@@ -113,10 +120,15 @@ def _arm_row(rs: Sequence[LoggedRollout], ms: Sequence[RolloutMetrics]) -> dict:
             "latency_s": float(np.mean([m.latency_s for m in ms]))}
 
 
-def analyse(run_dir: str, judge: Judge | None = None) -> tuple[dict, list[LoggedRollout]]:
-    """The report of one run directory as JSON (see the module docstring), and its rollouts."""
+def analyse(run_dir: str, judge: Judge | None = None, *, audit: Judge | None = None
+            ) -> tuple[dict, list[LoggedRollout]]:
+    """The report of one run directory as JSON (see the module docstring), and its rollouts.
+    With `audit`, a second judge labels the same texts and `judge_agreement` holds Cohen's
+    kappa between the two per rubric."""
     rollouts = list(read_run(run_dir))
     labels = judge_rollouts(rollouts, judge or RuleJudge())
+    judge_agreement = (agreement(labels, judge_rollouts(rollouts, audit))
+                       if audit is not None else None)
     ms = [rollout_metrics(r, lab) for r, lab in zip(rollouts, labels)]
     groups: dict[tuple[str, int, str], list[int]] = collections.defaultdict(list)
     for i, r in enumerate(rollouts):
@@ -172,7 +184,7 @@ def analyse(run_dir: str, judge: Judge | None = None) -> tuple[dict, list[Logged
     report = {"run": os.path.abspath(run_dir), "rollouts": len(rollouts),
               "summary": summary, "checkpoints": checkpoints, "comparisons": comparisons,
               "baselines": baselines, "best_of_k": bok, "curves": curves,
-              "last_eval_step": last, "per_rollout": [
+              "last_eval_step": last, "judge_agreement": judge_agreement, "per_rollout": [
                   {"path": os.path.relpath(r.path, run_dir), "phase": r.phase, "step": r.step,
                    "env": r.env, "arm": r.arm, "task_id": r.task_id, **m.to_json()}
                   for r, m in zip(rollouts, ms)]}
@@ -315,11 +327,11 @@ def last_eval_rows(report: dict, name: str) -> list[dict]:
             for b in report["baselines"] if b["step"] == step]
 
 
-def write_report(run_dir: str, *, judge: Judge | None = None, others: Sequence[str] = (),
-                 episodes: int = 8) -> str:
+def write_report(run_dir: str, *, judge: Judge | None = None, audit: Judge | None = None,
+                 others: Sequence[str] = (), episodes: int = 8) -> str:
     """Analyses `run_dir` (and, for the runs table, `others`) and writes RUN_DIR/report/.
     Returns the report directory."""
-    report, rollouts = analyse(run_dir, judge)
+    report, rollouts = analyse(run_dir, judge, audit=audit)
     out = os.path.join(run_dir, "report")
     os.makedirs(os.path.join(out, "episodes"), exist_ok=True)
     runs = []

@@ -9,6 +9,7 @@ from avalon.analysis.judges import RuleJudge
 from avalon.analysis.metrics import (
     RolloutLabels,
     aggregate,
+    agreement,
     judge_rollouts,
     messages,
     opening_plan,
@@ -137,3 +138,21 @@ def test_judge_rollouts_labels_in_one_batch_per_rubric():
     # The rule judge calls a plan with a reviewer hire a pipeline, whatever the text says.
     assert (labels[0].opening_plan, labels[1].opening_plan, labels[2].opening_plan) == (
         "pipeline", None, "pipeline")
+
+
+def test_agreement_between_two_judges():
+    rs = [team_with_lead(), single_agent(), team_without_lead()]
+    rule = judge_rollouts(rs, RuleJudge())
+    same = agreement(rule, judge_rollouts(rs, RuleJudge()))
+    assert all(v["kappa"] == 1.0 for v in same.values())
+
+    class SaysNo(RuleJudge):  # labels everything with the rubric's fallback
+        def label(self, rubric, texts):
+            return [rubric.labels[0]] * len(texts)
+
+    a = agreement(rule, judge_rollouts(rs, SaysNo()))
+    # review, rule judge: m1 approve ("please review" has the review cue), m2 none, m3 approve,
+    # m4 approve ("reviewed"); the other judge: none x 4. p_o = 1/4; p_e = (1/4)(4/4) = 1/4:
+    # kappa = 0.
+    assert a["review"] == {"items": 4, "kappa": 0.0}
+    assert a["opening_plan"]["items"] == 2
