@@ -25,7 +25,7 @@ STEPS = {
                  text="plan: build then review"),
             step(call("work", part="a"), call("post", channel="dev", text="@a1 do b, @a2 check"),
                  call("wait_for_messages")),
-            step(call("final_message", text="done"))],
+            step(call("fire", agent="a2"), call("final_message", text="done"))],
     "a1": [step(call("subscribe", channel="dev", mode="full"), call("wait_for_messages")),
            step(call("work", part="b"), call("dm", to="a2", text="b done <b>bold</b>"),
                 call("wait_for_messages"))],
@@ -81,6 +81,12 @@ def test_viewer_page_in_headless_chromium(log_file, tmp_path):
     timed = {e["seq"] for e in events if e["kind"] not in ("send", "deliver")}
     assert drawn == timed  # every other event is a bar or a mark
     assert "&lt;b&gt;bold" in dom  # message text is text, not markup
+    kinds = {e["seq"]: e["kind"] for e in events}
+    for kind in ("hire", "fire", "end"):  # marks of their own class
+        seqs = re.findall(rf'class="{kind}" data-seq="(\d+)"', dom)
+        assert seqs and all(kinds[int(q)] == kind for q in seqs), kind
+    rewarded = [e for e in events if e.get("rewards") and not e.get("late")]
+    assert rewarded and dom.count('class="reward"') == len(rewarded)
 
 
 def test_view_cli_rejects_an_empty_log(tmp_path):
