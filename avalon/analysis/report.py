@@ -351,6 +351,9 @@ def write_report(run_dir: str, *, judge: Judge | None = None, audit: Judge | Non
         links.append((f"{r.arm} · {r.env} · {r.task_id} · reward {r.reward:g}",
                       f"episodes/{name}"))
     report["episodes"] = [href for _, href in links]
+    pages = {os.path.relpath(r.path, run_dir): href for r, (_, href) in zip(last, links)}
+    for row in report["per_rollout"]:
+        row["episode"] = pages.get(row["path"])  # the viewer page, where one was written
     images = plots(report)
     for name, png in images.items():
         with open(os.path.join(out, f"{name}.png"), "wb") as f:

@@ -102,6 +102,9 @@ def test_analyze_a_hand_built_run(tmp_path):
     assert report["curves"]["lead_title_share"] == [[0, 0.2], [5, 0.2]]
     assert [r["run"] for r in report["runs"]].count("single_rl") == 2
     assert len(report["episodes"]) == 8
+    linked = [r for r in report["per_rollout"] if r["episode"]]
+    assert [r["episode"] for r in linked] == report["episodes"]
+    assert all(r["step"] == 5 for r in linked)
     assert "Organisation vs single agent" in page
 
 
