@@ -10,6 +10,8 @@ appended to metrics.jsonl: the metrics are returned.
 
 from __future__ import annotations
 
+import os
+
 from avalon.analysis.logs import step_dir
 from avalon.inference.engine import Engine
 from avalon.org.engine_policy import EnginePolicy
@@ -20,6 +22,8 @@ from avalon.train.setup import engine_params
 
 def evaluate_latest(config, workdir: str) -> dict:
     """The evaluation (and baseline) metrics of `workdir`'s newest checkpoint under `config`."""
+    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+        raise ValueError(f"{workdir}: no checkpoints/ to evaluate")
     run = loop.prepare(config, workdir)
     try:
         if run.ckpt.latest_step() is None:
