@@ -31,3 +31,11 @@ def test_evaluate_the_newest_checkpoint_with_baselines(tmp_path):
     assert arms.count("best_of_k") == 2 and arms.count("org@120s") == 1
     assert arms.count("single@120s") == 1
     assert '"eval/best_of_k_reward"' in r.stdout
+
+
+def test_a_directory_without_checkpoints_is_refused(tmp_path):
+    from avalon.train.checkpoint_eval import evaluate_latest
+    from tests.train import micro_baselines_config
+    with pytest.raises(ValueError, match="no checkpoints/ to evaluate"):
+        evaluate_latest(micro_baselines_config.get_config(), str(tmp_path / "none"))
+    assert not (tmp_path / "none").exists()
