@@ -13,6 +13,7 @@ import pytest
 
 from avalon.org import GroupSpec, OrgConfig, RolloutDriver, RolloutSpec
 from avalon.org.policy import Playbook, ScriptedPolicy
+from avalon.tools import view
 from tests.org.helpers import CHAT, call, step
 from tests.org.toyenv import PartsEnv
 
@@ -92,6 +93,6 @@ def test_viewer_page_in_headless_chromium(log_file, tmp_path):
 def test_view_cli_rejects_an_empty_log(tmp_path):
     empty = tmp_path / "e.jsonl"
     empty.write_text("")
-    r = subprocess.run([sys.executable, "-m", "avalon.tools.view", str(empty)],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "no events" in r.stderr
+    with pytest.raises(SystemExit, match="no events"):
+        view.main([str(empty), f"--out={tmp_path / 'x.html'}"])
+    assert not (tmp_path / "x.html").exists()
