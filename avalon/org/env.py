@@ -149,11 +149,19 @@ class Task:
     tools: tuple[ToolSpec, ...]  # the environment's tools (the CEO has all of them)
     wall_clock_s: float  # cap on every agent's derived clock (SPEC §2), seconds
     objective: Objective = Objective.SUM
+    # The S8 baseline (SPEC §5): final_message is refused, with the "keep improving" message,
+    # until the organisation has sampled this many output tokens (0: never refused). The
+    # environment's own submission tools are gated by `avalon/envs/keep_improving.py`.
+    submit_after_tokens: int = 0
 
     def __post_init__(self):
         if not self.wall_clock_s > 0:
             raise ValueError(f"Task.wall_clock_s must be > 0, got {self.wall_clock_s!r} "
                              f"(task {self.task_id!r})")
+        if isinstance(self.submit_after_tokens, bool) or not isinstance(
+                self.submit_after_tokens, int) or self.submit_after_tokens < 0:
+            raise ValueError(f"Task.submit_after_tokens must be an int >= 0, got "
+                             f"{self.submit_after_tokens!r} (task {self.task_id!r})")
 
 
 @dataclasses.dataclass(frozen=True)

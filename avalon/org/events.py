@@ -8,7 +8,9 @@ function of the log (`avalon/org/latency.py`, `python -m avalon.tools.latency EV
 
 Kinds, their `cause`, and their fields (besides seq, agent, kind, cause):
 
-  start       null            task_id, budget, seed. agent = "ceo".
+  start       null            task_id, budget, seed, clock_s (the task's wall-clock cap);
+                              optional: prompt (the task prompt), brief (the CEO's private
+                              brief) when logging text. agent = "ceo".
   model_call  the agent's previous event (its hire for a new agent)
                               n_in_new (prompt tokens new to the context), n_out (sampled),
                               segment, turn (the agent's model-call index), stop ("stop" |
@@ -27,7 +29,8 @@ Kinds, their `cause`, and their fields (besides seq, agent, kind, cause):
                               optional: text.
   deliver     its send        message_id, mode ("full" | "light"). agent = the recipient. Logged
                               at the recipient's next turn boundary, in (send time, seq) order.
-  hire        its tool_call   new_agent, title; optional: role, tools. agent = the hirer.
+  hire        its tool_call   new_agent, title; optional: role, tools, brief (the new
+                              agent's private brief) when logging text. agent = the hirer.
   fire        its tool_call   target. agent = the firer.
   wait        its tool_call   (none): the agent is parked until a waking delivery.
   wake        the send        message_id: the delivery that woke the agent.

@@ -141,10 +141,14 @@ class Organisation:
         self.now = 0.0  # the scheduler's time: the clock of the latest boundary or commit
         self.scheduled: list[Scheduled] = []  # what it charged each model and tool call
         self._last_tool_call = -1
-        start = self._emit(EventKind.START, "ceo", None, task_id=task.task_id, budget=budget,
-                           seed=seed)
         session.on_start(budget, workspace)
-        ceo = self._add_agent("ceo", "CEO", CEO_ROLE, self._ceo_tools(), start)
+        ceo_brief = session.brief("ceo", 0, "CEO", CEO_ROLE)
+        start_fields = dict(task_id=task.task_id, budget=budget, seed=seed,
+                            clock_s=task.wall_clock_s)
+        if config.log_text:  # what an analysis or a judge reads: the task and the CEO's brief
+            start_fields.update(prompt=task.prompt, brief=ceo_brief)
+        start = self._emit(EventKind.START, "ceo", None, **start_fields)
+        ceo = self._add_agent("ceo", "CEO", CEO_ROLE, self._ceo_tools(), start, ceo_brief)
         ceo.plan_mode = config.plan_mode
         ceo.pending.append(start_text(ceo=True, budget=budget, plan_mode=config.plan_mode,
                                       hirer=None))
@@ -200,9 +204,8 @@ class Organisation:
                          for x in self.agents.values() if x.last_report and x.active)
 
     def _add_agent(self, a_id: str, title: str, role: str, tools: tuple[str, ...],
-                   last_seq: int) -> Agent:
+                   last_seq: int, brief: str) -> Agent:
         index = len(self.agents)
-        brief = self.session.brief(a_id, index, title, role)
         self.post.add_agent(a_id)
         card = self._card(a_id, title, role, brief, tools, pinned=False)
         agent = Agent(id=a_id, index=index, title=title, role=role, brief=brief, tools=tools,
@@ -595,11 +598,12 @@ class Organisation:
     def hire(self, seq: int, hirer: Agent, new_id: str, title: str, role: str,
              granted: tuple[str, ...]) -> None:
         self.hires += 1
+        brief = self.session.brief(new_id, len(self.agents), title, role)
         fields = dict(new_agent=new_id, title=title)
         if self.config.log_text:
-            fields.update(role=role, tools=list(granted))
+            fields.update(role=role, tools=list(granted), brief=brief)
         h = self._emit(EventKind.HIRE, hirer.id, seq, **fields)
-        a = self._add_agent(new_id, title, role, self._specialist_tools(granted), h)
+        a = self._add_agent(new_id, title, role, self._specialist_tools(granted), h, brief)
         a.pending.append(start_text(ceo=False, budget=0, plan_mode=False, hirer=hirer.id))
 
     def fire(self, seq: int, firer: Agent, target: str) -> None:

@@ -72,6 +72,12 @@ def message_text(d: Delivery, snippet_chars: int) -> str:
     return f"{m.channel} {m.sender} {m.id}: {body}"
 
 
+def keep_improving(written: int, needed: int) -> str:
+    """The S8 baseline's refusal of an early submission (SPEC §5)."""
+    return (f"not accepted yet: keep improving your work, then submit again ({written} of "
+            f"{needed} output tokens written)")
+
+
 def summary_request(cap: int) -> str:
     return f"Context full: summarise your work in at most {cap} tokens; it replaces your context."
 

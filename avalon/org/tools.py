@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from avalon.org.channels import Message, MessageKind
 from avalon.org.env import EnvReward, Param, ParamType, ToolError, ToolSpec
+from avalon.org.prompts import keep_improving
 
 if TYPE_CHECKING:
     from avalon.org.agents import Agent
@@ -349,6 +350,9 @@ def _run_code(org: Organisation, a: Agent, args: dict) -> ToolResult:
 
 def _final_message(org: Organisation, a: Agent, args: dict) -> ToolResult:
     text = _text(args, "text")
+    needed = org.task.submit_after_tokens  # the S8 baseline's gate (org/env.py Task)
+    if org.tokens_out < needed:
+        raise ToolError(keep_improving(org.tokens_out, needed))
     return ToolResult("done", effect=lambda seq: org.finish_with_message(seq, text))
 
 

@@ -61,6 +61,9 @@ class RolloutConfig:
     # The K sessions of a group share one environment seed (same bet outcomes, hidden test
     # inputs, defects): advantages compare policies, not luck (`envs.base.group_seeds`).
     common_random_numbers: bool = True
+    # Write the event logs of every `log_every`-th RLCR step's rollouts under
+    # WORKDIR/events/rl/ (0: none; `keep_event_logs` writes every step's).
+    log_every: int = 0
 
     def __post_init__(self):
         if self.steps > 0:
@@ -90,6 +93,12 @@ class EvalConfig:
     seeds: int = 2  # sampled rollouts per task and arm
     budget: int = 8  # the organisation arm's hire budget (the single agent has 0)
     clock_s: float = 300.0  # wall-clock cap of evaluation rollouts
+    log_events: bool = True  # write every evaluation rollout's event log (WORKDIR/events/eval/)
+    # Baselines (avalon/train/baselines.py), run after each evaluation on the same tasks:
+    s8: bool = False  # S8: one agent per org rollout, refused until it matches its output tokens
+    s8_clock_s: float = 0.0  # S8's wall clock; 0: clock_s x (1 + budget)
+    best_of_k: int = 0  # k single agents per task, scored best-of-k and by vote; 0: off
+    sweep_clocks: tuple[float, ...] = ()  # the org and single arms again under each clock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,6 +316,15 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
     if cfg.sft.steps < 0 or cfg.sft.teacher_episodes < 0 or cfg.sft.batch_seqs < 1:
         _fail("sft", dataclasses.asdict(cfg.sft), "steps and teacher_episodes must be >= 0, "
               "batch_seqs >= 1")
+    if cfg.eval.s8 and not cfg.eval.log_events:
+        _fail("eval.s8", cfg.eval.s8, "needs eval.log_events=True (S8 matches the logged "
+              "organisation rollouts' output tokens)")
+    if cfg.eval.best_of_k < 0 or cfg.eval.s8_clock_s < 0 or any(
+            not c > 0 for c in cfg.eval.sweep_clocks):
+        _fail("eval", dataclasses.asdict(cfg.eval), "best_of_k and s8_clock_s must be >= 0 and "
+              "sweep_clocks > 0")
+    if cfg.rollout.log_every < 0:
+        _fail("rollout.log_every", cfg.rollout.log_every, "must be >= 0")
     if cfg.eval.every < 1 or cfg.checkpoint.every < 1:
         _fail("eval.every" if cfg.eval.every < 1 else "checkpoint.every",
               min(cfg.eval.every, cfg.checkpoint.every), "must be >= 1")

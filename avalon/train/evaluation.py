@@ -11,10 +11,14 @@ Metrics: `eval/org_reward`, `eval/single_reward` (mean collective reward), and e
 `org_metrics.rollout_metrics` for each arm as `eval/org/<metric>` and `eval/single/<metric>`
 (the training metric `org/hires_per_rollout` is `eval/org/hires_per_rollout` and
 `eval/single/hires_per_rollout`; `reward/mean` is `eval/org/reward/mean`).
+With `eval.log_events` (the default) every rollout's event log goes to
+WORKDIR/events/eval/step<N>/ with an index (`avalon/analysis/logs.py`); the baselines
+(`baselines.py`) run after it on the same tasks.
 """
 
 from __future__ import annotations
 
+from avalon.analysis.logs import IndexEntry, rollout_file, write_index
 from avalon.envs.base import Environment, Split
 from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
 from avalon.org.engine_policy import EnginePolicy
@@ -22,6 +26,7 @@ from avalon.train.org_metrics import rollout_metrics
 from avalon.train.setup import Setup
 
 _EVAL_SEED = 10_000_000  # eval seeds never collide with training rollout seeds
+EVAL_SEED = _EVAL_SEED  # for the baselines' clock sweeps (the same seeds, other clocks)
 
 
 def eval_clock(cfg, env: Environment, task_id: str) -> float:
@@ -38,15 +43,18 @@ def arm_metrics(groups, arm: str) -> dict:
     return out
 
 
-def evaluate(setup: Setup, engine) -> dict:
+def evaluate(setup: Setup, engine, *, log_dir: str | None = None, at_step: int = 0,
+             at_rl_step: int = 0) -> dict:
+    """The evaluation's metrics; with `log_dir`, every rollout's event log and an index
+    (`avalon/analysis/logs.py`) go there, marked as played at global step `at_step`."""
     cfg = setup.cfg
     policy = EnginePolicy(engine, setup.chat, cfg.sampling)
-    driver = RolloutDriver(policy, setup.chat, cfg.org)
+    driver = RolloutDriver(policy, setup.chat, cfg.org, log_dir=log_dir)
     arms = (("org", cfg.eval.budget), ("single", 0))
     # As many tasks at once as the engine has slots for (both arms of a task together).
     per_task = cfg.eval.seeds * (2 + cfg.eval.budget)
     tasks_per_run = max(1, cfg.engine.slots // per_task)
-    specs, arm_of = [], []
+    specs, arm_of, index = [], [], []
     gid = 0
     for env in setup.envs:
         for t_index, task_id in enumerate(env.task_ids(Split.HELDOUT)[:cfg.eval.tasks]):
@@ -58,11 +66,16 @@ def evaluate(setup: Setup, engine) -> dict:
                     for s in range(cfg.eval.seeds))
                 specs.append(GroupSpec(group_id=gid, rollouts=rollouts))
                 arm_of.append(arm)
+                index += [IndexEntry(rollout_file(gid, i), "eval", at_step, at_rl_step, env.name,
+                                     arm, {"seed_index": i})
+                          for i in range(len(rollouts))]
                 gid += 1
     groups_done = []
     step = tasks_per_run * len(arms)
     for start in range(0, len(specs), step):
         groups_done += driver.run(specs[start:start + step]).groups
+    if log_dir is not None:
+        write_index(log_dir, index)
     out = {}
     for arm, _ in arms:
         out.update(arm_metrics([g for g, a in zip(groups_done, arm_of) if a == arm], arm))

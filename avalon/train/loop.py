@@ -39,6 +39,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from avalon.analysis.logs import IndexEntry, rollout_file, step_dir, write_index
 from avalon.checkpoint.train_state import TrainCheckpointer
 from avalon.envs.base import Split, group_seeds
 from avalon.envs.samplers import BudgetSampler, LearningProgressSampler
@@ -49,10 +50,10 @@ from avalon.org.engine_policy import EnginePolicy
 from avalon.rl.build import build_rl_batch
 from avalon.rl.roles import role_grad_norms
 from avalon.rl.update import TrainState
-from avalon.train import org_metrics, plots
+from avalon.train import baselines, org_metrics, plots
 from avalon.train.config import TrainConfig, describe, from_config_dict, groups_at
 from avalon.train.distributed import host_shard
-from avalon.train.evaluation import evaluate
+from avalon.train.evaluation import EVAL_SEED, evaluate
 from avalon.train.setup import Setup, build, engine_params, global_batch, initial_params
 from avalon.train.sft import SFTBatches, teacher_traces
 from avalon.train.telemetry import Telemetry
@@ -227,12 +228,19 @@ class Run:
         info = _process_info()
         specs = host_shard(all_specs, info)
         policy = EnginePolicy(self.engine, setup.chat, cfg.sampling)
-        log_dir = os.path.join(self.workdir, "events", f"step{self.host.rl_step}") \
-            if cfg.keep_event_logs else None
+        every = cfg.rollout.log_every
+        logged = cfg.keep_event_logs or (every > 0 and self.host.rl_step % every == 0)
+        log_dir = step_dir(self.workdir, "rl", self.host.step) if logged else None
         driver = RolloutDriver(policy, setup.chat, cfg.org, log_dir=log_dir)
         stats0 = self.engine.stats.snapshot()
         result = driver.run(specs)
         t_rollout = time.perf_counter() - t0
+        if log_dir is not None:
+            write_index(log_dir, (
+                IndexEntry(rollout_file(g.group_id, i), "rl", self.host.step, self.host.rl_step,
+                           env_of[g.rollouts[0].session.task.task_id], "train")
+                for g in specs for i in range(len(g.rollouts))),
+                part=f"p{info.process_id}" if info.process_id else "")
 
         groups = result.groups
         local_success = org_metrics.per_task_success(groups, env_of)
@@ -303,8 +311,20 @@ class Run:
 
     def _evaluate(self) -> None:
         t = time.perf_counter()
-        m = evaluate(self.setup, self.engine)
+        log_dir = step_dir(self.workdir, "eval", self.host.step) \
+            if self.cfg.eval.log_events and self.main else None
+        m = evaluate(self.setup, self.engine, log_dir=log_dir, at_step=self.host.step,
+                     at_rl_step=self.host.rl_step)
         m = {k: (v if isinstance(v, dict) else _reduce_mean(v)) for k, v in m.items()}
+        if baselines.enabled(self.cfg.eval) and self.main:
+            # Main process only (it holds the logs S8 matches), after the cross-process means.
+            m.update(baselines.run_baselines(
+                self.cfg.eval, self.cfg.org, self.setup.envs, self.setup.chat,
+                EnginePolicy(self.engine, self.setup.chat, self.cfg.sampling),
+                slots=self.cfg.engine.slots,
+                log_dir=log_dir or step_dir(self.workdir, "eval", self.host.step),
+                at_step=self.host.step, at_rl_step=self.host.rl_step, eval_seed=EVAL_SEED,
+                clock_start_s=self.cfg.clock.start_s))
         self.telemetry.log(self.host.step, {"phase": "eval", "rl_step": self.host.rl_step, **m,
                                             "time/eval_s": time.perf_counter() - t})
 

@@ -1,0 +1,187 @@
+"""One episode as a self-contained HTML page: agents as lanes on the derived clock.
+
+    html = render_episode(events, title="group0_rollout1")   # `python -m avalon.tools.view`
+
+Every event is placed at its agent's derived clock (`avalon/org/latency.py`): model calls and
+tool calls as bars from start to end, hires, fires, waits, wakes, compactions, stops and rewards
+as marks, and each delivered message as an arrow from the sender's clock at the send to the
+receiver's clock at the delivery. Clicking any bar, mark or arrow shows the event's fields and
+text (the prompt, briefs, outputs, tool arguments and results, message text, when logged).
+The page holds its data as JSON and draws itself with a small inline script (SVG); it loads
+nothing from anywhere.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+
+from avalon.org.events import EventKind
+from avalon.org.latency import ClockReplay
+
+
+def episode_data(events: Sequence[Mapping]) -> dict:
+    """What the page draws: lanes, timed items, message arrows (all JSON)."""
+    clocks = ClockReplay()
+    agents: dict[str, str] = {}  # id -> title, in order of appearance
+    items, arrows = [], []
+    sends: dict[str, tuple[str, float, int]] = {}
+    for e in events:
+        agent = e["agent"]
+        before = clocks.clock(agent)
+        clocks.apply(e)
+        after = clocks.clock_at(e["seq"])
+        kind = e["kind"]
+        if agent not in agents:
+            agents[agent] = "CEO" if agent == "ceo" else agent
+        if kind == EventKind.HIRE.value:
+            agents[e["new_agent"]] = e["title"]
+        if kind in (EventKind.MODEL_CALL.value, EventKind.TOOL_CALL.value):
+            if kind == EventKind.TOOL_CALL.value:
+                start = after - float(e["duration_s"])
+            else:
+                start = before
+            label = (e["tool"] if kind == EventKind.TOOL_CALL.value
+                     else f"turn {e.get('turn', '')}")
+            items.append({"seq": e["seq"], "agent": agent, "kind": kind, "t0": start,
+                          "t1": after, "label": label,
+                          "error": bool(e.get("error") or e.get("malformed")),
+                          "reward": sum(float(r["value"]) for r in e.get("rewards", ()))
+                          if not e.get("late") else 0.0})
+        elif kind == EventKind.SEND.value:
+            sends[e["message_id"]] = (agent, after, e["seq"])
+        elif kind == EventKind.DELIVER.value:
+            src = sends.get(e["message_id"])
+            if src is not None:
+                arrows.append({"message": e["message_id"], "from": src[0], "to": agent,
+                               "t0": src[1], "t1": after, "seq": src[2],
+                               "deliver_seq": e["seq"]})
+        else:
+            items.append({"seq": e["seq"], "agent": agent, "kind": kind, "t0": after,
+                          "t1": after, "label": kind, "error": False,
+                          "reward": sum(float(r["value"]) for r in e.get("rewards", ()))})
+    messages = sorted({e["message_id"] for e in events if e["kind"] == EventKind.SEND.value})
+    report = clocks.report()
+    return {"agents": [{"id": a, "title": t} for a, t in agents.items()], "items": items,
+            "arrows": arrows, "messages": messages, "events": list(events),
+            "latency_s": report.task_latency_s,
+            "critical_path": report.critical_path,
+            "critical_token_share": report.critical_token_share}
+
+
+_STYLE = """
+body{font:13px sans-serif;margin:12px;color:#222}
+#wrap{display:flex;gap:12px}
+#chart{flex:3;overflow-x:auto;border:1px solid #ccc}
+#detail{flex:2;max-height:85vh;overflow:auto;border:1px solid #ccc;padding:8px;
+white-space:pre-wrap;font:12px monospace}
+.lane-label{font-weight:bold}
+.model_call{fill:#6a9fd8}.tool_call{fill:#7fbf7f}.err{fill:#e06666}
+.crit{stroke:#000;stroke-width:1.5}
+.mark{fill:#999}.hire{fill:#8e44ad}.fire{fill:#c0392b}.compaction{fill:#e67e22}
+.end{fill:#000}.reward{fill:#d4ac0d;font-size:11px}
+.msg{stroke:#555;stroke-width:1;fill:none;marker-end:url(#arrow)}
+.msg:hover,.sel{stroke:#d00;stroke-width:2}
+"""
+
+_SCRIPT = r"""
+(function () {
+  const data = JSON.parse(document.getElementById('episode-data').textContent);
+  const NS = 'http://www.w3.org/2000/svg';
+  const laneH = 36, left = 150, top = 24, width = 1100;
+  const span = Math.max(data.latency_s, 1e-9);
+  const x = t => left + (t / span) * (width - left - 20);
+  const lane = {};
+  data.agents.forEach((a, i) => { lane[a.id] = top + i * laneH; });
+  const bySeq = {};
+  data.events.forEach(e => { bySeq[e.seq] = e; });
+  const crit = new Set(data.critical_path);
+  const svg = document.createElementNS(NS, 'svg');
+  svg.setAttribute('width', width);
+  svg.setAttribute('height', top + data.agents.length * laneH + 20);
+  svg.innerHTML = '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" ' +
+    'markerWidth="6" markerHeight="6" orient="auto"><path d="M0,0L10,5L0,10z" fill="#555"/>' +
+    '</marker></defs>';
+  function el(name, attrs, text) {
+    const n = document.createElementNS(NS, name);
+    for (const k in attrs) n.setAttribute(k, attrs[k]);
+    if (text !== undefined) n.textContent = text;
+    svg.appendChild(n);
+    return n;
+  }
+  function show(seqs) {
+    const out = seqs.map(s => JSON.stringify(bySeq[s], null, 1)).join('\n\n');
+    document.getElementById('detail').textContent = out;
+  }
+  data.agents.forEach(a => {
+    el('line', {x1: left, x2: width - 10, y1: lane[a.id] + laneH / 2, y2: lane[a.id] + laneH / 2,
+                stroke: '#eee'});
+    const t = el('text', {x: 4, y: lane[a.id] + laneH / 2 + 4, class: 'lane-label',
+                          'data-agent': a.id}, a.id + ' ' + a.title);
+    t.addEventListener('click', () => show([]));
+  });
+  data.items.forEach(it => {
+    const y = lane[it.agent];
+    let n;
+    if (it.kind === 'model_call' || it.kind === 'tool_call') {
+      const w = Math.max(x(it.t1) - x(it.t0), 2);
+      const cls = it.kind + (it.error ? ' err' : '') + (crit.has(it.seq) ? ' crit' : '');
+      const h = it.kind === 'model_call' ? 14 : 10;
+      n = el('rect', {x: x(it.t0), y: y + (laneH - h) / 2, width: w, height: h, class: cls,
+                      'data-seq': it.seq});
+    } else {
+      const cls = ['hire', 'fire', 'compaction', 'end'].includes(it.kind) ? it.kind : 'mark';
+      n = el('circle', {cx: x(it.t0), cy: y + laneH / 2, r: it.kind === 'end' ? 5 : 4,
+                        class: cls, 'data-seq': it.seq});
+    }
+    const title = document.createElementNS(NS, 'title');
+    title.textContent = it.label + ' @' + it.t0.toFixed(2) + 's';
+    n.appendChild(title);
+    n.addEventListener('click', () => show([it.seq]));
+    if (it.reward) {
+      el('text', {x: x(it.t1) + 2, y: y + 10, class: 'reward'}, '+' + it.reward);
+    }
+  });
+  data.arrows.forEach(a => {
+    const y0 = lane[a.from] + laneH / 2, y1 = lane[a.to] + laneH / 2;
+    const p = el('path', {d: `M${x(a.t0)},${y0} L${x(a.t1)},${y1}`, class: 'msg',
+                          'data-message': a.message});
+    p.addEventListener('click', () => { show([a.seq, a.deliver_seq]); });
+  });
+  document.getElementById('chart').appendChild(svg);
+  const list = document.getElementById('messages');
+  data.messages.forEach(m => {
+    const li = document.createElement('li');
+    li.setAttribute('data-message-item', m);
+    const send = data.events.find(e => e.kind === 'send' && e.message_id === m);
+    li.textContent = m + ' ' + send.agent + ' -> ' + (send.to.join(', ') || '(nobody)') +
+      ': ' + (send.text || '');
+    li.addEventListener('click', () => show([send.seq]));
+    list.appendChild(li);
+  });
+  document.getElementById('status').textContent = 'drawn ' + data.items.length + ' events';
+})();
+"""
+
+
+def render_episode(events: Sequence[Mapping], title: str = "episode") -> str:
+    """The page (see the module docstring)."""
+    if not events:
+        raise ValueError("render_episode: no events")
+    data = episode_data(events)
+    # `</` inside a JSON string would end the script element; `<\/` is the same JSON string.
+    payload = json.dumps(data, sort_keys=True, ensure_ascii=True).replace("</", "<\\/")
+    start = events[0]
+    head = (f"task {start.get('task_id', '?')} · budget {start.get('budget', '?')} · "
+            f"latency {data['latency_s']:.1f} s · critical-path token share "
+            f"{data['critical_token_share']:.2f}")
+    return (
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
+        f"<h2>{html.escape(title)}</h2><p>{html.escape(head)}</p>"
+        "<p id=\"status\">loading</p><div id=\"wrap\"><div id=\"chart\"></div>"
+        "<div id=\"detail\">click a bar, mark or arrow</div></div>"
+        "<h3>Messages</h3><ul id=\"messages\"></ul>"
+        f"<script type=\"application/json\" id=\"episode-data\">{payload}</script>"
+        f"<script>{_SCRIPT}</script></body></html>\n")

@@ -1,0 +1,210 @@
+"""Judges: who labels messages, reasoning and opening plans (SPEC §5: "labelled by a judge").
+
+A `Rubric` is one question with a closed set of labels (its first label is the answer when a
+judge cannot tell). A `Judge` labels a batch of texts under one rubric:
+
+    judge.label(REVIEW, ["LGTM, tests pass", "on it"]) -> ["approve", "none"]
+
+- `RuleJudge`: regular expressions per rubric and label, first match wins (the rules are data);
+  for toys and tests.
+- `ModelJudge`: any model Avalon can load, through the inference engine: each text becomes a
+  prompt (the rubric as a system segment, the text as an observation), all of a batch decoded
+  together greedily, and the first allowed label in the answer is the label; an answer naming
+  none gets the fallback label and is counted in `invalid`.
+- `cohen_kappa(a, b)`: agreement of two judges' labels beyond chance, for audit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from avalon.inference.api import SamplingParams, TurnRequest
+from avalon.tokenizer.chat import ChatFormat
+
+
+@dataclasses.dataclass(frozen=True)
+class Rubric:
+    name: str
+    instruction: str  # what a model judge reads
+    labels: tuple[str, ...]  # labels[0]: the answer when a judge cannot tell
+
+    def __post_init__(self):
+        if len(self.labels) < 2 or len(set(self.labels)) != len(self.labels):
+            raise ValueError(f"Rubric {self.name!r}: needs >= 2 distinct labels, got "
+                             f"{self.labels}")
+
+
+REVIEW = Rubric(
+    "review", "Is this message a review of a teammate's work? Answer approve (a review that "
+    "accepts the work), reject (a review that finds faults or asks for changes) or none (not a "
+    "review).", ("none", "approve", "reject"))
+HELP_OFFER = Rubric(
+    "help_offer", "Does this message offer help to a teammate? Answer yes or no.", ("no", "yes"))
+HELP_PLAN = Rubric(
+    "help_plan", "Does this reasoning plan to help a teammate with their work? Answer yes or no.",
+    ("no", "yes"))
+OPENING_PLAN = Rubric(
+    "opening_plan", "How does this opening plan divide the work among the hires? Answer "
+    "component (each hire owns a part of the task), pipeline (hires are stages: build, test, "
+    "review) or other.", ("other", "component", "pipeline"))
+RUBRICS = (REVIEW, HELP_OFFER, HELP_PLAN, OPENING_PLAN)
+
+
+class Judge(Protocol):
+    def label(self, rubric: Rubric, texts: Sequence[str]) -> list[str]:
+        """One label of `rubric.labels` per text."""
+        ...
+
+
+# Rule judge ------------------------------------------------------------------------------------
+
+_REVIEW_CUE = r"\b(review(ed|ing)?|lgtm|verified|checked|tested|approved?)\b"
+DEFAULT_RULES: Mapping[str, Sequence[tuple[str, str]]] = {
+    # (label, pattern): the first pattern that matches gives the label; none: the fallback.
+    "review": (
+        ("reject", _REVIEW_CUE + r".*\b(bug|wrong|fails?|failing|incorrect|broken|reject(ed)?|"
+                                 r"fix|changes)\b"),
+        ("reject", r"\b(bug|wrong|fails?|failing|incorrect|broken|reject(ed)?)\b.*" + _REVIEW_CUE),
+        ("approve", _REVIEW_CUE),
+    ),
+    "help_offer": (
+        ("yes", r"\b(can i help|happy to help|i can help|i can take|need (a )?hand|"
+                r"want me to|shall i|let me help|i'?ll help|help you)\b"),
+    ),
+    "help_plan": (
+        ("yes", r"\b(help(ing)? (a1|a\d+|them|him|her|the team|my teammate|teammates?)|"
+                r"assist|offer (to )?help|take over|pick up (their|the rest))\b"),
+    ),
+    "opening_plan": (
+        ("pipeline", r"\b(review(er)?|test(er|ing)?|verif\w*|qa|pipeline|stages?)\b"),
+        ("component", r"\b(parts?|components?|modules?|subtasks?|pieces?|sections?|each|"
+                      r"split)\b"),
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleJudge:
+    """Labels by regular expressions (case-insensitive, searched anywhere, across lines)."""
+
+    rules: Mapping[str, Sequence[tuple[str, str]]] = dataclasses.field(
+        default_factory=lambda: dict(DEFAULT_RULES))
+
+    def label(self, rubric: Rubric, texts: Sequence[str]) -> list[str]:
+        rules = self.rules.get(rubric.name)
+        if rules is None:
+            raise ValueError(f"RuleJudge has no rules for rubric {rubric.name!r}")
+        for lab, _ in rules:
+            if lab not in rubric.labels:
+                raise ValueError(f"RuleJudge rule label {lab!r} is not one of {rubric.labels}")
+        compiled = [(lab, re.compile(p, re.IGNORECASE | re.DOTALL)) for lab, p in rules]
+        out = []
+        for t in texts:
+            out.append(next((lab for lab, p in compiled if p.search(t)), rubric.labels[0]))
+        return out
+
+
+# Model judge -----------------------------------------------------------------------------------
+
+class ModelJudge:
+    """A model as a judge, through the engine (see the module docstring).
+
+    `engine`: an `avalon.inference.engine.Engine` over any loaded checkpoint (HF or Avalon's
+    own: `avalon.checkpoint.hf.load`, `avalon.checkpoint.avalon_format.load_avalon`), with
+    `chat` its tokenizer's chat format. Texts are cut to leave room for the rubric and the
+    answer within the engine's context.
+    """
+
+    def __init__(self, engine, chat: ChatFormat, *, max_answer_tokens: int = 8):
+        if max_answer_tokens < 1:
+            raise ValueError(f"ModelJudge max_answer_tokens must be >= 1, got "
+                             f"{max_answer_tokens}")
+        self.engine, self.chat = engine, chat
+        self.max_answer_tokens = max_answer_tokens
+        self.invalid = 0  # answers that named no allowed label (given the fallback)
+        self.answered = 0
+
+    def prompt(self, rubric: Rubric, text: str) -> list[int]:
+        system = self.chat.system(f"You are a judge. {rubric.instruction} Answer with one word: "
+                                  + ", ".join(rubric.labels) + ".")
+        frame = len(system) + len(self.chat.turn_prompt("Text: "))
+        room = self.engine.max_context - frame - self.max_answer_tokens
+        if room < 1:
+            raise ValueError(f"ModelJudge: rubric {rubric.name!r} takes {frame} tokens; the "
+                             f"engine's max_context {self.engine.max_context} leaves no room")
+        ids = self.chat.tok.encode(text)
+        if len(ids) > room:
+            text = self.chat.tok.decode(ids[:room])
+        return system + self.chat.turn_prompt(f"Text: {text}")
+
+    def parse(self, rubric: Rubric, answer: str) -> str | None:
+        """The allowed label named first in `answer`, or None."""
+        found = [(m.start(), lab) for lab in rubric.labels
+                 for m in [re.search(rf"\b{re.escape(lab)}\b", answer, re.IGNORECASE)] if m]
+        return min(found)[1] if found else None
+
+    def label(self, rubric: Rubric, texts: Sequence[str]) -> list[str]:
+        out: list[str] = []
+        slots_free = self.engine.num_slots
+        for start in range(0, len(texts), slots_free):
+            batch = texts[start:start + slots_free]
+            slots = [self.engine.allocate() for _ in batch]
+            try:
+                results = self.engine.generate([
+                    TurnRequest(slot=s, new_tokens=np.asarray(self.prompt(rubric, t), np.int32),
+                                max_new_tokens=self.max_answer_tokens,
+                                sampling=SamplingParams(greedy=True),
+                                stop_tokens=(self.chat.end_id,))
+                    for s, t in zip(slots, batch)])
+            finally:
+                for s in slots:
+                    self.engine.release(s)
+            for res in results:
+                answer = self.chat.split_output(res.tokens).text
+                lab = self.parse(rubric, answer)
+                self.answered += 1
+                if lab is None:
+                    self.invalid += 1
+                    lab = rubric.labels[0]
+                out.append(lab)
+        return out
+
+
+def load_model_judge(path: str, *, chat: ChatFormat | None = None, slots: int = 64,
+                     max_context: int = 4096, max_answer_tokens: int = 8) -> ModelJudge:
+    """A `ModelJudge` over a checkpoint directory: Avalon's own format (`save_avalon`) or a
+    Hugging Face Nemotron-H directory; `chat` defaults to the directory's `tokenizer.json`."""
+    from avalon.checkpoint import hf
+    from avalon.checkpoint.avalon_format import is_avalon_checkpoint, load_avalon
+    from avalon.inference.engine import Engine
+    from avalon.tokenizer import HFTokenizer
+
+    if is_avalon_checkpoint(path):
+        cfg, params = load_avalon(path)
+    else:
+        cfg, params = hf.load(path, max_context=max_context)
+    if chat is None:
+        chat = ChatFormat(HFTokenizer.from_dir(path))
+    engine = Engine(cfg, params, num_slots=slots, max_context=min(max_context, cfg.max_context))
+    return ModelJudge(engine, chat, max_answer_tokens=max_answer_tokens)
+
+
+def cohen_kappa(a: Sequence[str], b: Sequence[str]) -> float:
+    """Cohen's kappa of two label sequences: (p_o - p_e) / (1 - p_e); 1.0 when both judges give
+    one and the same label throughout (p_e = 1)."""
+    if len(a) != len(b):
+        raise ValueError(f"cohen_kappa: {len(a)} labels against {len(b)}")
+    if not a:
+        raise ValueError("cohen_kappa of no labels")
+    n = len(a)
+    p_o = sum(x == y for x, y in zip(a, b)) / n
+    labels = set(a) | set(b)
+    p_e = sum((list(a).count(lab) / n) * (list(b).count(lab) / n) for lab in labels)
+    if p_e == 1.0:
+        return 1.0
+    return (p_o - p_e) / (1 - p_e)

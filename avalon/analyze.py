@@ -1,0 +1,45 @@
+"""The run report of one or more run directories (`avalon/analysis/report.py`).
+
+    python -m avalon.analyze RUN_DIR [RUN_DIR ...] [--episodes=8]
+
+writes RUN_DIR/report/report.json, PNG plots and a self-contained index.html for every run
+directory given (each report's runs table lists every given run's last evaluation), with the
+rule judge labelling messages, reasoning and plans. `--judge=CHECKPOINT_DIR` labels them with a
+model instead (any checkpoint Avalon loads: its own format or a Hugging Face directory with a
+tokenizer.json); `--audit` then also labels with the rule judge and reports Cohen's kappa
+between the two per rubric (`judge_agreement` in report.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from avalon.analysis.judges import RuleJudge, load_model_judge
+from avalon.analysis.report import write_report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", help="run directories (the training --workdir)")
+    parser.add_argument("--episodes", type=int, default=8,
+                        help="viewer pages for this many rollouts of the last evaluation")
+    parser.add_argument("--judge", default="", help="a checkpoint directory to judge with")
+    parser.add_argument("--audit", action="store_true",
+                        help="with --judge: Cohen's kappa against the rule judge")
+    args = parser.parse_args(argv)
+    for run in args.runs:
+        if not os.path.isdir(os.path.join(run, "events")):
+            parser.error(f"{run}: no events/ directory (not a run directory, or nothing logged)")
+    if args.audit and not args.judge:
+        parser.error("--audit needs --judge (it compares the model judge with the rule judge)")
+    judge = load_model_judge(args.judge) if args.judge else None
+    audit = RuleJudge() if args.audit else None
+    for run in args.runs:
+        others = [r for r in args.runs if r != run]
+        print(write_report(run, judge=judge, audit=audit, others=others,
+                           episodes=args.episodes))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Evaluate a run's newest checkpoint again, with the baselines its config asks for: how a
+time-budget sweep (`eval.sweep_clocks`), S8 or best-of-k is run on one trained checkpoint
+without training further (`python -m avalon.tools.evaluate`).
+
+The organisation and single-agent arms replay the evaluation's fixed seeds, so at the step the
+training run already evaluated they reproduce its logs; the baselines' logs go beside them
+(WORKDIR/events/eval/step<N>/), where `python -m avalon.analyze` finds them. Nothing is
+appended to metrics.jsonl: the metrics are returned.
+"""
+
+from __future__ import annotations
+
+import os
+
+from avalon.analysis.logs import step_dir
+from avalon.inference.engine import Engine
+from avalon.org.engine_policy import EnginePolicy
+from avalon.train import baselines, loop
+from avalon.train.evaluation import EVAL_SEED, evaluate
+from avalon.train.setup import engine_params
+
+
+def evaluate_latest(config, workdir: str) -> dict:
+    """The evaluation (and baseline) metrics of `workdir`'s newest checkpoint under `config`."""
+    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+        raise ValueError(f"{workdir}: no checkpoints/ to evaluate")
+    run = loop.prepare(config, workdir)
+    try:
+        if run.ckpt.latest_step() is None:
+            raise ValueError(f"{workdir}: no checkpoint to evaluate")
+        cfg, setup = run.cfg, run.setup
+        engine = Engine(cfg.model, engine_params(run.state.params, cfg.model, setup.mesh,
+                                                 setup.local_mesh),
+                        num_slots=cfg.engine.slots, max_context=cfg.org.window,
+                        mesh=setup.local_mesh, steps_per_dispatch=cfg.engine.steps_per_dispatch,
+                        prefill_chunk=cfg.engine.prefill_chunk, detokenize=setup.chat.tok.decode)
+        log_dir = step_dir(workdir, "eval", run.host.step)
+        m = evaluate(setup, engine, log_dir=log_dir, at_step=run.host.step,
+                     at_rl_step=run.host.rl_step)
+        if baselines.enabled(cfg.eval):
+            m.update(baselines.run_baselines(
+                cfg.eval, cfg.org, setup.envs, setup.chat,
+                EnginePolicy(engine, setup.chat, cfg.sampling), slots=cfg.engine.slots,
+                log_dir=log_dir, at_step=run.host.step, at_rl_step=run.host.rl_step,
+                eval_seed=EVAL_SEED, clock_start_s=cfg.clock.start_s))
+        return {"step": run.host.step, "rl_step": run.host.rl_step, **m}
+    finally:
+        run.ckpt.close()
+        run.telemetry.close()

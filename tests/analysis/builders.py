@@ -1,0 +1,100 @@
+"""Hand-built event logs for the analysis tests: three rollouts whose every metric is worked out
+by hand in `test_metrics.py`."""
+
+from __future__ import annotations
+
+from avalon.analysis.logs import LoggedRollout
+
+
+class Log:
+    """Appends events with consecutive seqs; each method returns the new event's seq."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+
+    def add(self, kind, agent, cause, **fields) -> int:
+        seq = len(self.events)
+        self.events.append({"seq": seq, "kind": kind, "agent": agent, "cause": cause, **fields})
+        return seq
+
+    def mc(self, agent, cause, n_in, n_out, text="") -> int:
+        return self.add("model_call", agent, cause, n_in_new=n_in, n_out=n_out, segment=0,
+                        turn=0, stop="stop", text=text)
+
+    def tc(self, agent, cause, tool, duration=0.0, error=False, **fields) -> int:
+        return self.add("tool_call", agent, cause, tool=tool, duration_s=duration, error=error,
+                        **fields)
+
+    def send(self, agent, cause, mid, kind, to, text, channel=None) -> int:
+        return self.add("send", agent, cause, message_id=mid, message_kind=kind, channel=channel,
+                        to=list(to), text=text)
+
+    def hire(self, agent, cause, new, title, role="") -> int:
+        return self.add("hire", agent, cause, new_agent=new, title=title, role=role, tools=[],
+                        brief="")
+
+    def rollout(self, arm="org", step=0, env="toy") -> LoggedRollout:
+        return LoggedRollout(path="", events=self.events, phase="eval", step=step, rl_step=0,
+                             env=env, arm=arm, extra={})
+
+
+def team_with_lead() -> LoggedRollout:
+    """CEO hires Lead Engineer (a1), QA Reviewer (a2), Data Analyst (a3); a2 reviews a1's work;
+    a3 offers a1 help; the CEO reads a1's and a2's traces and ends."""
+    g = Log()
+    g.add("start", "ceo", None, task_id="t1", budget=3, seed=1, clock_s=600.0, prompt="p",
+          brief="")
+    mc = g.mc("ceo", 0, 1500, 50, "Plan: split by component")  # 1.1 s
+    h1 = g.hire("ceo", g.tc("ceo", mc, "hire"), "a1", "Lead Engineer", "build part a")
+    g.hire("ceo", g.tc("ceo", mc, "hire"), "a2", "QA Reviewer", "review")
+    g.hire("ceo", g.tc("ceo", mc, "hire"), "a3", "Data Analyst", "part b")
+    m = g.mc("a1", h1, 0, 100, "I will build part a")  # 2 s: a1 at 3.1
+    g.tc("a1", m, "work", 10.0, rewards=[{"value": 1.0, "label": "part"}])  # 13.1
+    send_m1 = g.send("a1", g.tc("a1", m, "dm", args={"to": "a2"}), "m1", "dm", ["a2"],
+                     "please review my part a")
+    m = g.mc("a2", 5, 0, 50, "waiting")  # 1 s: a2 at 2.1
+    g.add("wait", "a2", g.tc("a2", m, "wait_for_messages"))
+    m = g.mc("a3", 7, 0, 50, "I can help a1 with part b")  # 1 s: a3 at 2.1
+    g.tc("a3", m, "read_trace", args={"agent": "a1"})
+    g.send("a3", g.tc("a3", m, "dm", args={"to": "a1"}), "m2", "dm", ["a1"],
+           "happy to help with part b")
+    g.add("wake", "a2", send_m1, message_id="m1")
+    g.add("deliver", "a2", send_m1, message_id="m1", mode="full")  # a2 up to 13.1
+    m = g.mc("a2", 20, 0, 100, "Reviewed part a")  # 2 s: a2 at 15.1
+    g.send("a2", g.tc("a2", m, "post"), "m3", "post", ["a1", "a3", "ceo"],
+           "review of @a1 part a: LGTM", channel="#dev")
+    report = g.send("a2", g.tc("a2", m, "report_to_ceo"), "m4", "report", ["ceo"],
+                    "status: reviewed a")
+    g.add("deliver", "ceo", report, message_id="m4", mode="full")  # ceo up to 15.1
+    m = g.mc("ceo", 26, 3000, 50, "done")  # 1.2 s: ceo at 16.3
+    g.tc("ceo", m, "read_trace", args={"agent": "a1"})
+    g.tc("ceo", m, "read_trace", args={"agent": "a2"})
+    fm = g.tc("ceo", m, "final_message", args={"text": "done"})
+    g.add("end", "ceo", fm, reason="final_message", rewards=[{"value": 1.0, "label": "final"}])
+    return g.rollout()
+
+
+def single_agent() -> LoggedRollout:
+    g = Log()
+    g.add("start", "ceo", None, task_id="t1", budget=0, seed=2, clock_s=600.0)
+    m = g.mc("ceo", 0, 1500, 100, "solo")  # 2.1 s
+    g.tc("ceo", m, "work", 30.0, rewards=[{"value": 1.0, "label": "part"}])  # 32.1
+    fm = g.tc("ceo", m, "final_message", args={"text": "x"})
+    g.add("end", "ceo", fm, reason="final_message", rewards=[{"value": 0.5, "label": "final"}])
+    return g.rollout(arm="single")
+
+
+def team_without_lead() -> LoggedRollout:
+    """Engineer (a1) and Tester (a2); a1's reward comes after the 6.5 s clock cap (late)."""
+    g = Log()
+    g.add("start", "ceo", None, task_id="t2", budget=2, seed=3, clock_s=6.5)
+    mc = g.mc("ceo", 0, 0, 50, "Pipeline: build then test")  # 1 s
+    h1 = g.hire("ceo", g.tc("ceo", mc, "hire"), "a1", "Engineer", "build")
+    h2 = g.hire("ceo", g.tc("ceo", mc, "hire"), "a2", "Tester", "test")
+    g.add("wait", "ceo", g.tc("ceo", mc, "wait_for_messages"))
+    m = g.mc("a1", h1, 0, 50, "building")  # a1 at 2
+    g.tc("a1", m, "work", 5.0, rewards=[{"value": 1.0, "label": "part"}], late=True)  # 7
+    m = g.mc("a2", h2, 0, 50, "testing")  # a2 at 2
+    g.tc("a2", m, "work", 4.0, rewards=[{"value": 1.0, "label": "part"}])  # 6
+    g.add("end", "ceo", 11, reason="deadlock", rewards=[])
+    return g.rollout()
