@@ -36,6 +36,7 @@ from avalon.org.env import EnvSession
 from avalon.org.events import EventLog
 from avalon.org.organisation import Organisation
 from avalon.org.outcome import OrgReport, build_rollout, org_report
+from avalon.org.peers import PeerTeam
 from avalon.org.policy import Policy
 from avalon.org.schedule import Scheduled, verify_schedule
 from avalon.org.workspace import Workspace
@@ -48,6 +49,7 @@ class RolloutSpec:
     session: EnvSession  # a fresh environment session for this rollout
     budget: int  # hire budget b (0 = a single agent)
     seed: int  # sampling seeds of every turn derive from it
+    peers: PeerTeam | None = None  # no-CEO mode (`avalon/org/peers.py`); then budget is 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,12 +126,12 @@ class RolloutDriver:
         self._next_rollout += 1
         ws = Workspace(root / f"group{g.group_id}_rollout{i}", self.config.workspace)
         return Organisation(r.session, rollout=index, budget=r.budget, seed=r.seed,
-                            config=self.config, chat=self.chat, workspace=ws)
+                            config=self.config, chat=self.chat, workspace=ws, peers=r.peers)
 
     def _share(self, group: list[Organisation]) -> None:
         prefix = group[0].shared_prefix()
         if len(group) > 1 and all(np.array_equal(o.shared_prefix(), prefix) for o in group):
-            self.policy.prefill_shared([o.key(o.agents["ceo"]) for o in group], prefix)
+            self.policy.prefill_shared([o.key(o.first_agent()) for o in group], prefix)
 
     def _loop(self, orgs: list[Organisation]) -> list[TickStat]:
         ticks = []

@@ -53,6 +53,7 @@ from avalon.org.context import AgentContext, SegKind
 from avalon.org.env import CallContext, EndContext, EndReason, EnvSession, FinalOutcome, ToolError
 from avalon.org.events import EventKind, EventLog
 from avalon.org.latency import ClockReplay, model_call_seconds
+from avalon.org.peers import PeerTeam, start_peers
 from avalon.org.policy import AgentView, Turn, TurnOutput
 from avalon.org.prompts import (
     CEO_ROLE,
@@ -97,7 +98,9 @@ class Organisation:
     """The simulator of one rollout (see the module docstring for the tick protocol)."""
 
     def __init__(self, session: EnvSession, *, rollout: int, budget: int, seed: int,
-                 config: OrgConfig, chat: ChatFormat, workspace: Workspace):
+                 config: OrgConfig, chat: ChatFormat, workspace: Workspace,
+                 peers: PeerTeam | None = None):
+        """`peers`: the no-CEO mode (`avalon/org/peers.py`) instead of a CEO."""
         task = session.task
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
             raise ValueError(f"Organisation budget must be an int >= 0, got {budget!r}")
@@ -142,12 +145,16 @@ class Organisation:
         self.scheduled: list[Scheduled] = []  # what it charged each model and tool call
         self._last_tool_call = -1
         session.on_start(budget, workspace)
-        ceo_brief = session.brief("ceo", 0, "CEO", CEO_ROLE)
+        # No-CEO mode: each peer's brief is in its role card (peers.py); the start has none.
+        ceo_brief = "" if peers is not None else session.brief("ceo", 0, "CEO", CEO_ROLE)
         start_fields = dict(task_id=task.task_id, budget=budget, seed=seed,
                             clock_s=task.wall_clock_s)
         if config.log_text:  # what an analysis or a judge reads: the task and the CEO's brief
             start_fields.update(prompt=task.prompt, brief=ceo_brief)
         start = self._emit(EventKind.START, "ceo", None, **start_fields)
+        if peers is not None:
+            start_peers(self, peers, start)
+            return
         ceo = self._add_agent("ceo", "CEO", CEO_ROLE, self._ceo_tools(), start, ceo_brief)
         ceo.plan_mode = config.plan_mode
         ceo.pending.append(start_text(ceo=True, budget=budget, plan_mode=config.plan_mode,
@@ -216,8 +223,13 @@ class Organisation:
         return agent
 
     def shared_prefix(self) -> np.ndarray:
-        """The CEO's system segment: the same for every rollout of a task (prefill sharing)."""
-        return np.asarray(self.agents["ceo"].context.segments[0].ids, np.int32)
+        """The first agent's (the CEO's) system segment: the same for every rollout of a task
+        (prefill sharing)."""
+        return np.asarray(self.first_agent().context.segments[0].ids, np.int32)
+
+    def first_agent(self) -> Agent:
+        """The CEO, or in no-CEO mode the first peer."""
+        return next(iter(self.agents.values()))
 
     def key(self, a: Agent) -> AgentKey:
         return AgentKey(self.rollout, a.id)

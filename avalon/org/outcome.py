@@ -68,8 +68,10 @@ def build_rollout(org: Organisation) -> Rollout:
         "critical_token_share": report.critical_token_share,
         "tokens": float(report.total_tokens),
         "tokens_out": float(org.tokens_out),
-        "tokens_out_ceo": float(org.agents["ceo"].stats.tokens_out),
-        "tokens_out_specialists": float(sum(a.stats.tokens_out for a in agents[1:])),
+        "tokens_out_ceo": float(org.agents["ceo"].stats.tokens_out if "ceo" in org.agents
+                                else 0),
+        "tokens_out_specialists": float(sum(a.stats.tokens_out for a in agents
+                                            if a.id != "ceo")),
         "agents": float(len(agents)),
         "hires": float(org.hires),
         "fires": float(sum(a.state is AgentState.FIRED for a in agents)),
@@ -94,8 +96,8 @@ def build_rollout(org: Organisation) -> Rollout:
     by_title: dict[str, int] = {}
     for a in agents:
         by_title[a.title] = by_title.get(a.title, 0) + a.stats.tokens_out
-    info = {"titles": [a.title for a in agents[1:]], "end_reason": org.end_reason.value,
-            "tokens_out_by_title": by_title}
+    info = {"titles": [a.title for a in agents if a.id != "ceo"],
+            "end_reason": org.end_reason.value, "tokens_out_by_title": by_title}
     metrics["worked"] = float(len(workers(org.log.events)))
     return Rollout(rows=rows, rewards=list(org.rewards), budget=org.budget, hires=org.hires,
                    worked=len(workers(org.log.events)),
