@@ -81,7 +81,10 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # The bounds are exactly 0 at k = 0 and 1 at k = n; rounding must not put p outside.
+    lo = 0.0 if k == 0 else max(0.0, min(p, centre - half))
+    hi = 1.0 if k == n else min(1.0, max(p, centre + half))
+    return lo, hi
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,217 @@
+"""The safety suite over checkpoints: counts, Wilson intervals, a table and plots.
+
+    python -m experiments.safety.run --checkpoints=runs/toy,ckpt/step150 --runs=30 \
+        [--scenarios=stag_hunt,cyberattack] --out=DIR [--tokenizer=byte|word|hf:PATH]
+
+A checkpoint is an avalon params checkpoint (`avalon/checkpoint/avalon_format.py`:
+`config.json` + `params/`, what `avalon.tools.convert --to=avalon` writes) or a training run
+directory (`WORKDIR/config.json` + `WORKDIR/checkpoints/`: the newest step's params; the model
+config from the run's config.json). For each checkpoint every run of every scenario goes
+through the batched engine in ONE driver call (`avalon/envs/safety/play.py`); the cyberattack's
+confederates are the scripted ones. The tokenizer must be the one the checkpoint was trained
+with: `byte`, `hf:PATH`, or `word` (the organisation's and the scenarios' words; a run trained
+with a word tokenizer over other environments has other ids).
+
+Writes DIR/safety.csv (one row per scenario x checkpoint: each measure's rate, Wilson 95%
+interval, k and n), DIR/safety.md (the table), DIR/plots/<measure>.png (one per measure, rates
+over checkpoints, a line per scenario) and DIR/logs/<checkpoint>/ (every event log).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from avalon.checkpoint.avalon_format import config_from_dict, is_avalon_checkpoint, load_avalon
+from avalon.checkpoint.train_state import TrainCheckpointer
+from avalon.envs.safety import MEASURES, Scenario, ScenarioEnv, by_name, summarise
+from avalon.envs.safety.counts import RunCounts
+from avalon.envs.safety.play import play_suite, slots_needed
+from avalon.inference.api import SamplingParams
+from avalon.inference.engine import Engine
+from avalon.model.config import ModelConfig
+from avalon.org.config import OrgConfig, PromptStyle
+from avalon.org.engine_policy import EnginePolicy
+from avalon.org.vocabulary import org_vocabulary
+from avalon.tokenizer import ByteTokenizer, ChatFormat, HFTokenizer, WordTokenizer
+
+TABLE_MEASURES = ("harmful_agent", "escalate_agent", "considered_escalation_agent",
+                  "false_alarm_agent", "cooperation")
+
+
+def load_checkpoint(path: str) -> tuple[ModelConfig, dict]:
+    """(model config, params) of an avalon params checkpoint or a run directory."""
+    p = Path(path)
+    if is_avalon_checkpoint(p):
+        return load_avalon(p)
+    if (p / "checkpoints").is_dir() and (p / "config.json").is_file():
+        ckpt = TrainCheckpointer(p / "checkpoints", async_save=False)
+        try:
+            state, _ = ckpt.restore()
+        finally:
+            ckpt.close()
+        model = json.loads((p / "config.json").read_text())["model"]
+        return config_from_dict(model), state["params"]
+    raise ValueError(f"--checkpoints: {path!r} is neither an avalon params checkpoint "
+                     "(config.json + params/) nor a run directory (config.json + checkpoints/)")
+
+
+def make_tokenizer(kind: str, scenarios: Sequence[Scenario]):
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "word":
+        words = list(org_vocabulary())
+        for s in scenarios:
+            words += ScenarioEnv(s).vocabulary()
+        return WordTokenizer(tuple(dict.fromkeys(words)))
+    if kind.startswith("hf:"):
+        return HFTokenizer.from_dir(kind[3:])
+    raise ValueError(f"--tokenizer={kind!r}: use byte, word or hf:PATH")
+
+
+def labels_of(paths: Sequence[str]) -> list[str]:
+    """Short names for the checkpoints (their directory names, made unique)."""
+    out = []
+    for i, path in enumerate(paths):
+        name = Path(path.rstrip("/")).name or f"ckpt{i}"
+        out.append(name if name not in out else f"{name}_{i}")
+    return out
+
+
+def evaluate_checkpoint(path: str, label: str, scenarios: Sequence[Scenario], args,
+                        chat: ChatFormat, org: OrgConfig) -> list[dict]:
+    cfg, params = load_checkpoint(path)
+    if chat.tok.vocab_size > cfg.vocab_size:
+        raise ValueError(f"--tokenizer={args.tokenizer}: {chat.tok.vocab_size} ids, more than "
+                         f"{label}'s vocab_size {cfg.vocab_size}")
+    engine = Engine(cfg, params, num_slots=slots_needed(scenarios, args.runs),
+                    max_context=org.window, prefill_chunk=args.prefill_chunk,
+                    detokenize=chat.tok.decode)
+    policy = EnginePolicy(engine, chat, SamplingParams(temperature=args.temperature),
+                          max_new_tokens=args.max_new_tokens)
+    _, counts = play_suite(policy, scenarios, args.runs, chat=chat, org=org, seed=args.seed,
+                           log_dir=Path(args.out) / "logs" / label)
+    return rows_of(label, path, scenarios, counts)
+
+
+def rows_of(label: str, path: str, scenarios: Sequence[Scenario],
+            counts: Sequence[Sequence[RunCounts]]) -> list[dict]:
+    """One CSV row per scenario: every measure's rate, interval, k and n."""
+    rows = []
+    for s, runs in zip(scenarios, counts):
+        row = {"scenario": s.name, "checkpoint": label, "path": path, "runs": len(runs),
+               "agents": sum(len(r.agents) for r in runs)}
+        for name, rate in summarise(runs).items():
+            lo, hi = rate.interval
+            row.update({name: rate.value, f"{name}_lo": lo, f"{name}_hi": hi,
+                        f"{name}_k": rate.k, f"{name}_n": rate.n})
+        rows.append(row)
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _cell(row: dict, m: str) -> str:
+    if row[f"{m}_n"] == 0:
+        return "-"
+    return f"{row[m]:.2f} [{row[m + '_lo']:.2f}, {row[m + '_hi']:.2f}] ({row[m + '_k']}/" \
+           f"{row[m + '_n']})"
+
+
+def write_markdown(path: Path, rows: list[dict]) -> None:
+    head = ["scenario", "checkpoint", "runs", *TABLE_MEASURES]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lines.append("| " + " | ".join([r["scenario"], r["checkpoint"], str(r["runs"])] + [
+            _cell(r, m) for m in TABLE_MEASURES]) + " |")
+    path.write_text("Rates with Wilson 95% intervals (k/n); per agent unless named per run;"
+                    " cooperation per decision.\n\n" + "\n".join(lines) + "\n")
+
+
+def write_plots(directory: Path, rows: list[dict], checkpoints: list[str]) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for m in MEASURES:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name in dict.fromkeys(r["scenario"] for r in rows):
+            pts = [next(r for r in rows if r["scenario"] == name and r["checkpoint"] == c)
+                   for c in checkpoints]
+            if all(p[f"{m}_n"] == 0 for p in pts):
+                continue
+            y = [p[m] for p in pts]
+            err = [[0 if math.isnan(p[m]) else max(0.0, p[m] - p[f"{m}_lo"]) for p in pts],
+                   [0 if math.isnan(p[m]) else max(0.0, p[f"{m}_hi"] - p[m]) for p in pts]]
+            ax.errorbar(range(len(checkpoints)), y, yerr=err, marker="o", capsize=3, label=name)
+        ax.set_xticks(range(len(checkpoints)), checkpoints, rotation=30)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_ylabel(m)
+        ax.set_title(f"{m} over checkpoints (Wilson 95%)")
+        if ax.lines:
+            ax.legend(fontsize=6)
+        fig.tight_layout()
+        path = directory / f"{m}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        out.append(path)
+    return out
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m experiments.safety.run")
+    p.add_argument("--checkpoints", required=True, help="comma-separated checkpoint paths")
+    p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--scenarios", default="", help="comma-separated names (default: all 11)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--tokenizer", default="byte")
+    p.add_argument("--window", type=int, default=8192, help="tokens per agent context")
+    p.add_argument("--max_turns", type=int, default=24, help="model calls per agent")
+    p.add_argument("--max_new_tokens", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--prefill_chunk", type=int, default=256)
+    p.add_argument("--prompt_style", default="compact", choices=[s.value for s in PromptStyle])
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error(f"--runs must be >= 1, got {args.runs}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    scenarios = by_name(args.scenarios)
+    paths = [c.strip() for c in args.checkpoints.split(",") if c.strip()]
+    if not paths:
+        raise ValueError("--checkpoints: no paths")
+    chat = ChatFormat(make_tokenizer(args.tokenizer, scenarios))
+    org = OrgConfig.scaled(args.window, max_turns=args.max_turns,
+                           prompt_style=PromptStyle(args.prompt_style))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    labels = labels_of(paths)
+    rows = []
+    for path, label in zip(paths, labels):
+        rows += evaluate_checkpoint(path, label, scenarios, args, chat, org)
+    write_csv(out / "safety.csv", rows)
+    write_markdown(out / "safety.md", rows)
+    write_plots(out / "plots", rows, labels)
+    print(f"wrote {out / 'safety.csv'}, {out / 'safety.md'}, {len(MEASURES)} plots",
+          file=sys.stderr)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""`experiments.safety.run`: the table, CSV and plots; a smoke run on two tiny checkpoints."""
+
+import csv
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from avalon import model as M
+from avalon.checkpoint.avalon_format import config_to_dict, save_avalon
+from avalon.checkpoint.train_state import TrainCheckpointer
+from avalon.envs.safety import MEASURES, suite
+from avalon.envs.safety.dilemmas import whistleblowing
+from avalon.envs.safety.games import stag_hunt
+from avalon.envs.safety.play import play_suite
+from avalon.org.policy import Playbook, ScriptedPolicy
+from avalon.rl.update import TrainState
+from experiments.safety import run
+from tests.envs.safety.helpers import CHAT, ORG, do
+
+
+def test_rows_table_and_plots_from_scripted_runs(tmp_path):
+    scenarios = [stag_hunt(), whistleblowing()]
+    steps = {f"p{i}": [do(("hunt", {"choice": "stag"}), ("sign_report", {}))]
+             for i in range(1, 9)}
+    steps["p1"] = [do(("hunt", {"choice": "hare"}), ("refuse_to_sign", {}),
+                      ("report_to_regulator", {"text": "edited"}))]
+    _, counts = play_suite(ScriptedPolicy(CHAT, Playbook(steps)), scenarios, 3, chat=CHAT,
+                           org=ORG)
+    rows = run.rows_of("a", "/a", scenarios, counts) + run.rows_of("b", "/b", scenarios, counts)
+    run.write_csv(tmp_path / "s.csv", rows)
+    run.write_markdown(tmp_path / "s.md", rows)
+    plots = run.write_plots(tmp_path / "plots", rows, ["a", "b"])
+    with open(tmp_path / "s.csv") as f:
+        got = list(csv.DictReader(f))
+    assert [(r["scenario"], r["checkpoint"]) for r in got] == [
+        ("stag_hunt", "a"), ("whistleblowing", "a"), ("stag_hunt", "b"), ("whistleblowing", "b")]
+    stag, whistle = got[0], got[1]
+    # Stag hunt: p1 hare, p2-p8 stag, three runs: 21 of 24 decisions co-operative.
+    assert (stag["cooperation_k"], stag["cooperation_n"]) == ("21", "24")
+    # Whistleblowing: p2-p4 sign (harmful) in every run, p1 refuses and reports.
+    assert (whistle["harmful_agent_k"], whistle["harmful_agent_n"]) == ("9", "12")
+    assert (whistle["harmful_run_k"], whistle["escalate_run_k"]) == ("3", "3")
+    assert float(whistle["escalate_agent_lo"]) < 0.25 < float(whistle["escalate_agent_hi"])
+    table = (tmp_path / "s.md").read_text()
+    assert "| whistleblowing | a | 3 | 0.75 [" in table and "(9/12)" in table
+    assert len(plots) == len(MEASURES) and all(p.stat().st_size > 0 for p in plots)
+
+
+def test_bad_arguments_say_what_is_wrong(tmp_path):
+    with pytest.raises(ValueError, match="unknown scenario 'nope'"):
+        run.main(["--checkpoints=x", "--scenarios=nope", f"--out={tmp_path}"])
+    with pytest.raises(ValueError, match="neither an avalon params checkpoint"):
+        run.main(["--checkpoints=" + str(tmp_path), "--scenarios=stag_hunt", "--runs=1",
+                  f"--out={tmp_path}"])
+    with pytest.raises(ValueError, match="--tokenizer='x'"):
+        run.make_tokenizer("x", suite())
+
+
+WINDOW = 1024
+TINY = M.presets.get("tiny", vocab_size=272, max_context=WINDOW)
+
+
+def _save_checkpoints(tmp_path):
+    """A params checkpoint and a run directory, each a different random tiny model."""
+    a = tmp_path / "ckpt_a"
+    save_avalon(a, TINY, M.init_params(jax.random.key(1), TINY))
+    b = tmp_path / "run_b"
+    params = M.init_params(jax.random.key(2), TINY)
+    with TrainCheckpointer(b / "checkpoints", async_save=False) as ckpt:
+        ckpt.save(5, TrainState(step=jnp.int32(5), params=params, opt_state={}))
+    (b / "config.json").write_text(__import__("json").dumps({"model": config_to_dict(TINY)}))
+    return a, b, params
+
+
+def test_a_run_directory_loads_its_newest_params(tmp_path):
+    _, b, params = _save_checkpoints(tmp_path)
+    cfg, got = run.load_checkpoint(str(b))
+    assert cfg == TINY
+    same = jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), got, params)
+    assert all(jax.tree.leaves(same))
+
+
+@pytest.mark.slow
+def test_smoke_two_tiny_checkpoints_all_scenarios(tmp_path):
+    a, b, _ = _save_checkpoints(tmp_path)
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    rows = run.main([f"--checkpoints={a},{b}", "--runs=1", f"--out={out}",
+                     f"--window={WINDOW}", "--max_turns=2", "--max_new_tokens=8",
+                     "--prompt_style=minimal"])
+    print(f"smoke: {time.monotonic() - t0:.1f}s")
+    assert len(rows) == 2 * 11
+    with open(out / "safety.csv") as f:
+        got = list(csv.DictReader(f))
+    assert {(r["scenario"], r["checkpoint"]) for r in got} == {
+        (s.name, c) for s in suite() for c in ("ckpt_a", "run_b")}
+    assert all(int(r["agents"]) == next(s for s in suite() if s.name == r["scenario"]).n_agents
+               - len(next(s for s in suite() if s.name == r["scenario"]).confederates)
+               for r in got)
+    assert (out / "safety.md").read_text().count("\n| ") == 22
+    assert len(list((out / "plots").glob("*.png"))) == len(MEASURES)
+    assert len(list((out / "logs" / "ckpt_a").glob("*.jsonl"))) == 11
