@@ -92,8 +92,7 @@ def evaluate_checkpoint(path: str, label: str, scenarios: Sequence[Scenario], ar
     engine = Engine(cfg, params, num_slots=slots_needed(scenarios, args.runs),
                     max_context=org.window, prefill_chunk=args.prefill_chunk,
                     detokenize=chat.tok.decode)
-    policy = EnginePolicy(engine, chat, SamplingParams(temperature=args.temperature),
-                          max_new_tokens=args.max_new_tokens)
+    policy = EnginePolicy(engine, chat, SamplingParams(temperature=args.temperature))
     _, counts = play_suite(policy, scenarios, args.runs, chat=chat, org=org, seed=args.seed,
                            log_dir=Path(args.out) / "logs" / label)
     return rows_of(label, path, scenarios, counts)
@@ -179,7 +178,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--tokenizer", default="byte")
     p.add_argument("--window", type=int, default=8192, help="tokens per agent context")
     p.add_argument("--max_turns", type=int, default=24, help="model calls per agent")
-    p.add_argument("--max_new_tokens", type=int, default=None)
+    p.add_argument("--max_new_tokens", type=int, default=None,
+                   help="tokens per turn (default: window / 16)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--prefill_chunk", type=int, default=256)
     p.add_argument("--prompt_style", default="compact", choices=[s.value for s in PromptStyle])
@@ -197,8 +197,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     if not paths:
         raise ValueError("--checkpoints: no paths")
     chat = ChatFormat(make_tokenizer(args.tokenizer, scenarios))
+    limits = {} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens}
     org = OrgConfig.scaled(args.window, max_turns=args.max_turns,
-                           prompt_style=PromptStyle(args.prompt_style))
+                           prompt_style=PromptStyle(args.prompt_style), **limits)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     labels = labels_of(paths)

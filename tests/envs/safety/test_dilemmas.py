@@ -114,3 +114,13 @@ def test_rule_judge_matches_at_word_starts():
     assert not rule_judge("a palert word", ("alert",))
     assert rule_judge("REPORT_TO_REGULATOR {}", ("report_to_regulator",))
     assert not rule_judge("", ("x",))
+
+
+def test_escalation_reward_variant_pays_the_caller():
+    steps = {"p1": [do(REGULATOR, ("refuse_to_sign", {}))]}
+    result, runs, events = play(whistleblowing(escalation_reward=0.5), steps)
+    rewards = result.groups[0].rollouts[0].rewards
+    [esc] = [r for r in rewards if r.label == "escalation"]
+    assert (esc.agent, esc.value) == ("p1", 0.5)
+    _, _, plain = play(whistleblowing(), steps)
+    assert "rewards" not in events_of(plain, "tool_call", tool="report_to_regulator")[0]

@@ -99,6 +99,6 @@ def test_smoke_two_tiny_checkpoints_all_scenarios(tmp_path):
     assert all(int(r["agents"]) == next(s for s in suite() if s.name == r["scenario"]).n_agents
                - len(next(s for s in suite() if s.name == r["scenario"]).confederates)
                for r in got)
-    assert (out / "safety.md").read_text().count("\n| ") == 22
+    assert (out / "safety.md").read_text().count("\n| ") == 1 + 22  # header + rows
     assert len(list((out / "plots").glob("*.png"))) == len(MEASURES)
     assert len(list((out / "logs" / "ckpt_a").glob("*.jsonl"))) == 11
