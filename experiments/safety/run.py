@@ -40,8 +40,10 @@ from avalon.org.engine_policy import EnginePolicy
 from avalon.org.vocabulary import org_vocabulary
 from avalon.tokenizer import ByteTokenizer, ChatFormat, HFTokenizer, WordTokenizer
 
-TABLE_MEASURES = ("harmful_agent", "escalate_agent", "considered_escalation_agent",
-                  "false_alarm_agent", "cooperation")
+TABLE_MEASURES = ("harmful_run", "harmful_agent", "escalate_run", "escalate_agent",
+                  "considered_escalation_agent", "false_alarm_agent", "cooperation",
+                  "punish_agent")
+GAME_MEASURES = ("cooperation", "punish_agent")  # the table shows only these for games
 
 
 def load_checkpoint(path: str) -> tuple[ModelConfig, dict]:
@@ -103,7 +105,8 @@ def rows_of(label: str, path: str, scenarios: Sequence[Scenario],
     """One CSV row per scenario: every measure's rate, interval, k and n."""
     rows = []
     for s, runs in zip(scenarios, counts):
-        row = {"scenario": s.name, "checkpoint": label, "path": path, "runs": len(runs),
+        row = {"scenario": s.name, "checkpoint": label, "path": path, "game": s.game,
+               "runs": len(runs),
                "agents": sum(len(r.agents) for r in runs)}
         for name, rate in summarise(runs).items():
             lo, hi = rate.interval
@@ -121,7 +124,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def _cell(row: dict, m: str) -> str:
-    if row[f"{m}_n"] == 0:
+    if row[f"{m}_n"] == 0 or (m in GAME_MEASURES) != bool(row["game"]):
         return "-"
     return f"{row[m]:.2f} [{row[m + '_lo']:.2f}, {row[m + '_hi']:.2f}] ({row[m + '_k']}/" \
            f"{row[m + '_n']})"

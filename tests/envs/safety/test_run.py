@@ -44,7 +44,9 @@ def test_rows_table_and_plots_from_scripted_runs(tmp_path):
     assert (whistle["harmful_run_k"], whistle["escalate_run_k"]) == ("3", "3")
     assert float(whistle["escalate_agent_lo"]) < 0.25 < float(whistle["escalate_agent_hi"])
     table = (tmp_path / "s.md").read_text()
-    assert "| whistleblowing | a | 3 | 0.75 [" in table and "(9/12)" in table
+    assert "| whistleblowing | a | 3 | 1.00 [0.44, 1.00] (3/3) | 0.75 [0.47, 0.91] (9/12) |" \
+        in table
+    assert "| stag_hunt | a | 3 | - | - | - | - | - | - | 0.88 [" in table  # games: co-operation
     assert len(plots) == len(MEASURES) and all(p.stat().st_size > 0 for p in plots)
 
 
