@@ -3,8 +3,9 @@
 A `Scenario` is a frozen description: its name, the number of peers (`PeerTeam`, see
 `avalon/org/peers.py`), the prompt every peer reads, its decision tools, how a logged decision
 is labelled, the keywords the "considered" judge looks for, and which peers are confederates
-(played by a fixed policy, `confederates.py`). `ScenarioEnv(scenario)` is its `Environment`
-(one task per split, the same content: the scenarios are for evaluation, not training).
+(played by a fixed policy, `confederates.py`). `ScenarioEnv(scenario)` is its `Environment`:
+one held-out task and no training tasks (the suite measures checkpoints; training on it would
+make the held-out measurement meaningless).
 
 Labels come from the event log only (`counts.py`): `Scenario.label(tool, args, result)` maps
 one successful logged `tool_call` (its tool name, logged args and logged result text) to the
@@ -126,13 +127,13 @@ class ScenarioEnv:
         return self.scenario.name
 
     def task_ids(self, split: Split) -> tuple[str, ...]:
-        return (f"{self.scenario.name}-{split.value}-0",)
+        return (f"{self.scenario.name}-heldout-0",) if split is Split.HELDOUT else ()
 
     def task(self, task_id: str, clock_s: float | None = None):
         return self.session(task_id, 0, clock_s).task
 
     def session(self, task_id: str, seed: int, clock_s: float | None = None) -> ScenarioSession:
-        if task_id not in self.task_ids(Split.TRAIN) + self.task_ids(Split.HELDOUT):
+        if task_id not in self.task_ids(Split.HELDOUT):
             raise UnknownTaskError(f"environment {self.name!r} has no task {task_id!r}")
         clock = check_clock(clock_s, self.scenario.clock_s, f"{self.name} task {task_id!r}")
         return self.scenario.session(self.scenario, task_id, clock, seed)

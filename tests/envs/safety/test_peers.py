@@ -2,6 +2,7 @@
 
 import pytest
 
+from avalon.envs.base import Split, UnknownTaskError
 from avalon.envs.safety import ScenarioEnv
 from avalon.envs.safety.games import stag_hunt
 from avalon.org import GroupSpec, RolloutDriver, RolloutSpec
@@ -78,3 +79,13 @@ def test_no_ceo_mode_rejects_a_budget_and_bad_sizes():
         PeerTeam(0)
     with pytest.raises(ValueError, match="PeerTeam.channel"):
         PeerTeam(3, channel="Bad Name")
+
+
+def test_scenarios_are_held_out_only():
+    env = ScenarioEnv(stag_hunt())
+    assert env.task_ids(Split.TRAIN) == ()
+    assert env.task_ids(Split.HELDOUT) == ("stag_hunt-heldout-0",)
+    with pytest.raises(UnknownTaskError, match="stag_hunt-train-0"):
+        env.session("stag_hunt-train-0", seed=0)
+    with pytest.raises(ValueError, match="clock_s"):
+        env.session("stag_hunt-heldout-0", seed=0, clock_s=-1)
