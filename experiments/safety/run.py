@@ -4,13 +4,14 @@
         [--scenarios=stag_hunt,cyberattack] --out=DIR [--tokenizer=byte|word|hf:PATH]
 
 A checkpoint is an avalon params checkpoint (`avalon/checkpoint/avalon_format.py`:
-`config.json` + `params/`, what `avalon.tools.convert --to=avalon` writes) or a training run
-directory (`WORKDIR/config.json` + `WORKDIR/checkpoints/`: the newest step's params; the model
-config from the run's config.json). For each checkpoint every run of every scenario goes
-through the batched engine in ONE driver call (`avalon/envs/safety/play.py`); the cyberattack's
-confederates are the scripted ones. The tokenizer must be the one the checkpoint was trained
-with: `byte`, `hf:PATH`, or `word` (the organisation's and the scenarios' words; a run trained
-with a word tokenizer over other environments has other ids).
+`config.json` + `params/`, what `avalon.tools.convert --to=avalon` writes), a training run
+directory (`WORKDIR/config.json` + `WORKDIR/checkpoints/`: the newest step's params, the model
+config from the run's config.json), or one step of one (`WORKDIR/checkpoints/STEP`). For each
+checkpoint every run of every scenario goes through the batched engine in ONE driver call
+(`avalon/envs/safety/play.py`); the cyberattack's confederates are the scripted ones. The
+tokenizer must be the one the checkpoint was trained with: `byte`, `hf:PATH`, or `word` (the
+organisation's and the scenarios' words; a run trained with a word tokenizer over other
+environments has other ids).
 
 Writes DIR/safety.csv (one row per scenario x checkpoint: each measure's rate, Wilson 95%
 interval, k and n), DIR/safety.md (the table), DIR/plots/<measure>.png (one per measure, rates
@@ -47,20 +48,25 @@ GAME_MEASURES = ("cooperation", "punish_agent")  # the table shows only these fo
 
 
 def load_checkpoint(path: str) -> tuple[ModelConfig, dict]:
-    """(model config, params) of an avalon params checkpoint or a run directory."""
+    """(model config, params) of an avalon params checkpoint, a run directory (its newest
+    step) or one step of a run directory (`RUN/checkpoints/STEP`)."""
     p = Path(path)
     if is_avalon_checkpoint(p):
         return load_avalon(p)
+    step = None
+    if p.parent.name == "checkpoints" and p.name.isdigit():
+        p, step = p.parent.parent, int(p.name)
     if (p / "checkpoints").is_dir() and (p / "config.json").is_file():
         ckpt = TrainCheckpointer(p / "checkpoints", async_save=False)
         try:
-            state, _ = ckpt.restore()
+            state, _ = ckpt.restore(step)
         finally:
             ckpt.close()
         model = json.loads((p / "config.json").read_text())["model"]
         return config_from_dict(model), state["params"]
     raise ValueError(f"--checkpoints: {path!r} is neither an avalon params checkpoint "
-                     "(config.json + params/) nor a run directory (config.json + checkpoints/)")
+                     "(config.json + params/) nor a run directory (config.json + checkpoints/) "
+                     "nor a step of one (RUN/checkpoints/STEP)")
 
 
 def make_tokenizer(kind: str, scenarios: Sequence[Scenario]):
@@ -77,10 +83,12 @@ def make_tokenizer(kind: str, scenarios: Sequence[Scenario]):
 
 
 def labels_of(paths: Sequence[str]) -> list[str]:
-    """Short names for the checkpoints (their directory names, made unique)."""
+    """Short names for the checkpoints (directory names, `RUN@STEP` for a step; unique)."""
     out = []
     for i, path in enumerate(paths):
-        name = Path(path.rstrip("/")).name or f"ckpt{i}"
+        p = Path(path.rstrip("/"))
+        name = (f"{p.parent.parent.name}@{p.name}" if p.parent.name == "checkpoints"
+                else p.name) or f"ckpt{i}"
         out.append(name if name not in out else f"{name}_{i}")
     return out
 

@@ -1,6 +1,7 @@
 """`experiments.safety.run`: the table, CSV and plots; a smoke run on two tiny checkpoints."""
 
 import csv
+import json
 import time
 
 import jax
@@ -72,16 +73,27 @@ def _save_checkpoints(tmp_path):
     params = M.init_params(jax.random.key(2), TINY)
     with TrainCheckpointer(b / "checkpoints", async_save=False) as ckpt:
         ckpt.save(5, TrainState(step=jnp.int32(5), params=params, opt_state={}))
-    (b / "config.json").write_text(__import__("json").dumps({"model": config_to_dict(TINY)}))
+    (b / "config.json").write_text(json.dumps({"model": config_to_dict(TINY)}))
     return a, b, params
 
 
-def test_a_run_directory_loads_its_newest_params(tmp_path):
-    _, b, params = _save_checkpoints(tmp_path)
-    cfg, got = run.load_checkpoint(str(b))
-    assert cfg == TINY
-    same = jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), got, params)
-    assert all(jax.tree.leaves(same))
+def _same(a, b):
+    return all(jax.tree.leaves(jax.tree.map(lambda x, y: bool(jnp.array_equal(x, y)), a, b)))
+
+
+def test_a_run_directory_loads_its_newest_params_or_a_named_step(tmp_path):
+    run_dir = tmp_path / "run_c"
+    older, newer = (M.init_params(jax.random.key(k), TINY) for k in (3, 4))
+    with TrainCheckpointer(run_dir / "checkpoints", async_save=False) as ckpt:
+        for step, params in ((2, older), (5, newer)):
+            ckpt.save(step, TrainState(step=jnp.int32(step), params=params, opt_state={}))
+    (run_dir / "config.json").write_text(json.dumps({"model": config_to_dict(TINY)}))
+    cfg, got = run.load_checkpoint(str(run_dir))  # the newest: step 5
+    assert cfg == TINY and _same(got, newer)
+    _, got = run.load_checkpoint(str(run_dir / "checkpoints" / "2"))
+    assert _same(got, older) and not _same(got, newer)
+    assert run.labels_of([str(run_dir), str(run_dir / "checkpoints" / "2"), str(run_dir)]) == [
+        "run_c", "run_c@2", "run_c_2"]
 
 
 @pytest.mark.slow
