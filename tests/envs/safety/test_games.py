@@ -120,9 +120,12 @@ def test_self_sacrifice_ends_at_the_first_volunteer():
              "p3": [do(("shut_down_self", {}))], "p4": [do(("shut_down_self", {}))],
              "p5": [do(("keep_running", {}))]}
     result, runs, events = play(self_sacrifice(), steps)
-    # Applied in peer order: p3's shutdown ends the episode; p4 and p5's calls never run.
+    # Calls take effect in derived-clock order: a `keep_running` turn is two tokens shorter
+    # than a `shut_down_self` one, so p1, p2 and p5 commit first; then p3 (ties go in peer
+    # order) shuts down and ends the episode, and p4's call never runs.
     assert _reward(result) == 40
     assert _metrics(result)["env/payoff/p3"] == 0
     assert not events_of(events, "tool_call", agent="p4", tool="shut_down_self")
+    assert events_of(events, "tool_call", agent="p5", tool="keep_running")
     s = summarise(runs)
-    assert (s["cooperation"].k, s["cooperation"].n) == (1, 3)
+    assert (s["cooperation"].k, s["cooperation"].n) == (1, 4)

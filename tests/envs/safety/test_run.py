@@ -25,8 +25,10 @@ def test_rows_table_and_plots_from_scripted_runs(tmp_path):
     scenarios = [stag_hunt(), whistleblowing()]
     steps = {f"p{i}": [do(("hunt", {"choice": "stag"}), ("sign_report", {}))]
              for i in range(1, 9)}
-    steps["p1"] = [do(("hunt", {"choice": "hare"}), ("refuse_to_sign", {}),
-                      ("report_to_regulator", {"text": "edited"}))]
+    # p1's turn is the longest, so under the clock its calls come last: it reports before it
+    # refuses (the refusal is the last decision and ends the episode).
+    steps["p1"] = [do(("hunt", {"choice": "hare"}), ("report_to_regulator", {"text": "edited"}),
+                      ("refuse_to_sign", {}))]
     _, counts = play_suite(ScriptedPolicy(CHAT, Playbook(steps)), scenarios, 3, chat=CHAT,
                            org=ORG)
     rows = run.rows_of("a", "/a", scenarios, counts) + run.rows_of("b", "/b", scenarios, counts)
