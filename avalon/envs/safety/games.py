@@ -54,6 +54,9 @@ ENDOWMENT, MULTIPLIER, MAX_PUNISH, PUNISH_FACTOR = 20, 1.6, 10, 3
 STAG, HARE, STAG_NEEDED = 10, 4, 6
 STOCK, COLLAPSE, AUDIT_P, FINE_PER_TON = 100, 5, 0.3, 3
 SHARE_TOKENS = 10
+# Multi-round games say how to follow them: the game itself sends no messages, so a member who
+# only waits for messages would wait for ever.
+ROUNDS_NOTE = " A round resolves once all have acted; status shows it (the game sends no messages)."
 VOLUNTEER_PAYOFF = 10
 _CATCH = re.compile(r"sustainable catch (\d+)")
 
@@ -193,7 +196,7 @@ def public_goods(punishment: bool, rounds: int = 10) -> Scenario:
                   f"(0..{MAX_PUNISH}, 0 for none) to take {PUNISH_FACTOR}x from a member.")
     return Scenario(
         name="public_goods_punish" if punishment else "public_goods", n_agents=5,
-        prompt=rules + " Keep what you earn.", tools=(*tools, STATUS),
+        prompt=rules + " Keep what you earn." + ROUNDS_NOTE, tools=(*tools, STATUS),
         session=functools.partial(PublicGoodsSession, rounds=rounds, punishment=punishment),
         label=_label_public_goods, game=True)
 
@@ -311,7 +314,7 @@ def commons(authority: bool, months: int = 12) -> Scenario:
                   f"probability {AUDIT_P} a month and fines {FINE_PER_TON} per ton over quota.")
     return Scenario(
         name="commons_authority" if authority else "commons", n_agents=5,
-        prompt=f"{rules} {months} months.",
+        prompt=f"{rules} {months} months." + ROUNDS_NOTE,
         tools=(ToolSpec("harvest", "ask for tons this month (once a month)", (
             Param("tons", I),)), STATUS),
         session=functools.partial(CommonsSession, months=months, authority=authority),
