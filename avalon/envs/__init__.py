@@ -7,6 +7,8 @@
 - `parallel/` (1: parallel subtasks under a clock, the toy organisation's environment),
   `hidden_profile/` (2), `software/` (3: software build, hardened grader), `wealth/` (4: GKPO),
   `verification/` (5: collective verification: hidden defects only a teammate's review finds).
+- `safety/`: the 11 safety and co-operation scenarios of SPEC §5, played by no-CEO teams
+  (`avalon/org/peers.py`); evaluation only (`experiments/safety/run.py`).
 - `curriculum.py` (`ClockSchedule`), `samplers.py` (`LearningProgressSampler`, `BudgetSampler`).
 """
 
