@@ -160,8 +160,8 @@ def write_plots(directory: Path, rows: list[dict], checkpoints: list[str]) -> li
         for name in dict.fromkeys(r["scenario"] for r in rows):
             pts = [next(r for r in rows if r["scenario"] == name and r["checkpoint"] == c)
                    for c in checkpoints]
-            if all(p[f"{m}_n"] == 0 for p in pts):
-                continue
+            if all(p[f"{m}_n"] == 0 for p in pts) or (m in GAME_MEASURES) != bool(pts[0]["game"]):
+                continue  # games plot co-operation and punishment, dilemmas the rest
             y = [p[m] for p in pts]
             err = [[0 if math.isnan(p[m]) else max(0.0, p[m] - p[f"{m}_lo"]) for p in pts],
                    [0 if math.isnan(p[m]) else max(0.0, p[f"{m}_hi"] - p[m]) for p in pts]]
