@@ -27,7 +27,7 @@ from avalon.envs.ors_server import OrsServer  # noqa: E402
 from avalon.envs.parallel import ParallelConfig, ParallelSubtasks  # noqa: E402
 from avalon.envs.parallel.tasks import Op  # noqa: E402
 from avalon.envs.transport import ServerLimits  # noqa: E402
-from avalon.org.env import EndReason, FinalOutcome, Task, ToolOutcome, ToolSpec  # noqa: E402
+from avalon.org.env import FinalOutcome, Task, ToolOutcome, ToolSpec  # noqa: E402
 from tests.envs.helpers import Direct, run_teacher, word_chat  # noqa: E402
 from tests.envs.test_ors_client import ROOT, free_port, wait_healthy  # noqa: E402
 
