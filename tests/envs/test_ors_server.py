@@ -22,6 +22,7 @@ os.environ["OPENREWARD_DISABLE_UPDATE_CHECK"] = "1"
 from openreward.api.errors import ToolCallError  # noqa: E402
 
 from avalon.envs.base import Split, TaskTable  # noqa: E402
+from avalon.envs.http_client import EnvServerError  # noqa: E402
 from avalon.envs.ors import OrsEnvironment  # noqa: E402
 from avalon.envs.ors_server import OrsServer  # noqa: E402
 from avalon.envs.parallel import ParallelConfig, ParallelSubtasks  # noqa: E402
@@ -234,3 +235,19 @@ def test_the_command_line_server():
     with socket.socket() as s:  # loopback only: nothing listens on the other addresses
         s.settimeout(1)
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_pings_keep_an_open_rollout_alive_and_idle_sessions_are_reaped():
+    limits = ServerLimits(session_ttl_s=1.0)
+    with OrsServer([SlowCounter()], limits=limits) as server:
+        pinged = OrsEnvironment(server.url, "slowcounter", ping_s=0.2)
+        silent = OrsEnvironment(server.url, "slowcounter", ping_s=60.0)
+        alive = Direct(pinged, "slowcounter-train-0")
+        idle = Direct(silent, "slowcounter-train-1")
+        time.sleep(1.6)
+        Direct(silent, "slowcounter-train-1").end()  # a create runs the reaper
+        assert server.reaped == 1
+        assert alive.call("bump").text == "count 1"
+        with pytest.raises(EnvServerError, match="status 404.*no open session"):
+            idle.call("bump")
+        alive.end()
