@@ -68,7 +68,8 @@ from avalon.org.workspace import Workspace
 ORS_LIMITS = ServerLimits(session_ttl_s=900.0)
 CHUNK_CHARS = 4096  # an SSE event's data, as the SDK chunks results
 PING_S = 10.0  # keepalive comments while a call runs (the SDK client reads with a 30 s timeout)
-REPLAYS_KEPT = 64  # finished calls per session whose results a retry can still fetch
+# Per session: finished calls whose results a retry can still fetch, and calls in flight.
+REPLAYS_KEPT = 64
 FINAL_TOOL = "final_message"
 SPLITS = {"train": Split.TRAIN, "heldout": Split.HELDOUT}
 _SESSION_ROUTES = {"prompt", "task_tools", "call"}
@@ -305,9 +306,14 @@ class OrsServer(HttpService):
             return _job_stream(job, replay)
         job = _Job(uuid.uuid4().hex)
         with self._lock:
+            running = [k for k, j in entry.jobs.items() if not j.done.is_set()]
+            if len(running) >= REPLAYS_KEPT:  # each waits on the session's lock in a thread
+                raise HttpError(429, "too_many_calls", f"{len(running)} calls of this session "
+                                f"are in flight (the limit): wait for their results")
             entry.jobs[job.task_id] = job
-            while len(entry.jobs) > REPLAYS_KEPT:
-                entry.jobs.popitem(last=False)
+            finished = [k for k, j in entry.jobs.items() if j.done.is_set()]
+            for k in finished[:max(0, len(entry.jobs) - REPLAYS_KEPT)]:  # oldest first
+                del entry.jobs[k]
         threading.Thread(target=self._run, args=(entry, name, args, job), daemon=True,
                          name=f"ors-call-{name}").start()
         return _job_stream(job, job.task_id)

@@ -111,8 +111,12 @@ class FlakyProxy:
                            b"Connection: close\r\n\r\n")
             client.close()
             return
-        up = socket.create_connection(self.up, timeout=30)
-        up.sendall(first)
+        try:
+            up = socket.create_connection(self.up, timeout=30)
+            up.sendall(first)
+        except OSError:  # the upstream server is gone (module teardown)
+            client.close()
+            return
 
         def pump_up():
             try:
@@ -247,6 +251,7 @@ def test_a_dead_server_is_a_clear_error(sdk_server):
     with pytest.raises(EnvServerError, match=r"/counter/call \(environment 'counter', tool "
                                              r"'slow'\).*status 503.*after 3 tries"):
         d.call("slow", tag="never")
+    d.session.close()
     proxy.close()
 
 
