@@ -20,6 +20,9 @@ EXTRAS = {
     "test": ["pytest", "ruff"],
     # The Hugging Face oracle and checkpoint formats (parity tests, import/export).
     "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors", "tokenizers"],
+    # The Open Reward Standard's SDK: only the ORS tests use it (a reference server and
+    # client); OrsEnvironment and the ORS server are stdlib.
+    "ors": ["openreward>=0.1.160,<0.2"],
 }
 
 setuptools.setup(

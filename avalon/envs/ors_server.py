@@ -1,0 +1,445 @@
+"""Serves Avalon environments over the Open Reward Standard (ORS 0.1, as the `openreward` SDK
+serves it), so any ORS client (the SDK's own, other trainers' adapters) can list, open and play
+them. Stdlib only, on the hardened transport (`avalon/envs/transport.py`).
+
+    with OrsServer([ParallelSubtasks()]) as server:        # 127.0.0.1, an ephemeral port
+        env = OrsEnvironment(server.url, "parallel")       # or the SDK's client
+    python -m avalon.envs.serve --env=MODULE:FACTORY       # the command line
+
+Routes (`{env}` is an environment's name, lower case; a bare route is the first environment's):
+  GET  /health, /list_environments, /{env}/splits, /{env}/tools
+  POST /{env}/tasks {split}, /{env}/num_tasks {split}, /{env}/task {split, index}
+  POST /create_session                  -> SSE: task_id <sid>, end
+  POST /create  {env_name?, task_spec | split+index}   (header X-Session-ID; the session opens)
+  GET  /{env}/prompt, /{env}/task_tools; POST /ping, /delete      (header X-Session-ID)
+  POST /{env}/call {name, input, task_id?} -> SSE: task_id, [chunk...], end (or event: error)
+Splits are `train` and `heldout` (type `test`); a task spec is `{"task_id"}`, with optional
+`seed`, `budget` (hires; default the server's) and `clock_s`.
+
+How Avalon's protocol maps onto ORS (one agent, the CEO, plays an ORS session):
+  * the prompt is the task's prompt, then the CEO's private brief when the environment deals
+    one; `on_start` runs at /create with the session's budget and a server-side workspace
+    (files stay on the server, as they do in ORS environments);
+  * a call's result is `{blocks: [text], reward, finished, metadata}`: `reward` the sum of the
+    call's rewards (null when none), `finished` the outcome's `terminal`, and `metadata` keeps
+    what ORS has no field for: the labelled `rewards`, the declared `duration_s` (or the
+    measured wall time with `measured: true`) and `error`; a ToolError is such a result with
+    `error: true` (the agent's mistake, not the server's), an exception in the environment is
+    `event: error` (a bug);
+  * the organisation's `final_message` is the ORS terminal tool (`terminal_tool` in the tool
+    lists, argument `message`): calling it ends the episode (`on_end`) and its reward is the
+    final rewards' sum (`metadata`: labelled rewards, `wealth_ratio`, `metrics`); a terminal
+    outcome runs `on_end` too, its final rewards added to that call's reward;
+  * calls of one session run one at a time (an `EnvSession` is single-threaded, so one lock per
+    session, which also serialises each tool as the SDK does); after `finished` every call is
+    answered `{ok: false, reason: "episode_finished"}`; each call gets a `task_id`, and a
+    re-POST with it replays the stored result (waiting if it is still running) without
+    running the tool again;
+  * a session not used or pinged for `session_ttl_s` (900 s, as the SDK) is reaped.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+
+from avalon.envs import wire
+from avalon.envs.base import Environment, Split
+from avalon.envs.transport import HttpError, HttpService, ServerLimits, SseReply
+from avalon.org.env import (
+    CallContext,
+    EndContext,
+    EndReason,
+    EnvSession,
+    FinalOutcome,
+    Task,
+    ToolError,
+    ToolSpec,
+)
+from avalon.org.workspace import Workspace
+
+ORS_LIMITS = ServerLimits(session_ttl_s=900.0)
+CHUNK_CHARS = 4096  # an SSE event's data, as the SDK chunks results
+PING_S = 10.0  # keepalive comments while a call runs (the SDK client reads with a 30 s timeout)
+# Per session: finished calls whose results a retry can still fetch, and calls in flight.
+REPLAYS_KEPT = 64
+FINAL_TOOL = "final_message"
+SPLITS = {"train": Split.TRAIN, "heldout": Split.HELDOUT}
+_SESSION_ROUTES = {"prompt", "task_tools", "call"}
+_ENV_ROUTES = {"splits", "tools", "tasks", "num_tasks", "task"} | _SESSION_ROUTES
+
+
+def tool_json(spec: ToolSpec) -> dict:
+    return {"name": spec.name, "description": spec.description,
+            "input_schema": spec.json_schema()}
+
+
+TERMINAL_JSON = {"name": FINAL_TOOL, "arg": "message",
+                 "description": "End the episode with your final answer; it is graded."}
+
+
+@dataclasses.dataclass
+class _Job:
+    """One call: its result (the `end` JSON text) or error, once done."""
+
+    task_id: str
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    result: str = ""
+    error: str | None = None
+
+
+@dataclasses.dataclass
+class _Open:
+    env: Environment
+    session: EnvSession
+    task: Task
+    prompt: str
+    workspace: Workspace
+    root: str
+    lock: threading.Lock  # one call at a time (EnvSession is single-threaded)
+    last_used: float
+    jobs: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
+    clock_s: float = 0.0  # the CEO's derived clock: declared durations so far
+    finished: bool = False
+    closed: bool = False
+
+
+class OrsServer(HttpService):
+    """Avalon environments as an ORS server (see the module docstring)."""
+
+    def __init__(self, envs: Sequence[Environment], host: str = "127.0.0.1", port: int = 0,
+                 limits: ServerLimits = ORS_LIMITS, budget: int = 0):
+        if not envs:
+            raise ValueError("OrsServer needs at least one environment")
+        self.envs: dict[str, Environment] = {}
+        for env in envs:
+            key = env.name.lower()
+            if key in self.envs:
+                raise ValueError(f"OrsServer: two environments are named {key!r}")
+            self.envs[key] = env
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise ValueError(f"OrsServer budget must be an int >= 0, got {budget!r}")
+        self.budget = budget
+        self._sessions: dict[str, _Open] = {}
+        self._env_lock = threading.Lock()  # environment-level calls (task tables are lazy)
+        self._next_reap = 0.0
+        self.reaped = 0
+        super().__init__("ors-" + "-".join(self.envs), host, port, limits)
+
+    @property
+    def open_sessions(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def _closed(self) -> None:
+        with self._lock:
+            entries, self._sessions = list(self._sessions.values()), {}
+        for entry in entries:
+            entry.closed = True
+            shutil.rmtree(entry.root, ignore_errors=True)
+
+    # ----- routes -----
+
+    def handle(self, method, path, query, body, headers):
+        parts = [p for p in path.split("/") if p]
+        if parts == ["health"] and method == "GET":
+            return {"status": "ok"}
+        if parts == ["list_environments"] and method == "GET":
+            return list(self.envs)
+        if parts == ["create_session"] and method == "POST":
+            return SseReply(_session_id_stream(str(uuid.uuid4())))
+        if len(parts) == 1 and parts[0] in ("create", "ping", "delete") and method == "POST":
+            sid = _sid(headers)
+            if parts[0] == "create":
+                return self._create(sid, body)
+            entry = self._entry(sid)
+            if parts[0] == "ping":
+                entry.last_used = time.monotonic()
+                return {"status": "ok"}
+            self._drop(sid, entry)
+            return {"sid": sid}
+        if len(parts) == 1 and parts[0] in _ENV_ROUTES:
+            env_key, route = next(iter(self.envs)), parts[0]
+        elif len(parts) == 2 and parts[0].lower() in self.envs and parts[1] in _ENV_ROUTES:
+            env_key, route = parts[0].lower(), parts[1]
+        else:
+            raise HttpError(404, "not_found", f"no route {method} {path}")
+        env = self.envs[env_key]
+        if route in _SESSION_ROUTES:
+            entry = self._entry(_sid(headers))
+            if entry.env is not env:
+                raise HttpError(400, "bad_request", f"session is of environment "
+                                f"{entry.env.name!r}, not {env.name!r}")
+            entry.last_used = time.monotonic()
+            if route == "prompt" and method == "GET":
+                return [{"type": "text", "text": entry.prompt}]
+            if route == "task_tools" and method == "GET":
+                return {"tools": [tool_json(t) for t in entry.task.tools],
+                        "terminal_tool": TERMINAL_JSON}
+            if route == "call" and method == "POST":
+                return SseReply(self._call_stream(entry, body))
+        elif method == "GET" and route == "splits":
+            return [{"name": "train", "type": "train"}, {"name": "heldout", "type": "test"}]
+        elif method == "GET" and route == "tools":
+            with self._env_lock:
+                task = env.task(env.task_ids(Split.TRAIN)[0])
+            return {"tools": [tool_json(t) for t in task.tools], "terminal_tool": TERMINAL_JSON}
+        elif method == "POST":
+            split = _split(body)
+            with self._env_lock:
+                ids = env.task_ids(split)
+            if route == "tasks":
+                return {"tasks": [{"task_id": i} for i in ids], "env_name": env_key}
+            if route == "num_tasks":
+                return {"num_tasks": len(ids)}
+            if route == "task":
+                return {"task": {"task_id": _index(ids, body)}, "env_name": env_key}
+        raise HttpError(404, "not_found", f"no route {method} {path}")
+
+    def _entry(self, sid: str) -> _Open:
+        with self._lock:
+            entry = self._sessions.get(sid)
+        if entry is None or entry.closed:
+            raise HttpError(404, "unknown_session", f"no open session {sid!r} (deleted, idle "
+                            f"over {self.limits.session_ttl_s:g} s, or never created)")
+        return entry
+
+    def _create(self, sid: str, body: dict) -> dict:
+        name = body.get("env_name")
+        if name is None:
+            env_key = next(iter(self.envs))
+        elif isinstance(name, str) and name.lower() in self.envs:
+            env_key = name.lower()
+        else:
+            raise HttpError(404, "not_found", f"unknown environment {name!r} (serving "
+                            f"{sorted(self.envs)})")
+        env = self.envs[env_key]
+        spec = body.get("task_spec")
+        if (spec is None) == ("split" not in body and "index" not in body):
+            raise HttpError(400, "bad_request", "create: give task_spec or split and index, "
+                            "exactly one of them")
+        if spec is None:
+            split = _split(body)
+            with self._env_lock:
+                spec = {"task_id": _index(env.task_ids(split), body)}
+        task_id = wire.field(spec, "task_id", str, "task_spec")
+        seed = spec.get("seed", 0)
+        budget = spec.get("budget", self.budget)
+        clock = spec.get("clock_s")
+        for key, value, kinds in (("seed", seed, int), ("budget", budget, int),
+                                  ("clock_s", clock, (int, float, type(None)))):
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise HttpError(400, "bad_request", f"task_spec field {key!r} has "
+                                f"{type(value).__name__} {value!r}")
+        self._reap_idle()
+        with self._lock:
+            if sid in self._sessions:
+                raise HttpError(400, "bad_request", f"session {sid!r} already exists")
+            if len(self._sessions) >= self.limits.max_sessions:
+                raise HttpError(400, "bad_request", f"{self.limits.max_sessions} sessions are "
+                                f"open (the limit): delete some")
+        with self._env_lock:
+            session = env.session(task_id, seed, clock)
+        root = tempfile.mkdtemp(prefix="avalon-ors-")
+        try:
+            ws = Workspace(root)
+            session.on_start(budget, ws)
+            brief = session.brief("ceo", 0, "CEO", "")
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        task = session.task
+        prompt = task.prompt + (f"\n\n{brief}" if brief else "")
+        entry = _Open(env, session, task, prompt, ws, root, threading.Lock(), time.monotonic())
+        with self._lock:
+            if sid in self._sessions:
+                shutil.rmtree(root, ignore_errors=True)
+                raise HttpError(400, "bad_request", f"session {sid!r} already exists")
+            self._sessions[sid] = entry
+        return {"sid": sid}
+
+    def _reap_idle(self) -> None:
+        """Drops sessions unused for `session_ttl_s` (one scan per quarter TTL, or when full)."""
+        now = time.monotonic()
+        ttl = self.limits.session_ttl_s
+        with self._lock:
+            if len(self._sessions) < self.limits.max_sessions and now < self._next_reap:
+                return
+            self._next_reap = now + ttl / 4
+            stale = [(sid, e) for sid, e in self._sessions.items() if now - e.last_used > ttl]
+        for sid, entry in stale:
+            if entry.lock.acquire(blocking=False):  # not while a call runs
+                try:
+                    self._drop(sid, entry)
+                    self.reaped += 1
+                finally:
+                    entry.lock.release()
+
+    def _drop(self, sid: str, entry: _Open) -> None:
+        entry.closed = True
+        with self._lock:
+            self._sessions.pop(sid, None)
+        shutil.rmtree(entry.root, ignore_errors=True)
+
+    # ----- calls -----
+
+    def _call_stream(self, entry: _Open, body: dict):
+        name = wire.field(body, "name", str, "call request")
+        args = body.get("input", {})
+        if not isinstance(args, dict):
+            raise HttpError(400, "bad_request", f"call request: field 'input' must be an "
+                            f"object, got {type(args).__name__}")
+        replay = body.get("task_id")
+        if replay is not None and not isinstance(replay, str):
+            raise HttpError(400, "bad_request", f"call request: field 'task_id' has "
+                            f"{type(replay).__name__} {replay!r}")
+        if replay is not None:
+            with self._lock:
+                job = entry.jobs.get(replay)
+            return _job_stream(job, replay)
+        job = _Job(uuid.uuid4().hex)
+        with self._lock:
+            running = [k for k, j in entry.jobs.items() if not j.done.is_set()]
+            if len(running) >= REPLAYS_KEPT:  # each waits on the session's lock in a thread
+                raise HttpError(429, "too_many_calls", f"{len(running)} calls of this session "
+                                f"are in flight (the limit): wait for their results")
+            entry.jobs[job.task_id] = job
+            finished = [k for k, j in entry.jobs.items() if j.done.is_set()]
+            for k in finished[:max(0, len(entry.jobs) - REPLAYS_KEPT)]:  # oldest first
+                del entry.jobs[k]
+        threading.Thread(target=self._run, args=(entry, name, args, job), daemon=True,
+                         name=f"ors-call-{name}").start()
+        return _job_stream(job, job.task_id)
+
+    def _run(self, entry: _Open, name: str, args: dict, job: _Job) -> None:
+        try:
+            with entry.lock:
+                entry.last_used = time.monotonic()
+                result = self._outcome(entry, name, args)
+            job.result = json.dumps(result, allow_nan=False, separators=(",", ":"))
+        except Exception as e:  # a bug in the environment (or a NaN reward): event: error
+            job.error = f"{entry.env.name} tool {name!r}: {type(e).__name__}: {e}"
+        finally:
+            entry.last_used = time.monotonic()
+            job.done.set()
+
+    def _outcome(self, entry: _Open, name: str, args: dict) -> dict:
+        if entry.closed:
+            return _refused(f"{name!r} was not run: the session was deleted", "not_found")
+        if entry.finished:
+            return _refused(f"{name!r} was not run: the episode has finished, so no further "
+                            f"tool calls are accepted", "episode_finished")
+        if name == FINAL_TOOL:
+            message = args.get("message", "")
+            if set(args) - {"message"} or not isinstance(message, str):
+                return _refused(f"{FINAL_TOOL} takes one string argument 'message', got "
+                                f"{sorted(args)}", "input_validation")
+            final = self._end(entry, EndReason.FINAL_MESSAGE, message)
+            return _ok(f"episode ended: {message}", final_reward(final), True,
+                       _final_metadata(final))
+        spec = next((t for t in entry.task.tools if t.name == name), None)
+        if spec is None:
+            return _refused(f"{name!r} is not a valid tool", "not_found")
+        problem = spec.check_args(args)
+        if problem is not None:
+            return _refused(problem, "input_validation")
+        ctx = CallContext(agent="ceo", title="CEO", clock_s=entry.clock_s, tokens_out=0,
+                          workspace=entry.workspace)
+        try:
+            out = entry.session.call(name, dict(args), ctx)
+        except ToolError as e:
+            return _ok(str(e), None, False, {"error": True})
+        entry.clock_s += max(0.0, float(out.duration_s))
+        metadata = {"rewards": wire.rewards_to_json(out.rewards),
+                    "duration_s": float(out.duration_s), "measured": out.measured,
+                    "error": out.error}
+        reward = sum(r.value for r in out.rewards) if out.rewards else None
+        if out.terminal:
+            final = self._end(entry, EndReason.ENV_TERMINAL, None)
+            metadata["final"] = _final_metadata(final)
+            if final.rewards:
+                reward = (reward or 0.0) + final_reward(final)
+        return _ok(out.text, None if reward is None else float(reward), out.terminal, metadata)
+
+    def _end(self, entry: _Open, reason: EndReason, message: str | None) -> FinalOutcome:
+        entry.finished = True
+        return entry.session.on_end(EndContext(reason, message, entry.clock_s, entry.workspace))
+
+
+def final_reward(final: FinalOutcome) -> float:
+    return float(sum(r.value for r in final.rewards))
+
+
+def _final_metadata(final: FinalOutcome) -> dict:
+    return wire.final_to_json(final)
+
+
+def _ok(text: str, reward: float | None, finished: bool, metadata: dict) -> dict:
+    return {"ok": True, "output": {"blocks": [{"type": "text", "text": text}],
+                                   "metadata": metadata, "reward": reward,
+                                   "finished": finished}}
+
+
+def _refused(error: str, reason: str) -> dict:
+    return {"ok": False, "error": error, "reason": reason}
+
+
+def _sid(headers) -> str:
+    sid = (headers.get("X-Session-ID") or "").strip()
+    if not sid:
+        raise HttpError(400, "bad_request", "X-Session-ID header is required")
+    return sid
+
+
+def _split(body: dict) -> Split:
+    name = wire.field(body, "split", str, "request")
+    if name not in SPLITS:
+        raise HttpError(400, "bad_request", f"split must be one of {sorted(SPLITS)}, got "
+                        f"{name!r}")
+    return SPLITS[name]
+
+
+def _index(ids: Sequence[str], body: dict) -> str:
+    index = wire.field(body, "index", int, "request")
+    if not 0 <= index < len(ids):
+        raise HttpError(400, "bad_request", f"index {index} is out of range (0..{len(ids) - 1})")
+    return ids[index]
+
+
+def _session_id_stream(sid: str):
+    yield "task_id", sid
+    yield "end", ""
+
+
+def _job_stream(job: _Job | None, task_id: str):
+    if job is None:
+        yield "error", f"unknown task_id {task_id!r}"
+        return
+    yield "task_id", job.task_id
+    while not job.done.wait(PING_S):
+        yield None
+    if job.error is not None:
+        yield "error", job.error
+        return
+    yield from chunks(job.result)
+
+
+def chunks(text: str, size: int = CHUNK_CHARS) -> list[tuple[str, str]]:
+    """`text` as `chunk` events of at most `size` characters and a final `end`. No piece starts
+    with whitespace: SSE readers (the SDK's among them) strip a data line's leading spaces."""
+    out, i = [], 0
+    while len(text) - i > size:
+        cut = i + size
+        while cut > i + 1 and text[cut].isspace():
+            cut -= 1
+        out.append(("chunk", text[i:cut]))
+        i = cut
+    out.append(("end", text[i:]))
+    return out
