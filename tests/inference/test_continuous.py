@@ -150,3 +150,17 @@ def test_slot_state_is_sharded_never_replicated(params):
     assert tuple(ssm.sharding.spec)[:3] == (None, ("data", "expert"), "tensor")
     pool = eng._state.cache.blocks[1]["0_attention"].k
     assert tuple(pool.sharding.spec)[:3] == (None, ("data", "expert"), "tensor")
+
+
+def test_decode_step_lowers_from_abstract_inputs():
+    """The AOT entry point: the decode step lowers from shapes alone (bf16 decode view, sharded
+    slot state), as experiments/scale/aot.py does for the pod config."""
+    from avalon.inference import device as dev
+    from avalon.inference.weights import abstract_decode_view
+    mesh = make_mesh({"data": 2, "expert": 2, "tensor": 2})
+    setup = dev.Setup(cfg=CFG, mesh=mesh, max_context=WINDOW, steps=4, page_size=PAGE)
+    args = dev.abstract_decode_inputs(setup, slots=16, num_pages=64, rows=8, width=4)
+    lowered = dev.decode.lower(abstract_decode_view(CFG, mesh), *args, setup=setup)
+    assert lowered.out_info[0].cache.blocks[0]["0_mamba"].ssm.shape[1] == 16
+    ssm = args[0].cache.blocks[0]["0_mamba"].ssm
+    assert tuple(ssm.sharding.spec)[:3] == (None, ("data", "expert"), "tensor")
