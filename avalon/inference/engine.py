@@ -132,6 +132,7 @@ class Engine:
         # Row buckets divisible by the slot-sharding axes, so working rows stay sharded.
         self._min_rows = MIN_ROWS if mesh is None else \
             max(MIN_ROWS, mesh.shape["data"] * mesh.shape["fsdp"])
+        self._min_prefill_rows = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
         self._max_width = pow2_at_least(self._pool.pages_for(self.max_context))
         self.stats = EngineStats()
 
@@ -223,11 +224,14 @@ class Engine:
         self.stats.state_ops += 1
 
     # ---- buckets and pages ---------------------------------------------------------------
-    def _rows_for(self, n: int) -> int:
-        return min(self.num_slots, max(self._min_rows, pow2_at_least(n)))
+    def _rows_for(self, n: int, least: int) -> int:
+        return min(self.num_slots, max(least, pow2_at_least(n)))
 
-    def _row_ids(self, slots: list[int]) -> np.ndarray:
-        idx = np.full(self._rows_for(len(slots)), self.num_slots, np.int32)
+    def _row_ids(self, slots: list[int], least: int | None = None) -> np.ndarray:
+        """Row ids for a dispatch over `slots`, padded to a power-of-two bucket of at least
+        `least` rows (default MIN_ROWS, which bounds the decode programs compiled)."""
+        least = self._min_rows if least is None else least
+        idx = np.full(self._rows_for(len(slots), least), self.num_slots, np.int32)
         idx[:len(slots)] = slots
         return idx
 
@@ -346,7 +350,9 @@ class Engine:
         """One prefill dispatch: feed[slot] (int32 [n <= prefill_chunk]) appended to each slot.
         replay[slot] ([n, m, k]) replays experts. Returns (Record, rows' slots)."""
         slots = list(feed)
-        idx = self._row_ids(slots)
+        # Prefill buckets start at one row (the slot axes under a mesh): a turn admitted alone
+        # into a running generation is prefilled alone, not with 7 padding rows.
+        idx = self._row_ids(slots, self._min_prefill_rows)
         rows = len(idx)
         T = min(self.prefill_chunk, max(MIN_CHUNK, pow2_at_least(max(map(len, feed.values())))))
         tokens = np.zeros((rows, T), np.int32)
