@@ -60,6 +60,7 @@ _ACTIVATION_RULES = {
     "act_vocab": "tensor",
     "act_experts": "expert",
     "cache_seq": None,
+    "slots": ("data", "fsdp"),  # the engine's stored per-slot state and KV pool pages
 }
 
 TRAIN_RULES: Rules = {
@@ -70,6 +71,10 @@ TRAIN_RULES: Rules = {
 DECODE_RULES: Rules = {
     **_WEIGHT_RULES, **_ACTIVATION_RULES,
     "embed": None, "expert_in": None, "mtp_in": None,
+    # Slot state over every axis its leaves are not split on otherwise: a host's chips differ
+    # only in expert/tensor (data/fsdp are size 1 per host), and replicating slots over expert
+    # would put every slot's state on every chip.
+    "slots": ("data", "fsdp", "expert"),
 }
 
 

@@ -1,24 +1,35 @@
 """The engine's device side: the slot state and the jitted programs that move and advance it.
 
-`SlotState` is one donated pytree: the hybrid cache (attention KV head-major
-[repeats, slots, kv_heads, capacity, head_dim], Mamba conv state and fp32 SSM state, `lengths`)
-plus `hidden` [slots, D], the pre-norm hidden state of each slot's last absorbed token (a turn
-with no new tokens samples its first token from it, so no logits are kept between turns).
+`SlotState` is one donated pytree:
+  cache      the paged hybrid cache: attention KV in a page pool shared by all slots
+             [repeats, pages, kv_heads, page_size, head_dim] (the host's `PagePool` says which
+             pages each slot holds), Mamba conv state and fp32 SSM state fixed per slot
+             [repeats, slots, ...], `lengths` [slots];
+  hidden     [slots, D], the pre-norm hidden state of each slot's last absorbed token (a turn
+             with no new tokens samples its first token from it, so no logits are kept);
+  live       [slots] bool, the slot's turn is still sampling (decided on device: stop tokens,
+             max_new_tokens and the window end it, so dispatches can run ahead of the host);
+  remaining  [slots] int32, tokens the slot's turn may still sample.
 
-Every program is a module-level `jax.jit` with the static `Setup` (config, mesh, context window,
-tokens per dispatch), so engines with the same setup share compiled code. Under a mesh each
-program traces inside `use_rules(mesh, DECODE_RULES)` (slots over data/fsdp, heads and experts
-over the model axes) and pins its output state to those rules; params are used as given.
+Every program takes the rows it runs over as `idx` [R] (slot ids; entries >= slots are padding
+rows, empty and dropped on the way back) with their page table `pages` [R, W]: it gathers
+those slots' per-slot state, runs, and scatters it back, while KV is read and written in the
+pool in place. So any set of slots can make up a dispatch: new turns join and finished ones
+leave between dispatches (continuous batching), and rows without work are not computed.
 
-Programs (R rows of a working state, C its KV capacity; idx entries >= slots are padding):
-  gather(main, idx)            -> an R-row working state at capacity C (padding rows empty)
-  scatter(main, idx, work)     -> main with the real rows of work written back (donates main)
-  resize(state)                -> KV capacity changed to C (donates)
-  reset(state, idx)            -> slots idx emptied: Mamba state, length, hidden zeroed
-  copy_slot(state, src, dst)   -> slots dst become copies of slot src (fork; donates)
-  prefill(params, state, tokens [R, T], num_new [R], routing) -> (state, routing [m, R, T, k])
-  snapshot(state) / restore(state, snap, mask): the Mamba part, lengths and hidden
-  decode(params, state, live, remaining, halt, knobs, stop_tokens) -> S tokens per live row
+Every program is a module-level `jax.jit` with the static `Setup`, so engines with the same
+setup share compiled code. Under a mesh each program traces inside
+`use_rules(mesh, DECODE_RULES)`: slots and pool pages over data/fsdp, KV and Mamba heads over
+tensor (never replicated state); params are used as given.
+
+Programs:
+  grow(state, num_pages)        -> the pool grown to num_pages pages (contents kept; donates)
+  reset(state, idx)             -> slots idx emptied: Mamba state, length, hidden, live zeroed
+  fork(state, src, dst, page_src, page_dst) -> slots dst copy slot src; pool pages copied
+  arm(state, idx, live, remaining) -> the rows' turns start (or not) sampling
+  prefill(params, state, idx, pages, tokens [R, T], num_new [R], routing) -> (state, experts)
+  snapshot(state, idx) / restore(state, idx, snap): the rows' Mamba part, lengths and hidden
+  decode(params, state, idx, pages, knobs, stop_tokens) -> S tokens per live row
 """
 
 from __future__ import annotations
@@ -30,19 +41,25 @@ import warnings
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from jax.sharding import Mesh, NamedSharding
 
 from avalon.inference.sampling import SamplingKnobs, sample
-from avalon.model.attention import KVCache
-from avalon.model.cache import Cache, cache_axes, init_cache, resize_kv
+from avalon.model import cache as C
 from avalon.model.config import ModelConfig
-from avalon.model.mamba2 import MambaCache
 from avalon.model.model import forward, lm_logits
 from avalon.sharding import DECODE_RULES, constrain, logical_to_spec, tree_shardings, use_rules
 
 # Decode step codes (0 = keep going); the host maps them to `StopReason`.
 CODE_STOP, CODE_LENGTH, CODE_CONTEXT_FULL = 1, 2, 3
+
+
+def routing_dtype(num_experts: int):
+    """The narrowest integer type that holds every expert index."""
+    if num_experts <= 256:
+        return np.uint8
+    return np.int16 if num_experts <= 2 ** 15 else np.int32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,25 +70,27 @@ class Setup:
     mesh: Mesh | None
     max_context: int
     steps: int  # tokens per decode dispatch
+    page_size: int  # KV positions per pool page
 
     @property
     def routing_dtype(self):
-        return jnp.int16 if self.cfg.n_routed_experts < 2 ** 15 else jnp.int32
+        return routing_dtype(self.cfg.n_routed_experts)
 
 
 @struct.dataclass
 class SlotState:
-    cache: Cache
+    cache: C.Cache
     hidden: jax.Array  # [slots, D], cfg.dtype
+    live: jax.Array  # [slots] bool
+    remaining: jax.Array  # [slots] int32
 
 
 @struct.dataclass
 class Snapshot:
-    """What decode changes irreversibly: Mamba entries, lengths, hidden (KV below `lengths`
-    is never overwritten by later positions, so it needs no copy)."""
+    """What decode changes irreversibly in rows idx: Mamba entries, lengths, hidden (KV below a
+    row's length is never overwritten by later positions, so it needs no copy)."""
 
-    mamba: list  # per run: {layer_key: MambaCache}
-    lengths: jax.Array
+    rows: C.Cache  # the rows' Mamba state and lengths (the pool left out: blocks hold Mamba only)
     hidden: jax.Array
 
 
@@ -83,11 +102,18 @@ class DecodeOut:
     logprobs: jax.Array  # [S, R] fp32
     emitted: jax.Array  # [S, R] bool: the row sampled (and absorbed) a token at this step
     code: jax.Array  # [S, R] int8: CODE_* when the row's turn ended at this step, else 0
-    routing: jax.Array | None  # [S, m, R, k]: experts used with the absorbed token
+    routing: jax.Array | None  # [S, m, R, k] `routing_dtype`: experts used with the token
 
 
 def state_axes(cfg: ModelConfig) -> SlotState:
-    return SlotState(cache=cache_axes(cfg), hidden=("batch", "act_embed"))
+    """Logical axes of the stored state: the model's cache axes with the slot (and pool page)
+    axis named `slots`, which DECODE_RULES spreads over every mesh axis a slot's state is not
+    already split on (data, fsdp, expert), so no chip holds a replica of another's slots."""
+    def slots(axes):
+        return tuple("slots" if a == "batch" else a for a in axes)
+    return jax.tree.map(slots, SlotState(cache=C.cache_axes(cfg, paged=True),
+                                         hidden=("batch", "act_embed"), live=("batch",),
+                                         remaining=("batch",)), is_leaf=_is_axes)
 
 
 def _is_axes(x) -> bool:
@@ -104,20 +130,65 @@ def _rules(setup: Setup):
     return contextlib.nullcontext() if setup.mesh is None else use_rules(setup.mesh, DECODE_RULES)
 
 
-def init_state(setup: Setup, slots: int, capacity: int) -> SlotState:
-    """Empty state for `slots` slots, placed on the mesh by DECODE_RULES when there is one."""
+def state_shardings(setup: Setup, state: SlotState):
+    """NamedSharding per leaf of a slot state under DECODE_RULES (the decode rules table)."""
+    return tree_shardings(state_axes(setup.cfg), state, setup.mesh, DECODE_RULES)
+
+
+def init_state(setup: Setup, slots: int, num_pages: int) -> SlotState:
+    """Empty state for `slots` slots and a pool of `num_pages` pages, placed on the mesh by
+    DECODE_RULES when there is one."""
     cfg = setup.cfg
-    state = SlotState(cache=init_cache(cfg, slots, capacity),
-                      hidden=jnp.zeros((slots, cfg.hidden_size), cfg.jnp_dtype))
+    state = SlotState(cache=C.init_paged_cache(cfg, slots, num_pages, setup.page_size),
+                      hidden=jnp.zeros((slots, cfg.hidden_size), cfg.jnp_dtype),
+                      live=jnp.zeros((slots,), bool), remaining=jnp.zeros((slots,), jnp.int32))
     if setup.mesh is not None:
-        state = jax.device_put(state, tree_shardings(state_axes(cfg), state, setup.mesh,
-                                                     DECODE_RULES))
+        state = jax.device_put(state, state_shardings(setup, state))
     return state
 
 
+def abstract_state(setup: Setup, slots: int, num_pages: int) -> SlotState:
+    """`init_state`'s shapes and dtypes, without allocating (for AOT lowering)."""
+    cfg = setup.cfg
+    return jax.eval_shape(lambda: SlotState(
+        cache=C.init_paged_cache(cfg, slots, num_pages, setup.page_size),
+        hidden=jnp.zeros((slots, cfg.hidden_size), cfg.jnp_dtype),
+        live=jnp.zeros((slots,), bool), remaining=jnp.zeros((slots,), jnp.int32)))
+
+
+def abstract_decode_inputs(setup: Setup, slots: int, num_pages: int, rows: int, width: int):
+    """Abstract (ShapeDtypeStruct, sharded under setup.mesh) arguments of `decode` after the
+    params: (state, idx, pages, knobs, stop_tokens), for `slots` slots, a pool of `num_pages`
+    pages, a dispatch of `rows` rows whose page tables are `width` pages wide. For AOT:
+
+        args = abstract_decode_inputs(setup, slots, num_pages, rows, width)
+        decode.lower(abstract_params, *args, setup=setup).compile()
+    """
+    state = abstract_state(setup, slots, num_pages)
+
+    def row_spec(shape):
+        if setup.mesh is None:
+            return None
+        spec = logical_to_spec(("batch",), DECODE_RULES, setup.mesh, shape[:1])
+        return NamedSharding(setup.mesh, spec)
+
+    def sds(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=row_spec(shape))
+
+    if setup.mesh is not None:
+        shard = state_shardings(setup, state)
+        state = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                             state, shard)
+    knobs = SamplingKnobs(temperature=sds((rows,), jnp.float32), top_p=sds((rows,), jnp.float32),
+                          top_k=sds((rows,), jnp.int32), greedy=sds((rows,), bool),
+                          seed=sds((rows,), jnp.uint32))
+    return (state, sds((rows,), jnp.int32), sds((rows, width), jnp.int32), knobs,
+            sds((rows, 1), jnp.int32))
+
+
 def put_rows(setup: Setup, tree):
-    """Place per-row host arrays ([R, ...]) as the decode program returns them: rows over
-    data/fsdp under a mesh. Keeping one placement across dispatches keeps one compiled program."""
+    """Place per-row host arrays ([R, ...]) rows over data/fsdp under a mesh. Keeping one
+    placement across dispatches keeps one compiled program."""
     if setup.mesh is None:
         return jax.device_put(tree)
 
@@ -127,144 +198,130 @@ def put_rows(setup: Setup, tree):
     return jax.tree.map(one, tree)
 
 
-def kv_capacity(state: SlotState) -> int | None:
-    return state.cache.capacity
+@struct.dataclass
+class _Rows:
+    cache: C.Cache  # rows' Mamba state, lengths, page table; the shared pool
+    hidden: jax.Array
+    live: jax.Array
+    remaining: jax.Array
 
 
-def _map_entries(cache: Cache, fn_kv, fn_mamba) -> list:
-    def one(entry):
-        return fn_kv(entry) if isinstance(entry, KVCache) else fn_mamba(entry)
-    return [{key: one(e) for key, e in blk.items()} for blk in cache.blocks]
+def _take(a, idx):
+    return jnp.take(a, idx, axis=0, mode="fill", fill_value=0)
 
 
-def _row_mask(mask: jax.Array, leaf: jax.Array) -> jax.Array:
-    """mask [R] shaped to broadcast against a cache leaf [repeats, R, ...]."""
-    return mask.reshape(1, -1, *([1] * (leaf.ndim - 2)))
+def _gather(state: SlotState, idx, pages) -> _Rows:
+    return _Rows(cache=C.take_rows(state.cache, idx, pages), hidden=_take(state.hidden, idx),
+                 live=_take(state.live, idx), remaining=_take(state.remaining, idx))
+
+
+def _scatter(state: SlotState, idx, rows: _Rows, cfg: ModelConfig) -> SlotState:
+    put = lambda a, r: a.at[idx].set(r.astype(a.dtype), mode="drop")
+    return _pin(SlotState(cache=C.put_rows(state.cache, idx, rows.cache),
+                          hidden=put(state.hidden, rows.hidden), live=put(state.live, rows.live),
+                          remaining=put(state.remaining, rows.remaining)), cfg)
 
 
 # ---- moving state -----------------------------------------------------------------------------
-@functools.partial(jax.jit, static_argnames=("setup", "capacity"))
-def gather(main: SlotState, idx: jax.Array, *, setup: Setup, capacity: int) -> SlotState:
+@functools.partial(jax.jit, static_argnames=("setup", "num_pages"), donate_argnames=("state",))
+def _grow(state: SlotState, *, setup: Setup, num_pages: int) -> SlotState:
     with _rules(setup):
-        take = functools.partial(jnp.take, indices=idx, axis=1, mode="fill", fill_value=0)
-        blocks = jax.tree.map(lambda a: take(a), main.cache.blocks)
-        lengths = jnp.take(main.cache.lengths, idx, mode="fill", fill_value=0)
-        cache = resize_kv(Cache(blocks=blocks, lengths=lengths), capacity)
-        hidden = jnp.take(main.hidden, idx, axis=0, mode="fill", fill_value=0)
-        return _pin(SlotState(cache=cache, hidden=hidden), setup.cfg)
+        return _pin(state.replace(cache=C.grow_pool(state.cache, num_pages)), setup.cfg)
 
 
-@functools.partial(jax.jit, static_argnames=("setup",), donate_argnames=("main",))
-def scatter(main: SlotState, idx: jax.Array, work: SlotState, *, setup: Setup) -> SlotState:
-    cap = kv_capacity(main)
-    if cap is not None and kv_capacity(work) > cap:
-        raise ValueError(f"scatter: working capacity {kv_capacity(work)} exceeds the main "
-                         f"state's {cap}; grow the main state first")
-    with _rules(setup):
-        wc = work.cache if cap is None else resize_kv(work.cache, cap)
-        put = lambda a, w: a.at[:, idx].set(w.astype(a.dtype), mode="drop")
-        blocks = jax.tree.map(put, main.cache.blocks, wc.blocks)
-        lengths = main.cache.lengths.at[idx].set(wc.lengths, mode="drop")
-        hidden = main.hidden.at[idx].set(work.hidden, mode="drop")
-        return _pin(SlotState(cache=Cache(blocks=blocks, lengths=lengths), hidden=hidden),
-                    setup.cfg)
-
-
-@functools.partial(jax.jit, static_argnames=("setup", "capacity"), donate_argnames=("state",))
-def _resize(state: SlotState, *, setup: Setup, capacity: int) -> SlotState:
-    with _rules(setup):
-        return _pin(SlotState(cache=resize_kv(state.cache, capacity), hidden=state.hidden),
-                    setup.cfg)
-
-
-def resize(state: SlotState, *, setup: Setup, capacity: int) -> SlotState:
-    """KV capacity changed to `capacity`. The state is donated: Mamba leaves are reused in
-    place; the KV leaves change shape, so JAX's notice that their donation went unused is
+def grow(state: SlotState, *, setup: Setup, num_pages: int) -> SlotState:
+    """The pool grown to `num_pages` pages. The state is donated: per-slot leaves are reused in
+    place; the pool leaves change shape, so JAX's notice that their donation went unused is
     expected and silenced here."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        return _resize(state, setup=setup, capacity=capacity)
+        return _grow(state, setup=setup, num_pages=num_pages)
 
 
 @functools.partial(jax.jit, static_argnames=("setup",), donate_argnames=("state",))
 def reset(state: SlotState, idx: jax.Array, *, setup: Setup) -> SlotState:
-    """Empty slots idx: zero Mamba state, length and hidden. KV needs no clearing: positions at
-    or past a slot's length are never read."""
+    """Empty slots idx: zero Mamba state, length, hidden, live. KV needs no clearing: positions
+    at or past a slot's length are never read."""
     with _rules(setup):
-        zero = lambda a: a.at[:, idx].set(0, mode="drop")
-        blocks = _map_entries(state.cache, lambda e: e, lambda e: jax.tree.map(zero, e))
-        lengths = state.cache.lengths.at[idx].set(0, mode="drop")
-        hidden = state.hidden.at[idx].set(0, mode="drop")
-        return _pin(SlotState(cache=Cache(blocks=blocks, lengths=lengths), hidden=hidden),
-                    setup.cfg)
+        rows = _gather(state, idx, None)
+        blocks = [{k: (e if isinstance(e, C.PagedKV) else jax.tree.map(jnp.zeros_like, e))
+                   for k, e in blk.items()} for blk in rows.cache.blocks]
+        zero = _Rows(cache=rows.cache.replace(blocks=blocks,
+                                              lengths=jnp.zeros_like(rows.cache.lengths)),
+                     hidden=jnp.zeros_like(rows.hidden), live=jnp.zeros_like(rows.live),
+                     remaining=jnp.zeros_like(rows.remaining))
+        return _scatter(state, idx, zero, setup.cfg)
 
 
 @functools.partial(jax.jit, static_argnames=("setup",), donate_argnames=("state",))
-def copy_slot(state: SlotState, src: jax.Array, dst: jax.Array, *, setup: Setup) -> SlotState:
-    """Slots dst [k] (padding >= slots is dropped) become copies of slot src (scalar)."""
+def fork(state: SlotState, src: jax.Array, dst: jax.Array, page_src: jax.Array,
+         page_dst: jax.Array, *, setup: Setup) -> SlotState:
+    """Slots dst [k] (padding >= slots dropped) become copies of slot src (scalar): Mamba state,
+    length, hidden. Pool pages page_dst[i] become copies of page_src[i] (the source's last,
+    partly filled page; full pages are shared by the page tables instead of copied)."""
     with _rules(setup):
         k = dst.shape[0]
+        state = state.replace(cache=C.copy_pages(state.cache, page_src, page_dst))
+        rows = _gather(state, jnp.broadcast_to(src, (k,)), None)
+        return _scatter(state, dst, rows.replace(live=jnp.zeros((k,), bool)), setup.cfg)
 
-        def put(a):
-            row = jnp.take(a, src, axis=1)  # [repeats, ...]
-            rows = jnp.broadcast_to(row[:, None], (a.shape[0], k, *row.shape[1:]))
-            return a.at[:, dst].set(rows, mode="drop")
 
-        blocks = jax.tree.map(put, state.cache.blocks)
-        lengths = state.cache.lengths.at[dst].set(state.cache.lengths[src], mode="drop")
-        hidden = state.hidden.at[dst].set(state.hidden[src], mode="drop")
-        return _pin(SlotState(cache=Cache(blocks=blocks, lengths=lengths), hidden=hidden),
+@functools.partial(jax.jit, static_argnames=("setup",), donate_argnames=("state",))
+def arm(state: SlotState, idx: jax.Array, live: jax.Array, remaining: jax.Array, *,
+        setup: Setup) -> SlotState:
+    """Rows idx start their turns: live [R] bool, remaining [R] int32 tokens to sample."""
+    with _rules(setup):
+        return _pin(state.replace(live=state.live.at[idx].set(live, mode="drop"),
+                                  remaining=state.remaining.at[idx].set(remaining, mode="drop")),
                     setup.cfg)
 
 
 @functools.partial(jax.jit, static_argnames=("setup",))
-def snapshot(state: SlotState, *, setup: Setup) -> Snapshot:
-    del setup
-    mamba = [{key: jax.tree.map(jnp.copy, e) for key, e in blk.items()
-              if isinstance(e, MambaCache)} for blk in state.cache.blocks]
-    return Snapshot(mamba=mamba, lengths=jnp.copy(state.cache.lengths),
-                    hidden=jnp.copy(state.hidden))
+def snapshot(state: SlotState, idx: jax.Array, *, setup: Setup) -> Snapshot:
+    with _rules(setup):
+        rows = _gather(state, idx, None)
+        blocks = [{k: e for k, e in blk.items() if not isinstance(e, C.PagedKV)}
+                  for blk in rows.cache.blocks]
+        return Snapshot(rows=rows.cache.replace(blocks=blocks), hidden=rows.hidden)
 
 
 @functools.partial(jax.jit, static_argnames=("setup",), donate_argnames=("state",))
-def restore(state: SlotState, snap: Snapshot, mask: jax.Array, *, setup: Setup) -> SlotState:
-    """Rows where mask [R] is true go back to the snapshot's Mamba state, length, hidden."""
+def restore(state: SlotState, idx: jax.Array, snap: Snapshot, *, setup: Setup) -> SlotState:
+    """Slots idx (padding dropped) go back to the snapshot's Mamba state, length, hidden."""
     with _rules(setup):
-        pick = lambda old, cur: jnp.where(_row_mask(mask, cur), old, cur)
-        blocks = [{key: (e if isinstance(e, KVCache) else jax.tree.map(pick, snap_blk[key], e))
-                   for key, e in blk.items()}
-                  for blk, snap_blk in zip(state.cache.blocks, snap.mamba)]
-        lengths = jnp.where(mask, snap.lengths, state.cache.lengths)
-        hidden = jnp.where(mask[:, None], snap.hidden, state.hidden)
-        return _pin(SlotState(cache=Cache(blocks=blocks, lengths=lengths), hidden=hidden),
-                    setup.cfg)
+        rows = _gather(state, idx, None)
+        blocks = [{k: snap.rows.blocks[bi].get(k, e) for k, e in blk.items()}
+                  for bi, blk in enumerate(rows.cache.blocks)]
+        rows = rows.replace(cache=rows.cache.replace(blocks=blocks, lengths=snap.rows.lengths),
+                            hidden=snap.hidden)
+        return _scatter(state, idx, rows, setup.cfg)
 
 
 # ---- running the model ------------------------------------------------------------------------
 @functools.partial(jax.jit, static_argnames=("setup",), donate_argnames=("state",))
-def prefill(params: dict, state: SlotState, tokens: jax.Array, num_new: jax.Array,
-            routing: jax.Array | None, *, setup: Setup):
-    """Append tokens[r, :num_new[r]] to each row (right padding ignored). `routing`
+def prefill(params: dict, state: SlotState, idx: jax.Array, pages: jax.Array, tokens: jax.Array,
+            num_new: jax.Array, routing: jax.Array | None, *, setup: Setup):
+    """Append tokens[r, :num_new[r]] to the slot of each row (right padding ignored). `routing`
     [m, R, T, k] replays expert choices (None: route live). Returns (state, experts used
-    [m, R, T, k] or None)."""
+    [m, R, T, k] `routing_dtype`, or None)."""
     cfg = setup.cfg
     with _rules(setup):
-        r = forward(params, tokens, cfg, cache=state.cache, num_new=num_new, routing=routing,
+        rows = _gather(state, idx, pages)
+        r = forward(params, tokens, cfg, cache=rows.cache, num_new=num_new, routing=routing,
                     return_logits=False)
         last = jnp.maximum(num_new - 1, 0)
         h_last = jnp.take_along_axis(r.hidden, last[:, None, None], axis=1)[:, 0]
-        hidden = jnp.where((num_new > 0)[:, None], h_last.astype(state.hidden.dtype),
-                           state.hidden)
+        hidden = jnp.where((num_new > 0)[:, None], h_last.astype(rows.hidden.dtype), rows.hidden)
         used = None if r.routing is None else r.routing.astype(setup.routing_dtype)
-        return _pin(SlotState(cache=r.cache, hidden=hidden), cfg), used
+        return _scatter(state, idx, rows.replace(cache=r.cache, hidden=hidden), cfg), used
 
 
-def _decode_step(params, carry, knobs: SamplingKnobs, stop_tokens, setup: Setup):
+def _decode_step(params, rows: _Rows, knobs: SamplingKnobs, stop_tokens, setup: Setup):
     """Sample one token per live row from its last hidden state, then absorb it."""
-    state, live, remaining = carry
     cfg = setup.cfg
-    lengths = state.cache.lengths
-    logits = lm_logits(params, state.hidden, cfg)  # [R, V] fp32
+    live, remaining = rows.live, rows.remaining
+    lengths = rows.cache.lengths
+    logits = lm_logits(params, rows.hidden, cfg)  # [R, V] fp32
     tokens, logprobs = sample(logits, knobs, lengths)
     remaining = remaining - live.astype(jnp.int32)
     is_stop = jnp.any(tokens[:, None] == stop_tokens, axis=-1)
@@ -273,35 +330,30 @@ def _decode_step(params, carry, knobs: SamplingKnobs, stop_tokens, setup: Setup)
                      jnp.where(remaining <= 0, CODE_LENGTH,
                                jnp.where(full, CODE_CONTEXT_FULL, 0)))
     code = jnp.where(live, code, 0).astype(jnp.int8)
-    r = forward(params, tokens[:, None], cfg, cache=state.cache, num_new=live.astype(jnp.int32),
+    r = forward(params, tokens[:, None], cfg, cache=rows.cache, num_new=live.astype(jnp.int32),
                 return_logits=False)
-    hidden = jnp.where(live[:, None], r.hidden[:, 0].astype(state.hidden.dtype), state.hidden)
+    hidden = jnp.where(live[:, None], r.hidden[:, 0].astype(rows.hidden.dtype), rows.hidden)
     routing = None if r.routing is None else r.routing[:, :, 0].astype(setup.routing_dtype)
     out = DecodeOut(tokens=tokens, logprobs=logprobs, emitted=live, code=code, routing=routing)
-    new_state = _pin(SlotState(cache=r.cache, hidden=hidden), cfg)
-    return (new_state, live & (code == 0), remaining), out
+    return _Rows(cache=r.cache, hidden=hidden, live=live & (code == 0), remaining=remaining), out
 
 
-@functools.partial(jax.jit, static_argnames=("setup",),
-                   donate_argnames=("state", "live", "remaining"))
-def decode(params: dict, state: SlotState, live: jax.Array, remaining: jax.Array,
-           halt: jax.Array, knobs: SamplingKnobs, stop_tokens: jax.Array, *, setup: Setup):
-    """`setup.steps` decode steps over every row in one scan. live [R] bool (rows still
-    sampling), remaining [R] int32 (tokens each may still sample), halt [R] bool (rows the host
-    ended, e.g. on a stop string), stop_tokens [R, n] int32 (-1 padding).
+@functools.partial(jax.jit, static_argnames=("setup",), donate_argnames=("state",))
+def decode(params: dict, state: SlotState, idx: jax.Array, pages: jax.Array,
+           knobs: SamplingKnobs, stop_tokens: jax.Array, *, setup: Setup):
+    """`setup.steps` decode steps over rows idx [R] in one scan; pages [R, W] must cover each
+    row's length + steps. knobs [R], stop_tokens [R, n] int32 (-1 padding).
 
     Rows that are not live are fed with num_new = 0, which leaves their state untouched. There
     is deliberately no `lax.cond` skipping steps once every row ended: on XLA:CPU it doubled
     the copies of Mamba state leaves in the step (see `experiments/bench/decode.py
     --count_copies`), a cost on every step against a saving only at the end of a turn.
-    Returns (state, live, remaining, DecodeOut stacked over steps)."""
+    Returns (state, DecodeOut stacked over steps)."""
     with _rules(setup):
-        live = live & ~halt
+        rows = _gather(state, idx, pages)
 
-        def step(carry, _):
-            return _decode_step(params, carry, knobs, stop_tokens, setup)
+        def step(rows, _):
+            return _decode_step(params, rows, knobs, stop_tokens, setup)
 
-        (state, live, remaining), outs = jax.lax.scan(step, (state, live, remaining), None,
-                                                      length=setup.steps)
-        live, remaining = constrain(live, ("batch",)), constrain(remaining, ("batch",))
-        return state, live, remaining, outs
+        rows, outs = jax.lax.scan(step, rows, None, length=setup.steps)
+        return _scatter(state, idx, rows, setup.cfg), outs

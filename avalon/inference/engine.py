@@ -5,65 +5,70 @@
     [r] = engine.generate([TurnRequest(slot=a, new_tokens=prompt, max_new_tokens=256)])
     rollouts = engine.fork(a, 16)          # 16 slots sharing a's context, no prefill
 
-A slot is one agent's context. `generate` runs every request together:
+    # continuous batching: hand over turns whenever they are ready, collect them as they end
+    engine.submit([TurnRequest(b, obs_b, 512)])
+    while engine.busy:
+        for res in engine.step():          # one scheduling round: <= 1 dispatch + 1 fetch
+            engine.submit(next_turns_after(res))
 
+A slot is one agent's context. KV lives in a page pool (`pages.py`: pages are handed to a slot
+as its context grows and return when it is released; forks share full pages), so attention
+memory follows the tokens held, not slots x the longest context. Mamba state is fixed per slot.
+
+Serving (`submit` + `step`; `generate` = submit, then step until those turns are done):
 1. Admission. A turn whose new tokens do not fit the window ends at once with CONTEXT_FULL
-   (nothing absorbed). The other turns' slots become the rows of a working state: gathered
-   into a power-of-two row bucket (padding rows are empty and dropped on the way back), or the
-   whole state itself when the bucket is every slot. Its KV capacity is a power-of-two bucket
-   of the longest context it must hold (never past `max_context`), grown with `resize` while
-   decoding. So attention memory and reads follow the contexts in use, not slots x window.
-2. Prefill: one batched call per chunk of `prefill_chunk` tokens over all rows with new tokens
-   (rows right-padded to a power-of-two chunk bucket, `num_new` per row). The chunk shrinks
-   when rows x heads x chunk x capacity fp32 attention scores would pass PREFILL_SCORE_BYTES
-   (the cached attention path materialises them).
-3. Decode: dispatches of `steps_per_dispatch` tokens over every row (one `lax.scan`). Each step
-   samples from the row's last hidden state and absorbs the sampled token at once, so a turn
-   returns with every token it produced in the context and `routing` covers new_tokens +
-   tokens. Stop tokens, max_new_tokens and the context window are decided on device; stop
-   strings on the host after each dispatch, which then halts the row. Two dispatches are kept
-   in flight, so host work overlaps device work.
+   (nothing absorbed). Every other turn is active until it ends; a slot has at most one.
+2. Prefill has priority: while some turns still have new tokens to absorb, each step runs one
+   chunk of up to `prefill_chunk` tokens over exactly those turns' slots (padded to a
+   power-of-two chunk, `num_new` per row); slots without new tokens are not in the dispatch.
+   Attention over pages is an online softmax over page blocks, so the chunk never has to shrink
+   with the number of rows.
+3. Decode: dispatches of `steps_per_dispatch` tokens over the slots of the turns still sampling,
+   whichever they are now: turns admitted since the last dispatch join, turns that ended leave
+   (continuous batching). Each step samples from the row's last hidden state and absorbs the
+   sampled token at once, so a turn returns with every token it produced in the context and
+   `routing` covers new_tokens + tokens. Stop tokens, max_new_tokens and the context window are
+   decided on device; stop strings on the host after each dispatch. Two dispatches are kept in
+   flight, so host work overlaps device work.
 4. Stop strings cut a turn mid-dispatch, after the device already absorbed the tokens that
-   follow the cut. The engine therefore snapshots the Mamba state (and lengths, hidden) after
-   prefill when some turn has stop strings, and for a cut row restores it and re-absorbs the
-   kept tokens in one batched prefill that replays the experts they were decoded with (the
-   prefill takes the chunked Mamba path; KV below the cut is untouched).
-5. Scatter the rows back; results in request order.
+   follow the cut. The engine snapshots those rows' Mamba state (and lengths, hidden) when they
+   start decoding, and for a cut turn restores it and re-absorbs the kept tokens in a prefill
+   that replays the experts they were decoded with (KV below the cut is untouched).
+5. A turn is finished (returned by `step`) once it ended and no dispatch in flight has its row.
 
-Device dispatches per call: ceil(longest new_tokens / chunk) prefills + ceil(longest turn /
-steps_per_dispatch) decodes (+ at most one run-ahead decode when turns end on stop tokens, + the
-stop-string re-absorb), whatever the number of requests. The host never loops over slots for
-device work.
+Buckets: rows, chunk lengths, page-table widths and pool sizes are powers of two, so a serving
+run compiles a handful of programs.
 
-Params are read, never copied: `set_params` swaps the reference to the trainer's new arrays. If
-the trainer's layout differs from the one decode wants, re-laying them out is the caller's
-"switch" (measured by the RL driver); the engine uses what it is given.
+Params are read, never copied: `set_params` swaps the reference to new arrays; they may be the
+trainer's master params or their bf16 decode view (`inference/weights.py`).
 
 Sampling and its log-probabilities: see `sampling.py`.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
 from avalon.inference import device as dev
 from avalon.inference.api import EngineStats, StopReason, TurnRequest, TurnResult
-from avalon.inference.batch import TurnBatch, pow2_at_least
-from avalon.inference.requests import Turn, validate_requests
+from avalon.inference.pages import PagePool, pow2_at_least
+from avalon.inference.requests import Turn, find_stop_string, validate_requests
+from avalon.inference.sampling import SamplingKnobs
+from avalon.inference.turns import ActiveTurn, Record
 from avalon.model.config import ModelConfig
 from avalon.model.params import abstract_params
 
-MIN_CAPACITY = 16
 MIN_CHUNK = 8
 MIN_ROWS = 8
-# Cached attention scores one prefill chunk as [rows, heads, chunk, capacity] fp32; the chunk
-# shrinks (to MIN_CHUNK at least) to keep that under this many bytes.
-PREFILL_SCORE_BYTES = 1 << 30
+MIN_PAGES = 16
+PIPELINE_DEPTH = 2  # decode dispatches in flight
 
 
 def _positive_int(name: str, value) -> int:
@@ -72,14 +77,18 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
-def _check_params(where: str, params, like) -> None:
-    """params must match `like` (arrays or ShapeDtypeStructs) in structure, shapes, dtypes."""
+def check_params(where: str, params, cfg: ModelConfig) -> None:
+    """params must match the config's params in structure and shapes; dtypes may be the
+    master's (cfg.param_dtype) or a narrower float decode view (e.g. bf16)."""
+    like = abstract_params(cfg)
     if jax.tree.structure(params) != jax.tree.structure(like):
         raise ValueError(f"{where}: the params' tree structure differs from the config's "
                          "(params for another config?)")
     for path, a, b in zip(jax.tree_util.tree_leaves_with_path(like), jax.tree.leaves(like),
                           jax.tree.leaves(params)):
-        if a.shape != b.shape or a.dtype != b.dtype:
+        same_kind = a.dtype == b.dtype or (jnp.issubdtype(a.dtype, jnp.floating)
+                                           and jnp.issubdtype(b.dtype, jnp.floating))
+        if a.shape != b.shape or not same_kind:
             raise ValueError(f"{where}: param {jax.tree_util.keystr(path[0])} is {b.shape} "
                              f"{b.dtype}, expected {a.shape} {a.dtype}")
 
@@ -89,7 +98,7 @@ class Engine:
 
     def __init__(self, cfg: ModelConfig, params: dict, *, num_slots: int,
                  max_context: int | None = None, mesh: Mesh | None = None,
-                 steps_per_dispatch: int = 8, prefill_chunk: int = 256,
+                 steps_per_dispatch: int = 8, prefill_chunk: int = 256, page_size: int = 16,
                  detokenize: Callable[[list[int]], str] | None = None):
         if not isinstance(cfg, ModelConfig):
             raise ValueError(f"Engine: cfg must be a ModelConfig, got {type(cfg).__name__}")
@@ -102,29 +111,46 @@ class Engine:
                              f"cfg.max_context={cfg.max_context}")
         self.steps_per_dispatch = _positive_int("steps_per_dispatch", steps_per_dispatch)
         self.prefill_chunk = _positive_int("prefill_chunk", prefill_chunk)
+        self.page_size = _positive_int("page_size", page_size)
         if detokenize is not None and not callable(detokenize):
             raise ValueError(f"Engine: detokenize={detokenize!r} must be callable")
         self.detokenize = detokenize
         self.mesh = mesh
         self._setup = dev.Setup(cfg=cfg, mesh=mesh, max_context=self.max_context,
-                                steps=self.steps_per_dispatch)
-        _check_params("Engine", params, abstract_params(cfg))
+                                steps=self.steps_per_dispatch, page_size=self.page_size)
+        check_params("Engine", params, cfg)
         self._params = params
-        self._state = dev.init_state(self._setup, self.num_slots, self._capacity_for(0))
+        self._pool = PagePool(self.page_size, MIN_PAGES, self.num_slots)
+        self._state = dev.init_state(self._setup, self.num_slots, MIN_PAGES)
         self._lengths = np.zeros(self.num_slots, np.int64)  # host mirror of the context lengths
         self._allocated = np.zeros(self.num_slots, bool)
         self._to_reset: set[int] = set()
         self._n_moe = cfg.count("E")
-        # Row buckets divisible by the slot-sharding axes, so working states stay sharded.
+        self._active: dict[int, ActiveTurn] = {}  # slot -> its turn in progress
+        self._ready: list[TurnResult] = []  # finished, not yet returned by `step`
+        self._inflight: collections.deque = collections.deque()
+        # Row buckets divisible by the slot-sharding axes, so working rows stay sharded.
         self._min_rows = MIN_ROWS if mesh is None else \
             max(MIN_ROWS, mesh.shape["data"] * mesh.shape["fsdp"])
+        self._min_prefill_rows = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+        self._max_width = pow2_at_least(self._pool.pages_for(self.max_context))
         self.stats = EngineStats()
 
     # ---- slots ---------------------------------------------------------------------------
     def set_params(self, params: dict) -> None:
-        """Use the trainer's new param arrays from the next dispatch on (no copy)."""
-        _check_params("set_params", params, self._params)
+        """Use these param arrays from the next dispatch on (no copy)."""
+        check_params("set_params", params, self.cfg)
         self._params = params
+
+    @property
+    def busy(self) -> bool:
+        """Some submitted turn has not been returned by `step` yet."""
+        return bool(self._active or self._ready)
+
+    @property
+    def kv_pages(self) -> tuple[int, int]:
+        """(pages held by slots, pages in the pool); one page holds `page_size` positions."""
+        return self._pool.pages_in_use, self._pool.num_pages
 
     def allocate(self) -> int:
         """The lowest free slot, with an empty context."""
@@ -141,7 +167,8 @@ class Engine:
     def release(self, slot: int) -> None:
         self._check_slot("release", slot)
         self._allocated[slot] = False
-        self._lengths[slot] = 0  # a free slot's stale state never sets the KV capacity
+        self._lengths[slot] = 0
+        self._pool.release(slot)
         self._to_reset.discard(slot)
 
     def context_length(self, slot: int) -> int:
@@ -149,7 +176,8 @@ class Engine:
         return int(self._lengths[slot])
 
     def fork(self, slot: int, k: int) -> list[int]:
-        """k new slots whose context is a copy of `slot`'s (one device copy, no prefill)."""
+        """k new slots whose context is a copy of `slot`'s (no prefill: full pages are shared,
+        the last partial page and the Mamba state copied in one device call)."""
         self._check_slot("fork", slot)
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"fork: k={k!r} must be a positive int")
@@ -159,11 +187,19 @@ class Engine:
                              f"{free.size} are free")
         self._flush_resets()  # the source may be a fresh slot that was never emptied
         new = [int(s) for s in free[:k]]
+        length = int(self._lengths[slot])
+        if length % self.page_size and len(self._pool.free) < k:
+            self._grow_pool(self._pool.pages_in_use + k)
+        src_pages, dst_pages = self._pool.fork(slot, new, length)
         dst = np.full(pow2_at_least(k), self.num_slots, np.int32)
         dst[:k] = new
-        self._state = dev.copy_slot(self._state, np.int32(slot), dst, setup=self._setup)
+        n = pow2_at_least(max(1, len(dst_pages)))
+        page_src, page_dst = np.zeros(n, np.int32), np.full(n, self._pool.num_pages, np.int32)
+        page_src[:len(src_pages)], page_dst[:len(dst_pages)] = src_pages, dst_pages
+        self._state = dev.fork(self._state, np.int32(slot), dst, page_src, page_dst,
+                               setup=self._setup)
         self._allocated[new] = True
-        self._lengths[new] = self._lengths[slot]
+        self._lengths[new] = length
         self.stats.forks += 1
         self.stats.state_ops += 1
         return new
@@ -173,6 +209,9 @@ class Engine:
                 or not 0 <= slot < self.num_slots or not self._allocated[slot]:
             raise ValueError(f"{where}: slot={slot!r} is not an allocated slot (unknown or "
                              f"released; this engine has slots 0..{self.num_slots - 1})")
+        if where != "context_length" and int(slot) in self._active:
+            raise ValueError(f"{where}: slot={slot!r} has a turn in progress; wait for its "
+                             "result from step()")
 
     def _flush_resets(self) -> None:
         if not self._to_reset:
@@ -184,55 +223,302 @@ class Engine:
         self._to_reset.clear()
         self.stats.state_ops += 1
 
-    # ---- buckets -------------------------------------------------------------------------
-    def _capacity_for(self, n: int) -> int:
-        return min(self.max_context, max(MIN_CAPACITY, pow2_at_least(n)))
+    # ---- buckets and pages ---------------------------------------------------------------
+    def _rows_for(self, n: int, least: int) -> int:
+        return min(self.num_slots, max(least, pow2_at_least(n)))
 
-    def _rows_for(self, n: int) -> int:
-        return min(self.num_slots, max(self._min_rows, pow2_at_least(n)))
+    def _row_ids(self, slots: list[int], least: int | None = None) -> np.ndarray:
+        """Row ids for a dispatch over `slots`, padded to a power-of-two bucket of at least
+        `least` rows (default MIN_ROWS, which bounds the decode programs compiled)."""
+        least = self._min_rows if least is None else least
+        idx = np.full(self._rows_for(len(slots), least), self.num_slots, np.int32)
+        idx[:len(slots)] = slots
+        return idx
 
-    def _prefill_step(self, rows: int, capacity: int) -> int:
-        """Tokens per prefill chunk: `prefill_chunk`, fewer if the scores would not fit."""
-        per_token = rows * self.cfg.num_attention_heads * capacity * 4 * ("*" in self.cfg.pattern)
-        if per_token == 0:
-            return self.prefill_chunk
-        fit = 1 << max(0, (PREFILL_SCORE_BYTES // per_token).bit_length() - 1)
-        return max(MIN_CHUNK, min(self.prefill_chunk, fit))
+    def _grow_pool(self, pages: int) -> None:
+        target = max(self._pool.num_pages, pow2_at_least(pages))
+        if target > self._pool.num_pages:
+            self._state = dev.grow(self._state, setup=self._setup, num_pages=target)
+            self._pool.grow(target)
+            self.stats.state_ops += 1
 
-    def _chunk_for(self, n: int, step: int) -> int:
-        return min(step, max(MIN_CHUNK, pow2_at_least(n)))
+    def _page_table(self, slots: list[int], rows: int, needs: dict[int, int]) -> np.ndarray:
+        """Give each slot s pages for needs[s] tokens; the rows' page tables [rows, W]."""
+        short = self._pool.shortfall(needs)
+        if short:
+            self._grow_pool(self._pool.pages_in_use + short + len(self._pool.free))
+        for s, n in needs.items():
+            self._pool.ensure(s, n)
+        width = min(self._max_width, pow2_at_least(max(1, max(
+            self._pool.pages_for(n) for n in needs.values()))))
+        padded = list(slots) + [-1] * (rows - len(slots))
+        return self._pool.table(padded, width)
 
     def _install_state(self, state, lengths) -> None:
         """Benchmarks only: adopt a synthesized device state (every slot allocated, contexts of
-        `lengths` tokens) instead of prefilling it."""
+        `lengths` tokens, slot s holding pool pages [s * w, (s + 1) * w) for w = pages /
+        slots) instead of prefilling it."""
+        pages = state.cache.num_pages or self.num_slots
+        w = pages // self.num_slots
         self._state = state
+        self._pool = PagePool(self.page_size, pages, self.num_slots)
+        self._pool.free = []
+        self._pool.refs[:] = 1
+        self._pool.held = [list(range(s * w, (s + 1) * w)) for s in range(self.num_slots)]
         self._allocated[:] = True
         self._lengths[:] = lengths
         self._to_reset.clear()
 
-    # ---- generate ------------------------------------------------------------------------
+    # ---- serving -------------------------------------------------------------------------
     def generate(self, requests: Sequence[TurnRequest]) -> list[TurnResult]:
-        """Run every turn together; results in request order (see the module docstring)."""
+        """Run every turn to its end; results in request order (see the module docstring).
+        The engine must not be serving submitted turns (use `step` for those)."""
+        if self.busy:
+            raise ValueError("generate: the engine is serving submitted turns; collect them "
+                             "with step() until busy is False first")
         start = time.perf_counter()
         wait_before = self.stats.device_wait_seconds
+        turns = self._validate(requests)
+        self.stats.generate_calls += 1
+        self._admit(turns)
+        by_slot: dict[int, TurnResult] = {}
+        while self.busy:
+            for res in self._step():
+                by_slot[res.slot] = res
+        wait = self.stats.device_wait_seconds - wait_before
+        self.stats.host_seconds += time.perf_counter() - start - wait
+        return [by_slot[t.slot] for t in turns]
+
+    def submit(self, requests: Sequence[TurnRequest]) -> None:
+        """Start these turns; they join the running dispatches (results come from `step`).
+        A slot may have one turn in progress at a time."""
+        start = time.perf_counter()
+        self._admit(self._validate(requests))
+        self.stats.host_seconds += time.perf_counter() - start
+
+    def step(self) -> list[TurnResult]:
+        """One scheduling round: at most one prefill chunk or a top-up of the decode pipeline,
+        and at most one fetch. Returns the turns that finished (any order; match by slot)."""
+        start = time.perf_counter()
+        wait_before = self.stats.device_wait_seconds
+        out = self._step()
+        wait = self.stats.device_wait_seconds - wait_before
+        self.stats.host_seconds += time.perf_counter() - start - wait
+        return out
+
+    def _validate(self, requests) -> list[Turn]:
         turns = validate_requests(requests, allocated=self._allocated, lengths=self._lengths,
                                   vocab=self.cfg.vocab_size,
                                   can_detokenize=self.detokenize is not None)
-        self.stats.generate_calls += 1
-        results: list[TurnResult | None] = [None] * len(turns)
-        admitted = []
+        for t in turns:
+            if t.slot in self._active:
+                raise ValueError(f"submit: request {t.index} (slot {t.slot}): slot={t.slot}: "
+                                 "has a turn in progress; wait for its result from step()")
+        return turns
+
+    def _admit(self, turns: list[Turn]) -> None:
+        start = []
         for t in turns:
             if self._lengths[t.slot] + len(t.new_tokens) > self.max_context:
-                results[t.index] = self._empty_result(t, StopReason.CONTEXT_FULL)
+                self._ready.append(self._empty_result(t, StopReason.CONTEXT_FULL))
+                continue
+            a = self._active[t.slot] = ActiveTurn(turn=t)
+            if not a.feeding:
+                start.append(a)
+        if start:
+            self._start_decode(start)
+
+    def _step(self) -> list[TurnResult]:
+        self._flush_resets()
+        feeding = [a for a in self._active.values() if a.feeding]
+        dispatched = False
+        if feeding:
+            self._prefill_chunk(feeding)
+        else:
+            while len(self._inflight) < PIPELINE_DEPTH and self._dispatch_decode():
+                dispatched = True
+        if self._inflight and (feeding or not dispatched
+                               or len(self._inflight) >= PIPELINE_DEPTH):
+            self._process(self._inflight.popleft())
+        for a in [a for a in self._active.values() if a.ended and not a.inflight]:
+            self._finish(a)
+        out, self._ready = self._ready, []
+        return out
+
+    # ---- prefill -------------------------------------------------------------------------
+    def _run_prefill(self, feed: dict[int, np.ndarray], replay: dict | None):
+        """One prefill dispatch: feed[slot] (int32 [n <= prefill_chunk]) appended to each slot.
+        replay[slot] ([n, m, k]) replays experts. Returns (Record, rows' slots)."""
+        slots = list(feed)
+        # Prefill buckets start at one row (the slot axes under a mesh): a turn admitted alone
+        # into a running generation is prefilled alone, not with 7 padding rows.
+        idx = self._row_ids(slots, self._min_prefill_rows)
+        rows = len(idx)
+        T = min(self.prefill_chunk, max(MIN_CHUNK, pow2_at_least(max(map(len, feed.values())))))
+        tokens = np.zeros((rows, T), np.int32)
+        num_new = np.zeros(rows, np.int32)
+        routing = None if replay is None else \
+            np.zeros((self._n_moe, rows, T, self.cfg.num_experts_per_tok), np.int32)
+        needs = {}
+        for r, s in enumerate(slots):
+            part = feed[s]
+            tokens[r, :len(part)] = part
+            num_new[r] = len(part)
+            needs[s] = int(self._lengths[s]) + len(part)
+            if routing is not None:
+                routing[:, r, :len(part)] = replay[s].transpose(1, 0, 2)
+        pages = self._page_table(slots, rows, needs)
+        self._state, experts = dev.prefill(self._params, self._state, idx, pages, tokens,
+                                           num_new, routing, setup=self._setup)
+        self.stats.prefill_dispatches += 1
+        for s in slots:
+            self._lengths[s] += len(feed[s])
+        return Record(experts, self._fetch), slots
+
+    def _prefill_chunk(self, feeding: list[ActiveTurn]) -> None:
+        feed = {a.slot: a.turn.new_tokens[a.fed:a.fed + self.prefill_chunk] for a in feeding}
+        rec, slots = self._run_prefill(feed, None)
+        done = []
+        for r, a in enumerate(feeding):
+            n = len(feed[a.slot])
+            a.prefill_parts.append((rec, r, n))
+            a.fed += n
+            self.stats.prefill_tokens += n
+            if not a.feeding:
+                done.append(a)
+        if done:
+            self._start_decode(done)
+
+    def _start_decode(self, turns: list[ActiveTurn]) -> None:
+        """The turns' new tokens are absorbed: arm the ones that sample, end the others."""
+        armed = []
+        for a in turns:
+            a.after_prefill = int(self._lengths[a.slot])
+            if a.turn.max_new_tokens > 0 and a.after_prefill < self.max_context:
+                a.decoding = True
+                armed.append(a)
             else:
-                admitted.append(t)
-        if admitted:
-            self._flush_resets()
-            for t, res in zip(admitted, TurnBatch(self, admitted).run()):
-                results[t.index] = res
-        wait = self.stats.device_wait_seconds - wait_before
-        self.stats.host_seconds += time.perf_counter() - start - wait
-        return results
+                a.ended = True
+                a.reason = dev.CODE_LENGTH if a.turn.max_new_tokens == 0 else \
+                    dev.CODE_CONTEXT_FULL
+        if not armed:
+            return
+        slots = [a.slot for a in armed]
+        idx = self._row_ids(slots)
+        remaining = np.zeros(len(idx), np.int32)
+        remaining[:len(armed)] = [a.turn.max_new_tokens for a in armed]
+        self._state = dev.arm(self._state, idx, idx < self.num_slots, remaining,
+                              setup=self._setup)
+        self.stats.state_ops += 1
+        stringy = [a for a in armed if a.turn.stop_strings]
+        if stringy:
+            sidx = self._row_ids([a.slot for a in stringy])
+            snap = dev.snapshot(self._state, sidx, setup=self._setup)
+            self.stats.state_ops += 1
+            for r, a in enumerate(stringy):
+                a.snap = (snap, sidx, r)
+
+    # ---- decode --------------------------------------------------------------------------
+    def _dispatch_decode(self) -> bool:
+        """One decode dispatch over the turns that may still sample; False if there are none."""
+        S = self.steps_per_dispatch
+        turns = []
+        for a in self._active.values():
+            if not a.decoding or a.ended or a.cut is not None:
+                continue
+            ahead = S * a.inflight  # tokens the in-flight dispatches may still emit
+            if a.emitted + ahead < a.turn.max_new_tokens and \
+                    self._lengths[a.slot] + ahead < self.max_context:
+                turns.append(a)
+        if not turns:
+            return False
+        slots = [a.slot for a in turns]
+        idx = self._row_ids(slots)
+        R = len(idx)
+        needs = {a.slot: int(min(self._lengths[a.slot] + S * (a.inflight + 1), self.max_context))
+                 for a in turns}
+        pages = self._page_table(slots, R, needs)
+        knobs, stops = self._knobs(turns, R)
+        self._state, out = dev.decode(self._params, self._state, idx, pages, knobs, stops,
+                                      setup=self._setup)
+        self.stats.decode_dispatches += 1
+        for a in turns:
+            a.inflight += 1
+        self._inflight.append((Record(out.routing, self._fetch, small=out.replace(routing=None)),
+                               turns))
+        return True
+
+    def _knobs(self, turns: list[ActiveTurn], R: int):
+        temperature, top_p = np.ones(R, np.float32), np.ones(R, np.float32)
+        top_k, seed = np.zeros(R, np.int32), np.zeros(R, np.uint32)
+        greedy = np.ones(R, bool)
+        width = pow2_at_least(max([len(a.turn.stop_tokens) for a in turns] + [1]))
+        stops = np.full((R, width), -1, np.int32)
+        for r, a in enumerate(turns):
+            s = a.turn.sampling
+            temperature[r], top_p[r], top_k[r] = s.temperature, s.top_p, s.top_k
+            greedy[r], seed[r] = s.greedy, s.seed
+            stops[r, :len(a.turn.stop_tokens)] = a.turn.stop_tokens
+        knobs = SamplingKnobs(temperature=temperature, top_p=top_p, top_k=top_k, greedy=greedy,
+                              seed=seed)
+        return knobs, stops
+
+    def _process(self, item) -> None:
+        """Take one decode dispatch's tokens into its turns."""
+        rec, turns = item
+        o = self._fetch(rec.small)
+        rec.small = None
+        for r, a in enumerate(turns):
+            a.inflight -= 1
+            if a.ended or a.cut is not None:
+                continue  # ran ahead past its end: the device left it untouched (or cut)
+            sel = o.emitted[:, r]
+            count = int(sel.sum())
+            if not count:
+                continue
+            new = o.tokens[sel, r]
+            start = a.emitted
+            a.tokens.append(new)
+            a.logprobs.append(o.logprobs[sel, r])
+            a.decode_parts.append((rec, r, sel))
+            a.emitted += count
+            self._lengths[a.slot] += count
+            if a.turn.stop_strings:
+                j = find_stop_string(list(a.sampled()), start, a.turn.stop_strings,
+                                     self.detokenize)
+                if j is not None:
+                    a.cut, a.ended, a.reason = j, True, dev.CODE_STOP
+                    continue
+            code = int(o.code[:, r].max())  # a row ends at one step at most
+            if code:
+                a.ended, a.reason = True, code
+
+    def _finish(self, a: ActiveTurn) -> None:
+        if a.cut is not None and a.cut + 1 < a.emitted:
+            self._reabsorb(a)
+        del self._active[a.slot]
+        self.stats.decode_tokens += a.kept()
+        self._ready.append(a.result(int(self._lengths[a.slot]), self._n_moe,
+                                    self.cfg.num_experts_per_tok, self._setup.routing_dtype))
+
+    def _reabsorb(self, a: ActiveTurn) -> None:
+        """A stop string cut the turn after the device absorbed tokens past the cut: restore
+        the row's post-prefill Mamba state and re-absorb the kept tokens, replaying their
+        experts."""
+        snap, sidx, r = a.snap
+        only = np.full(len(sidx), self.num_slots, np.int32)
+        only[r] = a.slot
+        self._state = dev.restore(self._state, only, snap, setup=self._setup)
+        self.stats.state_ops += 1
+        self._lengths[a.slot] = a.after_prefill
+        n = a.kept()
+        kept = a.sampled()[:n]
+        routing = a.decoded_routing(n) if self._n_moe else None
+        for off in range(0, n, self.prefill_chunk):
+            part = {a.slot: kept[off:off + self.prefill_chunk]}
+            replay = None if routing is None else \
+                {a.slot: routing[off:off + self.prefill_chunk].astype(np.int32)}
+            self._run_prefill(part, replay)
 
     def _empty_result(self, t: Turn, reason: StopReason) -> TurnResult:
         routing = None if not self._n_moe else np.zeros(

@@ -7,7 +7,16 @@ Same mixer contract as Mamba-2: `attention(p, x, cfg, segment_ids=, cache=, leng
 H200; token-major reached 27%). With a cache, the new tokens of row b sit at positions
 lengths[b] + i (i < num_new[b]); positions past the capacity are dropped, never wrapped.
 
-Notation: b batch, q/k query/key positions, h kv heads, g query heads per kv head, d head dim.
+Paged KV (the engine's decode layout): `PagedKV` is a pool of pages [pages, kv_heads,
+page_size, head_dim] shared by all slots, and `pages` [b, W] lists each row's pages in order
+(position p of row b lives at page pages[b, p // page_size], offset p % page_size; entries
+>= the pool size are unallocated). Memory then follows the tokens held, not slots x the longest
+context. Attention over pages is an online softmax over blocks of pages (`_paged_attention`), so
+its memory is bounded by rows x queries x block, whatever the context. The contiguous
+`KVCache` path is the readable reference it is tested against.
+
+Notation: b batch, q/k query/key positions, h kv heads, g query heads per kv head, d head dim,
+n pool pages, s page size, w pages per row.
 """
 
 from __future__ import annotations
@@ -30,6 +39,25 @@ class KVCache:
 
 KV_CACHE_AXES = KVCache(k=("batch", "act_kv_heads", "cache_seq", None),
                         v=("batch", "act_kv_heads", "cache_seq", None))
+
+
+@struct.dataclass
+class PagedKV:
+    k: jax.Array  # [pages, kv_heads, page_size, head_dim]
+    v: jax.Array  # [pages, kv_heads, page_size, head_dim]
+
+
+# Pages are split over the slot axes (data/fsdp) like slots, heads over tensor.
+PAGED_KV_AXES = PagedKV(k=("batch", "act_kv_heads", None, None),
+                        v=("batch", "act_kv_heads", None, None))
+# Pages per block of the online softmax: the scores of one block are
+# [rows, heads, queries, PAGE_BLOCK * page_size] fp32.
+PAGE_BLOCK = 16
+
+
+def init_paged_kv(cfg: ModelConfig, num_pages: int, page_size: int) -> PagedKV:
+    shape = (num_pages, cfg.num_key_value_heads, page_size, cfg.head_dim)
+    return PagedKV(k=jnp.zeros(shape, cfg.jnp_dtype), v=jnp.zeros(shape, cfg.jnp_dtype))
 
 
 def init_kv_cache(cfg: ModelConfig, batch: int, capacity: int) -> KVCache:
@@ -101,8 +129,67 @@ def _write_cache(cache_arr, new, start, num_new):
     return jax.vmap(one)(cache_arr, new, pos)
 
 
+def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new):
+    """pool [n, h, s, d]; new [b, t, h, d] written at position start[b] + i (i < num_new[b])
+    through the page table pages [b, w]; positions past the row's pages are dropped."""
+    n, _, size, _ = pool.shape
+    t, w = new.shape[1], pages.shape[1]
+    pos = start[:, None] + jnp.arange(t)[None, :]  # [b, t]
+    slot = pos // size
+    page = jnp.take_along_axis(pages, jnp.clip(slot, 0, w - 1), axis=1)
+    keep = slot < w
+    if num_new is not None:
+        keep &= jnp.arange(t)[None, :] < num_new[:, None]
+    page = jnp.where(keep, page, n)  # n: out of range, dropped
+    return pool.at[page, :, pos % size].set(new.astype(pool.dtype), mode="drop")
+
+
+def _paged_attention(q, pool: PagedKV, pages, q_pos, scale):
+    """q [b, Q, h, g, d]; pages [b, w]; q_pos [b, Q]: query i of row b sees positions <= q_pos.
+
+    Online softmax over blocks of PAGE_BLOCK pages (a running max m, normaliser l and
+    unnormalised output acc, rescaled as each block raises the max): memory is one block's
+    scores, whatever the context. Returns [b, Q, h, g, d]."""
+    b, nq, h, g, d = q.shape
+    w = pages.shape[1]
+    size = pool.k.shape[2]
+    per = min(PAGE_BLOCK, w)
+    if w % per:
+        raise ValueError(f"paged attention: page table width {w} is not a multiple of the "
+                         f"block of {per} pages")
+    blocks = pages.reshape(b, w // per, per).swapaxes(0, 1)  # [w / per, b, per]
+    f32 = jnp.float32
+
+    def block(carry, xs):
+        m, l, acc = carry
+        idx, j = xs
+
+        def gather(a):  # [b, per, h, s, d] -> [b, h, per * s, d]
+            a = jnp.take(a, idx, axis=0, mode="fill", fill_value=0)
+            return a.swapaxes(1, 2).reshape(b, h, per * size, d)
+
+        k, v = gather(pool.k), gather(pool.v)
+        k_pos = j * per * size + jnp.arange(per * size)
+        mask = (k_pos[None, None, :] <= q_pos[:, :, None])[:, None, None]  # [b, 1, 1, Q, K]
+        s = (jnp.einsum("bqhgd,bhkd->bhgqk", q, k) * jnp.asarray(scale, q.dtype)).astype(f32)
+        s = jnp.where(mask, s, _MASKED)
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+        corr = jnp.exp(m - m_new)
+        l = l * corr + p.sum(axis=-1)
+        pv = jnp.einsum("bhgqk,bhkd->bhgqd", p.astype(v.dtype), v).astype(f32)
+        return (m_new, l, acc * corr[..., None] + pv), None
+
+    init = (jnp.full((b, h, g, nq), _MASKED, f32), jnp.zeros((b, h, g, nq), f32),
+            jnp.zeros((b, h, g, nq, d), f32))
+    (_, l, acc), _ = jax.lax.scan(block, init, (blocks, jnp.arange(w // per)))
+    # A query with nothing visible (a padding row) has l = 0: keep it finite.
+    out = acc / jnp.maximum(l, jnp.finfo(f32).tiny)[..., None]
+    return out.transpose(0, 3, 1, 2, 4).astype(q.dtype)
+
+
 def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
-              cache: KVCache | None = None, lengths=None, num_new=None):
+              cache: KVCache | PagedKV | None = None, lengths=None, num_new=None, pages=None):
     b, t, _ = x.shape
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     g = nh // nkv
@@ -119,6 +206,13 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     if cache is None:
         out = _full_attention(q, k, v, segment_ids, cfg, scale)
         new_cache = None
+    elif isinstance(cache, PagedKV):
+        if pages is None:
+            raise ValueError("attention: a PagedKV cache needs its page table (pages=)")
+        new_cache = PagedKV(k=_write_pages(cache.k, k, pages, lengths, num_new),
+                            v=_write_pages(cache.v, v, pages, lengths, num_new))
+        q_pos = lengths[:, None] + jnp.arange(t)[None, :]
+        out = _paged_attention(q, new_cache, pages, q_pos, scale)
     else:
         new_cache = KVCache(k=_write_cache(cache.k, k, lengths, num_new),
                             v=_write_cache(cache.v, v, lengths, num_new))

@@ -7,6 +7,12 @@ third-from-last axis of every KV leaf and is the same for all attention layers.
 
 Slot helpers (`take_slots`, `put_slots`) move whole per-slot states, e.g. to fork one agent's
 context into k rollouts without re-running its prefill.
+
+Paged variant (`init_paged_cache`): attention layers hold a `PagedKV` pool
+[repeats, pages, kv_heads, page_size, head_dim] shared by all slots instead of per-slot KV, and
+`pages` [b, w] is the page table of the rows a forward runs over (set by the caller, e.g. the
+engine's host allocator). Mamba state stays fixed per slot. `take_rows` / `put_rows` move the
+per-slot part only; the pool stays where it is.
 """
 
 from __future__ import annotations
@@ -15,7 +21,14 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from avalon.model.attention import KV_CACHE_AXES, KVCache, init_kv_cache
+from avalon.model.attention import (
+    KV_CACHE_AXES,
+    PAGED_KV_AXES,
+    KVCache,
+    PagedKV,
+    init_kv_cache,
+    init_paged_kv,
+)
 from avalon.model.config import LETTERS, ModelConfig
 from avalon.model.mamba2 import MAMBA_CACHE_AXES, init_mamba_cache
 from avalon.model.params import layer_key
@@ -25,6 +38,7 @@ from avalon.model.params import layer_key
 class Cache:
     blocks: list  # per run: {layer_key: MambaCache | KVCache}, each leaf [repeats, b, ...]
     lengths: jax.Array  # [b] int32
+    pages: jax.Array | None = None  # [b, w] int32 page table (paged KV only)
 
     @property
     def batch(self) -> int:
@@ -37,6 +51,19 @@ class Cache:
             for entry in blk.values():
                 if isinstance(entry, KVCache):
                     return entry.k.shape[-2]
+        return None
+
+    @property
+    def paged(self) -> bool:
+        return any(isinstance(e, PagedKV) for blk in self.blocks for e in blk.values())
+
+    @property
+    def num_pages(self) -> int | None:
+        """Pages in the KV pool, or None for a contiguous cache or a model without attention."""
+        for blk in self.blocks:
+            for entry in blk.values():
+                if isinstance(entry, PagedKV):
+                    return entry.k.shape[1]
         return None
 
 
@@ -59,8 +86,26 @@ def init_cache(cfg: ModelConfig, batch: int, capacity: int) -> Cache:
     return Cache(blocks=blocks, lengths=jnp.zeros((batch,), jnp.int32))
 
 
-def cache_axes(cfg: ModelConfig) -> Cache:
-    """Logical axes per cache leaf (a `Cache` of tuples), for shardings."""
+def init_paged_cache(cfg: ModelConfig, batch: int, num_pages: int, page_size: int) -> Cache:
+    """Zero paged cache: Mamba state for `batch` slots, a pool of `num_pages` KV pages."""
+    blocks = []
+    for unit, reps in cfg.blocks:
+        entries = {}
+        for j, ch in enumerate(unit):
+            kind = LETTERS[ch]
+            if kind == "mamba":
+                entries[layer_key(j, ch)] = _stack(init_mamba_cache(cfg, batch), reps)
+            elif kind == "attention":
+                entries[layer_key(j, ch)] = _stack(init_paged_kv(cfg, num_pages, page_size),
+                                                   reps)
+        blocks.append(entries)
+    return Cache(blocks=blocks, lengths=jnp.zeros((batch,), jnp.int32))
+
+
+def cache_axes(cfg: ModelConfig, paged: bool = False) -> Cache:
+    """Logical axes per cache leaf (a `Cache` of tuples), for shardings. (A paged cache's page
+    table is an input of each call, not part of the stored state: its axes are left out.)"""
+    kv_axes = PAGED_KV_AXES if paged else KV_CACHE_AXES
     blocks = []
     for unit, _ in cfg.blocks:
         entries = {}
@@ -72,10 +117,57 @@ def cache_axes(cfg: ModelConfig) -> Cache:
                     is_leaf=lambda x: isinstance(x, tuple))
             elif kind == "attention":
                 entries[layer_key(j, ch)] = jax.tree.map(
-                    lambda ax: ("layers", *ax), KV_CACHE_AXES,
+                    lambda ax: ("layers", *ax), kv_axes,
                     is_leaf=lambda x: isinstance(x, tuple))
         blocks.append(entries)
     return Cache(blocks=blocks, lengths=("batch",))
+
+
+def _per_slot(fn_slot, fn_pool, blocks):
+    def one(entry):
+        return fn_pool(entry) if isinstance(entry, PagedKV) else jax.tree.map(fn_slot, entry)
+    return [{key: one(e) for key, e in blk.items()} for blk in blocks]
+
+
+def take_rows(cache: Cache, idx: jax.Array, pages: jax.Array) -> Cache:
+    """A paged cache over rows idx [r] (entries >= batch are empty padding rows) with page table
+    `pages` [r, w]: Mamba state and lengths gathered, the pool shared."""
+    take = lambda a: jnp.take(a, idx, axis=1, mode="fill", fill_value=0)
+    blocks = _per_slot(take, lambda e: e, cache.blocks)
+    return Cache(blocks=blocks, lengths=jnp.take(cache.lengths, idx, mode="fill", fill_value=0),
+                 pages=pages)
+
+
+def put_rows(cache: Cache, idx: jax.Array, part: Cache) -> Cache:
+    """Write the rows of `part` (from `take_rows`) back into slots idx (padding dropped); the
+    pool becomes part's pool (the one the rows wrote into)."""
+    def merge(entry, p):
+        if isinstance(entry, PagedKV):
+            return p
+        return jax.tree.map(lambda a, b: a.at[:, idx].set(b.astype(a.dtype), mode="drop"),
+                            entry, p)
+    blocks = [{key: merge(e, pblk[key]) for key, e in blk.items()}
+              for blk, pblk in zip(cache.blocks, part.blocks)]
+    return Cache(blocks=blocks, lengths=cache.lengths.at[idx].set(part.lengths, mode="drop"))
+
+
+def grow_pool(cache: Cache, num_pages: int) -> Cache:
+    """A paged cache with `num_pages` pool pages (>= the current count; contents kept)."""
+    def fix(entry):
+        pad = num_pages - entry.k.shape[1]
+        widths = [(0, 0), (0, pad)] + [(0, 0)] * (entry.k.ndim - 2)
+        return PagedKV(k=jnp.pad(entry.k, widths), v=jnp.pad(entry.v, widths))
+    blocks = _per_slot(lambda a: a, fix, cache.blocks)
+    return Cache(blocks=blocks, lengths=cache.lengths, pages=cache.pages)
+
+
+def copy_pages(cache: Cache, src: jax.Array, dst: jax.Array) -> Cache:
+    """Pool page dst[i] becomes a copy of page src[i] (dst entries >= the pool are dropped)."""
+    def fix(entry):
+        put = lambda a: a.at[:, dst].set(jnp.take(a, src, axis=1, mode="clip"), mode="drop")
+        return PagedKV(k=put(entry.k), v=put(entry.v))
+    blocks = _per_slot(lambda a: a, fix, cache.blocks)
+    return Cache(blocks=blocks, lengths=cache.lengths, pages=cache.pages)
 
 
 def take_slots(cache: Cache, idx: jax.Array) -> Cache:

@@ -9,6 +9,7 @@
   segment_ids  [b, t] int, packed training rows (no cache): attention and Mamba state never
                cross a change of id
   cache        `Cache`: continue from it (prefill, chunked prefill, decode); returns the new one
+               (contiguous KV, or paged KV with the rows' page table `cache.pages`)
   num_new      [b] int with a cache: the real tokens of each row (rest is right padding)
   routing      [n_moe_layers, b, t, k] int: replay these expert choices (RL routing replay)
 Returns `ForwardResult(logits [b, t, V] fp32, hidden [b, t, D] (pre-final-norm), cache,
@@ -44,7 +45,7 @@ class ForwardResult:
 
 
 def apply_layer(letter: str, lp: dict, h: jax.Array, cfg: ModelConfig, *, segment_ids=None,
-                cache_entry=None, lengths=None, num_new=None, routing=None):
+                cache_entry=None, lengths=None, num_new=None, routing=None, pages=None):
     """One pre-norm residual layer. Returns (h, new cache entry or None, experts or None)."""
     x = rms_norm(h, lp["norm"], cfg.layer_norm_epsilon)
     kind = LETTERS[letter]
@@ -54,7 +55,7 @@ def apply_layer(letter: str, lp: dict, h: jax.Array, cfg: ModelConfig, *, segmen
                                    num_new=num_new)
     elif kind == "attention":
         y, new_entry = attention(lp, x, cfg, segment_ids=segment_ids, cache=cache_entry,
-                                 lengths=lengths, num_new=num_new)
+                                 lengths=lengths, num_new=num_new, pages=pages)
     elif kind == "moe":
         y, experts = moe_layer(lp, x, cfg, routing=routing)
     else:
@@ -72,7 +73,7 @@ def _remat(fn, cfg: ModelConfig, training: bool):
 
 
 def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: ModelConfig,
-               segment_ids, lengths, num_new):
+               segment_ids, lengths, num_new, pages=None):
     """Scan `reps` repeats of `unit`. br: [reps, m, b, t, k] routing to replay, or None.
 
     Without a cache, params (and routing) are the scanned inputs. With a cache, the stacked
@@ -89,7 +90,7 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
             h, entry, idx = apply_layer(
                 ch, lps[key], h, cfg, segment_ids=segment_ids,
                 cache_entry=None if entries is None else entries.get(key), lengths=lengths,
-                num_new=num_new, routing=r)
+                num_new=num_new, routing=r, pages=pages)
             if entry is not None:
                 new_entries[key] = entry
             if idx is not None:
@@ -137,6 +138,7 @@ def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=No
     h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.jnp_dtype)
     h = constrain(h, ("batch", "act_seq", "act_embed"))
     lengths = None if cache is None else cache.lengths
+    pages = None if cache is None else cache.pages
 
     new_blocks, routed, offset = [], [], 0
     for bi, (unit, reps) in enumerate(cfg.blocks):
@@ -147,7 +149,7 @@ def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=No
         offset += reps * m
         h, entries, experts = _run_block(
             unit, reps, params["blocks"][bi], None if cache is None else cache.blocks[bi], br, h,
-            cfg, segment_ids, lengths, num_new)
+            cfg, segment_ids, lengths, num_new, pages)
         new_blocks.append(entries)
         if experts is not None:
             routed.append(experts.reshape(reps * m, *experts.shape[2:]))
@@ -155,7 +157,7 @@ def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=No
     new_cache = None
     if cache is not None:
         step = jnp.full((b,), t, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
-        new_cache = Cache(blocks=new_blocks, lengths=cache.lengths + step)
+        new_cache = Cache(blocks=new_blocks, lengths=cache.lengths + step, pages=pages)
     logits = lm_logits(params, h, cfg) if return_logits else None
     return ForwardResult(logits=logits, hidden=h, cache=new_cache,
                          routing=jnp.concatenate(routed) if routed else None)

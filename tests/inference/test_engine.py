@@ -82,25 +82,30 @@ class Tracker:
     def generate(self, requests):
         results = self.engine.generate(requests)
         for req, res in zip(requests, results):
-            assert res.slot == req.slot
-            if res.n_in_new:
-                self.context[req.slot] += [int(t) for t in req.new_tokens]
-            t = None if req.sampling.greedy else req.sampling.temperature
-            for tok, lp in zip(res.tokens, res.logprobs):
-                self.samples[req.slot].append((len(self.context[req.slot]), int(tok), float(lp),
-                                               t))
-                self.context[req.slot].append(int(tok))
-            self.routing[req.slot] += list(res.routing)
-            assert len(res.routing) == res.n_in_new + len(res.tokens)
-            assert res.context_length == len(self.context[req.slot])
+            self.record(req, res)
         return results
+
+    def record(self, req, res):
+        """Take one finished turn into the expected contexts."""
+        assert res.slot == req.slot
+        if res.n_in_new:
+            self.context[req.slot] += [int(t) for t in req.new_tokens]
+        t = None if req.sampling.greedy else req.sampling.temperature
+        for tok, lp in zip(res.tokens, res.logprobs):
+            self.samples[req.slot].append((len(self.context[req.slot]), int(tok), float(lp),
+                                           t))
+            self.context[req.slot].append(int(tok))
+        self.routing[req.slot] += list(res.routing)
+        assert len(res.routing) == res.n_in_new + len(res.tokens)
+        assert res.context_length == len(self.context[req.slot])
 
     def check(self, params, slots):
         """Every listed slot against one full forward of its context (see module docstring)."""
         slots = list(slots)
         assert len(slots) <= REF_ROWS
-        tokens = np.zeros((REF_ROWS, WINDOW), np.int32)
-        routing = np.zeros((CFG.count("E"), REF_ROWS, WINDOW, CFG.num_experts_per_tok),
+        window = self.engine.max_context
+        tokens = np.zeros((REF_ROWS, window), np.int32)
+        routing = np.zeros((CFG.count("E"), REF_ROWS, window, CFG.num_experts_per_tok),
                            np.int32)
         for b, s in enumerate(slots):
             ctx = self.context[s]
