@@ -119,6 +119,26 @@ class TrainConfig:
         return SamplingParams(temperature=self.rollout.temperature, top_p=self.rollout.top_p)
 
 
+def mesh_section(**sizes: int) -> ml_collections.ConfigDict:
+    """A `mesh` section naming every mesh axis (size 1 unless given), so any axis can be set
+    from the command line (`--config.mesh.tensor=2`)."""
+    for name in sizes:
+        if name not in MESH_AXES:
+            raise ValueError(f"mesh_section: {name}={sizes[name]!r}: unknown mesh axis; the axes "
+                             f"are {list(MESH_AXES)}")
+    return ml_collections.ConfigDict({a: int(sizes.get(a, 1)) for a in MESH_AXES})
+
+
+def config_arg(arg: str, accepted: tuple[str, ...]) -> str:
+    """`arg` (the `:arg` of `--config=FILE:arg`) if the config accepts it, else a ValueError
+    naming it: a misspelt `:smok` must not silently run the full config."""
+    if arg not in accepted:
+        raise ValueError(f"config argument {arg!r} is not accepted; this config takes "
+                         f"{[a for a in accepted if a] or 'none'}"
+                         + (" (or none)" if "" in accepted and any(accepted) else ""))
+    return arg
+
+
 def _fail(path: str, value, why: str):
     raise ValueError(f"config.{path}={value!r}: {why}")
 
