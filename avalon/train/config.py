@@ -95,7 +95,8 @@ class CheckpointConfig:
 class TrainConfig:
     seed: int
     model: ModelConfig
-    init_from: str  # "" = random init; else a Hugging Face Nemotron-H checkpoint directory
+    init_from: str  # "" = random init; else a run directory (or its checkpoints/N), an avalon
+    # params checkpoint or a Hugging Face Nemotron-H directory (`setup.load_init_from`)
     mesh: dict[str, int]
     tokenizer: TokenizerKind
     tokenizer_path: str
@@ -325,8 +326,9 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
               min(cfg.eval.every, cfg.checkpoint.every), "must be >= 1")
 
 
-def describe(cfg: TrainConfig) -> dict[str, Any]:
-    """A JSON-able summary of the config (written to WORKDIR/config.json)."""
+def describe(cfg: TrainConfig, env_section=None) -> dict[str, Any]:
+    """A JSON-able summary of the config (written to WORKDIR/config.json): every field, and the
+    free-form `env` section when given (`make_environments` reads it, so it is the config)."""
     def plain(v):
         if dataclasses.is_dataclass(v):
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
@@ -339,4 +341,8 @@ def describe(cfg: TrainConfig) -> dict[str, Any]:
         if callable(v):
             return getattr(v, "__qualname__", repr(v))
         return v
-    return plain(cfg)
+    out = plain(cfg)
+    if env_section is not None:
+        env = env_section.to_dict() if hasattr(env_section, "to_dict") else dict(env_section)
+        out["env"] = plain(env)
+    return out

@@ -154,7 +154,7 @@ class Run:
         say(self._start_line())
         if self.main:
             with open(os.path.join(self.workdir, "config.json"), "w") as f:
-                json.dump(self.described_config(), f, indent=1, sort_keys=True)
+                json.dump(describe(cfg, self.env_section), f, indent=1, sort_keys=True)
         self.telemetry.progress.plan({"sft": cfg.sft.steps - self.host.sft_step,
                                       "eval": self._remaining_evals(),
                                       "rl": cfg.rollout.steps - self.host.rl_step})
@@ -188,13 +188,6 @@ class Run:
             f"({summary['steps']} steps). {_eval_text(summary)}Wrote {self.workdir}/: "
             + ", ".join(summary["files"] + ["summary.json"]))
         return summary
-
-    def described_config(self) -> dict:
-        """config.json: every section of the resolved config, `env` included."""
-        out = describe(self.cfg)
-        env = self.env_section
-        out["env"] = env.to_dict() if hasattr(env, "to_dict") else dict(env)
-        return out
 
     def _read_summary(self) -> dict:
         path = os.path.join(self.workdir, "summary.json")

@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from avalon import sharding
-from avalon.checkpoint import hf
+from avalon.checkpoint import avalon_format, hf
 from avalon.envs.base import Environment, Split
 from avalon.model import init_params
 from avalon.model.config import ModelConfig
@@ -28,6 +28,7 @@ from avalon.org.vocabulary import org_vocabulary
 from avalon.rl.config import LossKind
 from avalon.rl.update import UpdateStep, make_update_step
 from avalon.tokenizer import ByteTokenizer, ChatFormat, HFTokenizer, WordTokenizer
+from avalon.train import run_dir
 from avalon.train.config import TokenizerKind, TrainConfig
 
 
@@ -80,12 +81,26 @@ def build(cfg: TrainConfig, env_section) -> Setup:
                  rl_step=make_update_step(cfg.model, cfg.rl, mesh=mesh))
 
 
+def load_init_from(path: str, mesh: Mesh, param_dtype: str) -> tuple[ModelConfig, dict]:
+    """(config, params on `mesh`) from a run directory or one of its checkpoints (the trained
+    params), an avalon params checkpoint, or a Hugging Face directory, in that order."""
+    if run_dir.is_run(path):
+        loaded_cfg, params, _ = run_dir.load_run_params(path, mesh)
+    elif avalon_format.is_avalon_checkpoint(path):
+        loaded_cfg, params = avalon_format.load_avalon(path, mesh)
+    else:
+        return hf.load(path, mesh, param_dtype=param_dtype)
+    if loaded_cfg.param_dtype != param_dtype:
+        params = jax.tree.map(lambda a: a.astype(param_dtype), params)
+    return loaded_cfg, params
+
+
 def initial_params(cfg: TrainConfig, mesh: Mesh) -> tuple[ModelConfig, dict]:
-    """Random init, or a Hugging Face checkpoint placed directly on the mesh."""
+    """Random init, or the params of `init_from` (see `load_init_from`) placed on the mesh."""
     if cfg.init_from:
         if not os.path.isdir(cfg.init_from):
             raise ValueError(f"config.init_from={cfg.init_from!r}: no such directory")
-        loaded_cfg, params = hf.load(cfg.init_from, mesh, param_dtype=cfg.model.param_dtype)
+        loaded_cfg, params = load_init_from(cfg.init_from, mesh, cfg.model.param_dtype)
         for field in ("pattern", "hidden_size", "vocab_size"):
             if getattr(loaded_cfg, field) != getattr(cfg.model, field):
                 raise ValueError(f"config.init_from: the checkpoint's {field}="
