@@ -76,7 +76,10 @@ def build(cfg: TrainConfig, env_section) -> Setup:
     mesh = sharding.make_mesh(cfg.mesh)
     local_mesh = make_local_mesh(mesh)
     sft_rl = dataclasses.replace(cfg.rl, loss=LossKind.SFT, lr=cfg.sft.lr)
-    return Setup(cfg=cfg, envs=envs, chat=ChatFormat(tok), mesh=mesh, local_mesh=local_mesh,
+    # A tokenizer with a chat template renders through its markup (avalon/tokenizer/hf.py).
+    rendering = tok.rendering if isinstance(tok, HFTokenizer) else None
+    return Setup(cfg=cfg, envs=envs, chat=ChatFormat(tok, rendering), mesh=mesh,
+                 local_mesh=local_mesh,
                  sft_step=make_update_step(cfg.model, sft_rl, mesh=mesh),
                  rl_step=make_update_step(cfg.model, cfg.rl, mesh=mesh))
 
@@ -106,9 +109,30 @@ def initial_params(cfg: TrainConfig, mesh: Mesh) -> tuple[ModelConfig, dict]:
                 raise ValueError(f"config.init_from: the checkpoint's {field}="
                                  f"{getattr(loaded_cfg, field)!r} differs from config.model's "
                                  f"{getattr(cfg.model, field)!r}")
+        if cfg.tokenizer is TokenizerKind.HF and not run_dir.is_run(cfg.init_from):
+            params = init_added_rows(params, HFTokenizer.from_dir(cfg.tokenizer_path))
         return cfg.model, params
     shardings = sharding.param_shardings(cfg.model, mesh, sharding.TRAIN_RULES)
     return cfg.model, init_params(jax.random.key(cfg.seed), cfg.model, shardings)
+
+
+def init_added_rows(params: dict, tok: HFTokenizer) -> dict:
+    """Embedding (and untied output) rows of the tokens the tokenizer added to a checkpoint's
+    vocabulary (`tok.added`, e.g. `<|call|>` where there is no `<tool_call>`): each the mean of
+    the rows of its string spelt as text (`<`, `|`, `call`, ...), so a new special starts near
+    what its name means instead of at an untrained padding row. A run directory's params are
+    trained already and are not touched."""
+    embed = params["embed"]
+    for i, text in sorted(tok.added.items()):
+        if i >= embed.shape[0]:
+            raise ValueError(f"tokenizer added {text!r} as id {i}, outside the model's "
+                             f"vocab_size={embed.shape[0]}")
+        pieces = np.asarray(tok.encode(text))
+        embed = embed.at[i].set(embed[pieces].mean(axis=0))
+        if "lm_head" in params:
+            head = params["lm_head"]
+            params = {**params, "lm_head": head.at[:, i].set(head[:, pieces].mean(axis=1))}
+    return {**params, "embed": embed}
 
 
 def make_local_mesh(mesh: Mesh) -> Mesh:
