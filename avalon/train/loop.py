@@ -427,6 +427,7 @@ def _eval_text(summary: dict) -> str:
             f"single agent {single:.2f}. ")
 
 
-def run(config, workdir: str) -> dict:
-    """Train per `config` (an ml_collections ConfigDict, see `configs/`), writing to `workdir`."""
-    return prepare(config, workdir).run()
+def run(config, workdir: str, *, config_name: str = "") -> dict:
+    """Train per `config` (an ml_collections ConfigDict, see `configs/`), writing to `workdir`;
+    `config_name` (e.g. "configs/toy_org.py:smoke") is recorded in summary.json."""
+    return prepare(config, workdir, config_name=config_name).run()
