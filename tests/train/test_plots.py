@@ -80,3 +80,22 @@ def test_every_plotted_key_is_emitted(monkeypatch):
     eval_line = evaluation.evaluate(setup, engine=None)
     missing = sorted(PLOTTED_KEYS - set(rl_line) - set(eval_line))
     assert not missing, f"plotted but never logged: {missing}"
+
+
+def test_panels_have_y_labels_integer_ticks_bands_and_the_organisation_on_top():
+    import matplotlib.pyplot as plt
+
+    from avalon.train.plots import REWARD_PANELS, _panel
+
+    fig, ax = plt.subplots()
+    assert _panel(ax, RECORDS, REWARD_PANELS[1])  # held-out reward
+    assert ax.get_ylabel() == "mean collective reward"
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert lines["organisation"].get_zorder() > lines["single agent"].get_zorder()
+    bands = ax.collections  # one std band per arm
+    assert len(bands) == 2
+    org_band = max(bands, key=lambda b: b.get_zorder())
+    ys = org_band.get_paths()[0].vertices[:, 1]
+    assert np.isclose(ys.max(), 1.5 + 0.4) and np.isclose(ys.min(), 1.0 - 0.2)
+    plt.close(fig)
