@@ -19,8 +19,9 @@ RUNTIME = [
 EXTRAS = {
     # nbclient, nbformat and ipykernel execute the notebook (tests/experiments/test_notebook.py).
     "test": ["pytest", "ruff", "nbclient", "nbformat", "ipykernel"],
-    # The Hugging Face oracle and checkpoint formats (parity tests, import/export).
-    "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors", "tokenizers"],
+    # The Hugging Face oracle and checkpoint formats (parity tests, import/export); jinja2
+    # renders a checkpoint's chat template (avalon/tokenizer/template.py).
+    "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors", "tokenizers", "jinja2"],
 }
 
 setuptools.setup(
