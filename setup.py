@@ -17,9 +17,11 @@ RUNTIME = [
 ]
 
 EXTRAS = {
-    "test": ["pytest", "ruff"],
-    # The Hugging Face oracle and checkpoint formats (parity tests, import/export).
-    "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors", "tokenizers"],
+    # nbclient, nbformat and ipykernel execute the notebook (tests/experiments/test_notebook.py).
+    "test": ["pytest", "ruff", "nbclient", "nbformat", "ipykernel"],
+    # The Hugging Face oracle and checkpoint formats (parity tests, import/export); jinja2
+    # renders a checkpoint's chat template (avalon/tokenizer/template.py).
+    "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors", "tokenizers", "jinja2"],
     # The Open Reward Standard's SDK: only the ORS tests use it (a reference server and
     # client); OrsEnvironment and the ORS server are stdlib.
     "ors": ["openreward>=0.1.160,<0.2"],
@@ -30,7 +32,7 @@ setuptools.setup(
     version="0.1.0",
     description="RLCR: training one model to work as an organisation of copies of itself",
     packages=setuptools.find_packages(include=["avalon", "avalon.*"]),
-    python_requires=">=3.10",
+    python_requires=">=3.11",  # the pinned jax needs 3.11
     install_requires=RUNTIME,
     extras_require=EXTRAS,
 )

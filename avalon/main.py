@@ -14,6 +14,7 @@ and `--jax_cache_dir` (a persistent compilation cache).
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 
 import jax
@@ -45,7 +46,9 @@ def main(argv):
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     from avalon.train import loop  # after distributed start-up: importing touches no backend
     try:
-        job = loop.prepare(_CONFIG.value, _WORKDIR.value)
+        job = loop.prepare(_CONFIG.value, _WORKDIR.value,
+                           config_name=flags.FLAGS["config"].serialize().split("=", 1)[-1],
+                           command=("python", "-m", "avalon.main", *sys.argv[1:]))
     except ValueError as e:  # a configuration problem: the message names the field
         sys.exit(f"avalon.main: {e}")
     job.run()
@@ -81,15 +84,34 @@ def _unknown_override(argv) -> str | None:
     return None
 
 
+def _last_line(message: str) -> str:
+    """The cause of an error whose message embeds a traceback (config_flags wraps exceptions
+    raised inside `get_config` that way): its last non-empty line."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return lines[-1] if lines else message
+
+
 def parse_flags(argv):
-    """absl flag parsing, with a one-line error naming an unknown `--config.x` override."""
+    """absl flag parsing; every bad flag value ends the program with one line naming it."""
+    path = _config_file(argv)
+    if path is not None and not os.path.isfile(path.partition(":")[0]):
+        sys.exit(f"avalon.main: --config={path}: no such config file")
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as e:
         bad = _unknown_override(argv)
         if bad is None:
             raise
-        sys.exit(f"avalon.main: {bad}: no such key in the config ({e})")
+        hint = _last_line(str(e)) if "Did you mean" in str(e) else ""
+        sys.exit(f"avalon.main: {bad}: no such key in the config (an override can only change a "
+                 f"key the config file sets){'; ' + hint if hint else ''}")
+    except flags.Error as e:  # a value absl could not parse, a config file that raised
+        first = str(e).splitlines()[0] if str(e) else repr(e)
+        head = first.split(": ", 1)[0].removeprefix("flag ")
+        cause = _last_line(str(e))
+        if cause == first:  # no traceback inside: absl's own one-line message
+            cause = first.split(": ", 1)[-1]
+        sys.exit(f"avalon.main: {head}: {cause.removeprefix('ValueError: ')}")
 
 
 if __name__ == "__main__":

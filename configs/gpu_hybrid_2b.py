@@ -20,6 +20,7 @@ from avalon.envs.parallel.env import ParallelConfig, ParallelSubtasks
 from avalon.envs.software.env import SoftwareBuild, SoftwareConfig
 from avalon.envs.verification import Verification, VerificationConfig
 from avalon.envs.wealth.env import Wealth, WealthConfig
+from avalon.train.config import config_arg, mesh_section
 
 
 def make_environments(env):
@@ -41,7 +42,7 @@ def make_teacher(env, chat):
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    smoke = arg == "smoke"
+    smoke = config_arg(arg, ("", "smoke")) == "smoke"
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.model = ml_collections.ConfigDict({"preset": "hybrid_2b_a06b", "overrides":
@@ -51,7 +52,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                              "attention_impl": "query_chunked",
                                              "max_context": 16384})})
     c.init_from = ""  # or a local Hugging Face Nemotron-H checkpoint directory
-    c.mesh = ml_collections.ConfigDict({"data": 1})
+    c.mesh = mesh_section(data=1)
     c.tokenizer = "byte"
     c.tokenizer_path = ""
     c.org = ml_collections.ConfigDict({"window": 16384, "prompt_style": "full"})

@@ -27,6 +27,7 @@ from avalon.envs.parallel.env import ParallelConfig, ParallelSubtasks
 from avalon.envs.software.env import SoftwareBuild, SoftwareConfig
 from avalon.envs.verification import Verification, VerificationConfig
 from avalon.envs.wealth.env import Wealth, WealthConfig
+from avalon.train.config import config_arg, mesh_section
 
 
 def make_environments(env):
@@ -47,7 +48,7 @@ def make_teacher(env, chat):
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    del arg
+    config_arg(arg, ("",))
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.model = ml_collections.ConfigDict({
@@ -57,7 +58,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
             "dtype": "bfloat16", "decode_dt_clamp": True, "remat": "full",
             "attention_impl": "query_chunked", "moe_backend": "ragged_dot"})})
     c.init_from = "/mnt/checkpoints/NVIDIA-Nemotron-3-Super-120B-A12B-Base-BF16"
-    c.mesh = ml_collections.ConfigDict({"fsdp": 32, "expert": 4})
+    c.mesh = mesh_section(fsdp=32, expert=4)
     c.tokenizer = "hf"
     c.tokenizer_path = c.init_from
     c.org = ml_collections.ConfigDict({"window": 131072, "prompt_style": "full"})

@@ -26,6 +26,7 @@ import ml_collections
 
 from avalon.envs.ors import OrsEnvironment
 from avalon.org.config import PromptStyle
+from avalon.train.config import config_arg, mesh_section
 
 
 def make_environments(env):
@@ -40,7 +41,7 @@ def make_teacher(env, chat):
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    smoke = arg == "smoke"
+    smoke = config_arg(arg, ("", "smoke")) == "smoke"
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.model = ml_collections.ConfigDict()
@@ -49,7 +50,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                                    "attention_impl": "block_causal",
                                                    "attention_query_chunk": 128})
     c.init_from = ""
-    c.mesh = ml_collections.ConfigDict({"data": 1})
+    c.mesh = mesh_section(data=1)
     c.tokenizer = "byte"
     c.tokenizer_path = ""
     c.org = ml_collections.ConfigDict()

@@ -30,6 +30,7 @@ from avalon.envs.parallel.tasks import Op
 from avalon.envs.parallel.teacher import HirePolicy, ParallelTeacherConfig
 from avalon.envs.verification import Verification, VerificationConfig, VerifyTeacherConfig
 from avalon.org.config import PromptStyle
+from avalon.train.config import config_arg, mesh_section
 
 
 def make_environments(env):
@@ -58,7 +59,7 @@ def make_teacher(env, chat):
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    smoke = arg == "smoke"
+    smoke = config_arg(arg, ("", "smoke")) == "smoke"
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.model = ml_collections.ConfigDict()
@@ -72,7 +73,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                                    "attention_impl": "block_causal",
                                                    "attention_query_chunk": 128})
     c.init_from = ""  # random init (a toy learns everything from the teacher)
-    c.mesh = ml_collections.ConfigDict({"data": 1})  # one CPU device
+    c.mesh = mesh_section(data=1)  # one CPU device
     c.tokenizer = "word"
     c.tokenizer_path = ""
     c.org = ml_collections.ConfigDict()

@@ -38,7 +38,8 @@ class Tokenizer(Protocol):
 
     @property
     def special_ids(self) -> Mapping[Special, int]:
-        """The id of each special token."""
+        """The id of each special token (every `Special` for the native chat format; a
+        templated HF tokenizer has `END` and `CALL` only, see `avalon/tokenizer/hf.py`)."""
         ...
 
     def encode(self, text: str) -> list[int]:

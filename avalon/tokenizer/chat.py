@@ -18,6 +18,15 @@ For example, with the call text spelt out:
 Role markers are special ids, never text: message content cannot open a segment. In an
 output, `<|call|>` is the only special allowed before the final `<|end|>`; any other special
 (or an `<|end|>` before the last token) makes the turn malformed (`OutputParts.error`).
+
+That is the native `Rendering`. A Hugging Face tokenizer that ships a chat template (the
+Nemotron family) renders the same segments through its own markup instead
+(`avalon/tokenizer/template.py`): each opening is the template's role header (e.g.
+`<|im_start|>system\n`), `<|end|>` is the template's end-of-turn special (`<|im_end|>`), the
+text the template puts between turns (`\n`) opens every prompt, and a call is the tokenizer's
+`<tool_call>` ... `</tool_call>` when it has them. `Rendering` holds those id sequences; the
+format's rules (openings only from the renderer, one stop id, calls split at one id, any other
+control id in an output malformed) are the same for both.
 """
 
 from __future__ import annotations
@@ -31,6 +40,31 @@ from avalon.tokenizer.base import Special, Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
+class Rendering:
+    """The ids that lay out segments (see the module docstring)."""
+
+    system_open: tuple[int, ...]  # opens the system segment
+    obs_open: tuple[int, ...]  # opens an observation
+    agent_open: tuple[int, ...]  # opens the agent's output (the model samples after it)
+    end: int  # ends every segment; the engine's stop token
+    call: int  # starts one tool call in an output
+    call_close: tuple[int, ...] = ()  # ends one tool call (template markup), or nothing
+    sep: tuple[int, ...] = ()  # between a segment's end and the next opening
+    control: frozenset[int] = frozenset()  # ids an output may hold only as call / call_close
+
+    @classmethod
+    def native(cls, special_ids) -> Rendering:
+        """The project's own format over one id per `Special`."""
+        missing = [s.name for s in Special if s not in special_ids]
+        if missing:
+            raise ValueError(f"ChatFormat: tokenizer has no id for specials {missing}")
+        ids = dict(special_ids)
+        return cls(system_open=(ids[Special.SYSTEM],), obs_open=(ids[Special.OBS],),
+                   agent_open=(ids[Special.AGENT],), end=ids[Special.END],
+                   call=ids[Special.CALL], control=frozenset(ids.values()))
+
+
+@dataclasses.dataclass(frozen=True)
 class OutputParts:
     """An agent output split at its special tokens."""
 
@@ -41,15 +75,15 @@ class OutputParts:
 
 
 class ChatFormat:
-    """Renders segments to ids and splits sampled outputs, for one tokenizer."""
+    """Renders segments to ids and splits sampled outputs, for one tokenizer (and its
+    `Rendering`: the native one unless given, e.g. `tok.rendering` of a templated tokenizer)."""
 
-    def __init__(self, tok: Tokenizer):
+    def __init__(self, tok: Tokenizer, rendering: Rendering | None = None):
         self.tok = tok
+        self.rendering = Rendering.native(tok.special_ids) if rendering is None else rendering
         self._ids = dict(tok.special_ids)
-        missing = [s.name for s in Special if s not in self._ids]
-        if missing:
-            raise ValueError(f"ChatFormat: tokenizer has no id for specials {missing}")
-        self._by_id = {i: s for s, i in self._ids.items()}
+        r = self.rendering
+        self._allowed = {r.call, *r.call_close}
 
     def id(self, special: Special) -> int:
         """The id of one special token."""
@@ -57,44 +91,49 @@ class ChatFormat:
 
     @property
     def end_id(self) -> int:
-        """`<|end|>`: the engine's stop token for every turn."""
-        return self._ids[Special.END]
+        """The end of a turn: the engine's stop token for every turn."""
+        return self.rendering.end
 
     def system(self, text: str) -> list[int]:
         """`<|system|>text<|end|>`."""
-        return [self._ids[Special.SYSTEM], *self.tok.encode(text), self._ids[Special.END]]
+        r = self.rendering
+        return [*r.system_open, *self.tok.encode(text), r.end]
 
     def turn_prompt(self, obs_text: str) -> list[int]:
         """`<|obs|>text<|end|><|agent|>`: an observation and the header the model answers."""
-        return [self._ids[Special.OBS], *self.tok.encode(obs_text), self._ids[Special.END],
-                self._ids[Special.AGENT]]
+        r = self.rendering
+        return [*r.sep, *r.obs_open, *self.tok.encode(obs_text), r.end, *r.sep, *r.agent_open]
 
     def output(self, text: str, calls: Sequence[str] = ()) -> list[int]:
         """An agent output as ids: `text<|call|>call ...<|end|>` (scripted policies use it)."""
+        r = self.rendering
         ids = self.tok.encode(text)
         for call in calls:
-            ids += [self._ids[Special.CALL], *self.tok.encode(call)]
-        return ids + [self._ids[Special.END]]
+            ids += [r.call, *self.tok.encode(call), *r.call_close]
+        return ids + [r.end]
 
     def split_output(self, ids: Sequence[int] | np.ndarray) -> OutputParts:
-        """Splits a sampled output at `<|call|>`; never raises (outputs are model-written)."""
+        """Splits a sampled output at its calls; never raises (outputs are model-written)."""
+        r = self.rendering
         ids = [int(i) for i in ids]
-        end = self._ids[Special.END]
-        ended = bool(ids) and ids[-1] == end
+        ended = bool(ids) and ids[-1] == r.end
         body = ids[:-1] if ended else ids
-        call = self._ids[Special.CALL]
         error = None
         for pos, i in enumerate(body):
-            special = self._by_id.get(i)
-            if special is not None and special is not Special.CALL:
-                error = f"stray {special.value} at output token {pos}"
+            if (i in r.control or i == r.end) and i not in self._allowed:
+                error = f"stray {self.tok.decode([i])} at output token {pos}"
                 break
         chunks: list[list[int]] = [[]]
         for i in body:
-            if i == call:
+            if i == r.call:
                 chunks.append([])
             else:
                 chunks[-1].append(i)
-        return OutputParts(text=self.tok.decode(chunks[0]),
-                           calls=tuple(self.tok.decode(c) for c in chunks[1:]),
-                           ended=ended, error=error)
+        close = list(r.call_close)
+        calls = []
+        for c in chunks[1:]:
+            if close and c[-len(close):] == close:
+                c = c[:-len(close)]
+            calls.append(self.tok.decode([i for i in c if i not in r.call_close]))
+        return OutputParts(text=self.tok.decode(chunks[0]), calls=tuple(calls), ended=ended,
+                           error=error)

@@ -1,8 +1,14 @@
 """A Hugging Face `tokenizers` tokenizer loaded from a checkpoint's `tokenizer.json`.
 
-The chat specials (`Special`) map to tokens the vocabulary already has when their strings are
-given in `special_strings` and present; otherwise they are added as special tokens after the
-existing vocabulary (check `vocab_size` against the model's). `encode` treats every special
+With a chat template (`from_dir` reads the directory's; `avalon/tokenizer/template.py`), the
+organisation renders through the template's markup and special tokens (`rendering`): only
+`<|end|>` (the template's end of turn) and `<|call|>` (the vocabulary's `<tool_call>`) are
+`Special`s, and a token is added only when the vocabulary has none (`<|call|>` without
+`<tool_call>`). Without a template, the chat specials map to tokens the vocabulary already has
+when their strings are given in `special_strings` and present, and are added otherwise.
+Added tokens go after the existing vocabulary (check `vocab_size` against the model's) and are
+listed in `added` (id -> string), so a checkpoint's embedding rows for them can be initialised
+from existing rows (`avalon.train.setup.init_added_rows`). `encode` treats every special
 string in the text as plain text (`encode_special_tokens`), so message content can never
 produce a control token; the renderer inserts special ids directly.
 """
@@ -12,7 +18,9 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
+from avalon.tokenizer import template
 from avalon.tokenizer.base import REPLACEMENT, Special, utf8_bytes
+from avalon.tokenizer.chat import Rendering
 
 
 class HFTokenizer:
@@ -21,22 +29,36 @@ class HFTokenizer:
     `decode` writes a special id as its string in this vocabulary (`special_strings`).
     """
 
-    def __init__(self, tok, special_strings: Mapping[Special, str] | None = None):
+    def __init__(self, tok, special_strings: Mapping[Special, str] | None = None, *,
+                 chat_template: str | None = None):
         from tokenizers import AddedToken  # the [hf] extra; imported only when used
 
-        strings = {s: s.value for s in Special}
+        self._tok = tok
+        vocab_specials = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+        is_special = lambda text: tok.token_to_id(text) in vocab_specials
+        m = None
+        if chat_template is not None:
+            m = template.markup(chat_template, is_special)
+            has_call = tok.token_to_id(template.TOOL_CALL) is not None
+            strings = {Special.END: m.end,
+                       Special.CALL: template.TOOL_CALL if has_call else Special.CALL.value}
+        else:
+            strings = {s: s.value for s in Special}
         if special_strings is not None:
             for key, value in special_strings.items():
                 if not isinstance(key, Special):
                     raise ValueError(f"HFTokenizer special_strings key {key!r} is not a Special")
+                if chat_template is not None and key not in strings:
+                    raise ValueError(f"HFTokenizer special_strings: {key} is template markup "
+                                     "with a chat template")
                 strings[key] = value
-        self._tok = tok
-        ids = {}
+        ids, self.added = {}, {}
         for special, text in strings.items():
             i = tok.token_to_id(text)
             if i is None:
                 tok.add_special_tokens([AddedToken(text, special=True)])
                 i = tok.token_to_id(text)
+                self.added[i] = text
             ids[special] = i
         if len(set(ids.values())) != len(ids):
             raise ValueError(f"HFTokenizer special_strings map two specials to one id: {ids}")
@@ -45,17 +67,41 @@ class HFTokenizer:
         self._special_by_id = {i: s for s, i in ids.items()}
         self._strings = strings
         self._size = tok.get_vocab_size(with_added_tokens=True)
+        self.chat_template = chat_template
+        self.rendering: Rendering | None = None
+        if m is not None:
+            close = tok.token_to_id(template.TOOL_CALL_CLOSE) \
+                if strings[Special.CALL] == template.TOOL_CALL else None
+            self.rendering = Rendering(
+                system_open=tuple(self.encode_markup(m.system_open)),
+                obs_open=tuple(self.encode_markup(m.obs_open)),
+                agent_open=tuple(self.encode_markup(m.agent_open)),
+                end=ids[Special.END], call=ids[Special.CALL],
+                call_close=() if close is None else (close,),
+                sep=tuple(self.encode_markup(m.sep)),
+                control=frozenset(vocab_specials | set(ids.values())))
 
     @classmethod
     def from_dir(cls, path: str | os.PathLike,
-                 special_strings: Mapping[Special, str] | None = None) -> HFTokenizer:
-        """Loads `path/tokenizer.json` (a checkpoint directory)."""
+                 special_strings: Mapping[Special, str] | None = None, *,
+                 use_chat_template: bool = True) -> HFTokenizer:
+        """Loads `path/tokenizer.json` (a checkpoint directory) and, unless
+        `use_chat_template=False`, the directory's chat template."""
         from tokenizers import Tokenizer
 
         file = os.path.join(os.fspath(path), "tokenizer.json")
         if not os.path.isfile(file):
             raise FileNotFoundError(f"HFTokenizer.from_dir: no tokenizer.json in {path!r}")
-        return cls(Tokenizer.from_file(file), special_strings)
+        chat_template = template.read_template(path) if use_chat_template else None
+        return cls(Tokenizer.from_file(file), special_strings, chat_template=chat_template)
+
+    def encode_markup(self, text: str) -> list[int]:
+        """Template markup to ids, its special tokens recognised (never for message text)."""
+        self._tok.encode_special_tokens = False
+        try:
+            return list(self._tok.encode(text, add_special_tokens=False).ids)
+        finally:
+            self._tok.encode_special_tokens = True
 
     @property
     def vocab_size(self) -> int:

@@ -3,6 +3,7 @@
     python -m avalon.tools.convert --src=/ckpt/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 \
         --dst=/ckpt/super-avalon --to=avalon
     python -m avalon.tools.convert --src=/ckpt/super-avalon --dst=/out/super-hf --to=hf
+    python -m avalon.tools.convert --src=runs/toy --dst=/out/toy-hf --to=hf   # a trained run
 
 --to=avalon reads a local HF directory (hub or transformers layout) onto a mesh of this host's
 devices (`--mesh`, default every device on the tensor axis, so no device holds the whole model)
@@ -11,6 +12,11 @@ and writes `avalon.checkpoint.avalon_format` (orbax params + ModelConfig JSON), 
 its token ids and other fields the model config does not carry. --to=hf writes the hub layout
 (sharded safetensors + index + config.json). Other files of the source directory (tokenizer,
 generation config, chat template) are copied along. Progress goes to stderr.
+
+A trained run (`RUN`, its newest checkpoint, or `RUN/checkpoints/N`) exports its params
+(`avalon.train.run_dir`) to either format; the tokenizer files and extra HF config keys come
+from the run's `tokenizer_path` or `init_from` HF directory when it has one (a toy run's word
+tokenizer has no file: its vocabulary is rebuilt from the config's environments).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from absl import app, flags
 
 from avalon.checkpoint import avalon_format, hf, hf_config
 from avalon.sharding import make_mesh
+from avalon.train import run_dir
 
 HF_CONFIG_COPY = "hf_config.json"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
@@ -85,6 +92,18 @@ def _copy_aux_files(src: Path, dst: Path) -> list[str]:
     return copied
 
 
+def _run_aux_dir(run: Path) -> Path | None:
+    """The directory whose tokenizer files (and HF config keys) a run's export carries: the
+    run's `tokenizer_path`, else its `init_from` when that is a Hugging Face directory."""
+    d = run_dir.run_config(run)
+    for key in ("tokenizer_path", "init_from"):
+        path = d.get(key) or ""
+        if path and (Path(path) / "config.json").is_file() and not run_dir.is_run(path) \
+                and not avalon_format.is_avalon_checkpoint(path):
+            return Path(path)
+    return None
+
+
 def convert(src: str | Path, dst: str | Path, to: Target, *, mesh_spec: str = "",
             param_dtype: str | None = None, max_shard_bytes: int = hf.DEFAULT_MAX_SHARD_BYTES,
             progress: bool = True) -> None:
@@ -92,6 +111,24 @@ def convert(src: str | Path, dst: str | Path, to: Target, *, mesh_spec: str = ""
     src, dst = Path(src), Path(dst)
     mesh = make_mesh(parse_mesh(mesh_spec))
     overrides = {} if param_dtype is None else {"param_dtype": param_dtype}
+    if run_dir.is_run(src):  # a trained run: RUN or RUN/checkpoints/N
+        cfg, params, _ = run_dir.load_run_params(src, mesh)
+        if param_dtype is not None:
+            cfg = cfg.replace(param_dtype=param_dtype, dtype=param_dtype)
+            params = jax.tree.map(lambda a: a.astype(param_dtype), params)
+        run = run_dir.resolve(src)[0]
+        aux = _run_aux_dir(run)
+        extra = hf_config.read_json(aux / "config.json") \
+            if aux is not None and (aux / "config.json").is_file() else None
+        if to == Target.AVALON:
+            avalon_format.save_avalon(dst, cfg, params)
+        else:
+            bar = ProgressBar("writing HF") if progress else None
+            hf.save(dst, cfg, params, max_shard_bytes=max_shard_bytes, extra_config=extra,
+                    progress=bar)
+        if aux is not None:
+            _copy_aux_files(aux, dst)
+        return
     if to == Target.AVALON:
         if avalon_format.is_avalon_checkpoint(src):
             raise ValueError(f"--src={src} is already an avalon checkpoint")
@@ -102,7 +139,8 @@ def convert(src: str | Path, dst: str | Path, to: Target, *, mesh_spec: str = ""
     else:
         if not avalon_format.is_avalon_checkpoint(src):
             raise ValueError(f"--src={src} is not an avalon checkpoint (no config.json + params/)"
-                             "; convert HF -> avalon first")
+                             " nor a run directory (no checkpoints/); convert HF -> avalon "
+                             "first")
         cfg, params = avalon_format.load_avalon(src, mesh, param_dtype=param_dtype)
         extra = None
         if (src / HF_CONFIG_COPY).exists():

@@ -111,7 +111,8 @@ class CheckpointConfig:
 class TrainConfig:
     seed: int
     model: ModelConfig
-    init_from: str  # "" = random init; else a Hugging Face Nemotron-H checkpoint directory
+    init_from: str  # "" = random init; else a run directory (or its checkpoints/N), an avalon
+    # params checkpoint or a Hugging Face Nemotron-H directory (`setup.load_init_from`)
     mesh: dict[str, int]
     tokenizer: TokenizerKind
     tokenizer_path: str
@@ -133,6 +134,26 @@ class TrainConfig:
     @property
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.rollout.temperature, top_p=self.rollout.top_p)
+
+
+def mesh_section(**sizes: int) -> ml_collections.ConfigDict:
+    """A `mesh` section naming every mesh axis (size 1 unless given), so any axis can be set
+    from the command line (`--config.mesh.tensor=2`)."""
+    for name in sizes:
+        if name not in MESH_AXES:
+            raise ValueError(f"mesh_section: {name}={sizes[name]!r}: unknown mesh axis; the axes "
+                             f"are {list(MESH_AXES)}")
+    return ml_collections.ConfigDict({a: int(sizes.get(a, 1)) for a in MESH_AXES})
+
+
+def config_arg(arg: str, accepted: tuple[str, ...]) -> str:
+    """`arg` (the `:arg` of `--config=FILE:arg`) if the config accepts it, else a ValueError
+    naming it: a misspelt `:smok` must not silently run the full config."""
+    if arg not in accepted:
+        raise ValueError(f"config argument {arg!r} is not accepted; this config takes "
+                         f"{[a for a in accepted if a] or 'none'}"
+                         + (" (or none)" if "" in accepted and any(accepted) else ""))
+    return arg
 
 
 def _fail(path: str, value, why: str):
@@ -330,8 +351,9 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
               min(cfg.eval.every, cfg.checkpoint.every), "must be >= 1")
 
 
-def describe(cfg: TrainConfig) -> dict[str, Any]:
-    """A JSON-able summary of the config (written to WORKDIR/config.json)."""
+def describe(cfg: TrainConfig, env_section=None) -> dict[str, Any]:
+    """A JSON-able summary of the config (written to WORKDIR/config.json): every field, and the
+    free-form `env` section when given (`make_environments` reads it, so it is the config)."""
     def plain(v):
         if dataclasses.is_dataclass(v):
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
@@ -344,4 +366,8 @@ def describe(cfg: TrainConfig) -> dict[str, Any]:
         if callable(v):
             return getattr(v, "__qualname__", repr(v))
         return v
-    return plain(cfg)
+    out = plain(cfg)
+    if env_section is not None:
+        env = env_section.to_dict() if hasattr(env_section, "to_dict") else dict(env_section)
+        out["env"] = plain(env)
+    return out

@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from avalon import sharding
-from avalon.checkpoint import hf
+from avalon.checkpoint import avalon_format, hf
 from avalon.envs.base import Environment, Split
 from avalon.model import init_params
 from avalon.model.config import ModelConfig
@@ -28,6 +28,7 @@ from avalon.org.vocabulary import org_vocabulary
 from avalon.rl.config import LossKind
 from avalon.rl.update import UpdateStep, make_update_step
 from avalon.tokenizer import ByteTokenizer, ChatFormat, HFTokenizer, WordTokenizer
+from avalon.train import run_dir
 from avalon.train.config import TokenizerKind, TrainConfig
 
 
@@ -75,25 +76,63 @@ def build(cfg: TrainConfig, env_section) -> Setup:
     mesh = sharding.make_mesh(cfg.mesh)
     local_mesh = make_local_mesh(mesh)
     sft_rl = dataclasses.replace(cfg.rl, loss=LossKind.SFT, lr=cfg.sft.lr)
-    return Setup(cfg=cfg, envs=envs, chat=ChatFormat(tok), mesh=mesh, local_mesh=local_mesh,
+    # A tokenizer with a chat template renders through its markup (avalon/tokenizer/hf.py).
+    rendering = tok.rendering if isinstance(tok, HFTokenizer) else None
+    return Setup(cfg=cfg, envs=envs, chat=ChatFormat(tok, rendering), mesh=mesh,
+                 local_mesh=local_mesh,
                  sft_step=make_update_step(cfg.model, sft_rl, mesh=mesh),
                  rl_step=make_update_step(cfg.model, cfg.rl, mesh=mesh))
 
 
+def load_init_from(path: str, mesh: Mesh, param_dtype: str) -> tuple[ModelConfig, dict]:
+    """(config, params on `mesh`) from a run directory or one of its checkpoints (the trained
+    params), an avalon params checkpoint, or a Hugging Face directory, in that order."""
+    if run_dir.is_run(path):
+        loaded_cfg, params, _ = run_dir.load_run_params(path, mesh)
+    elif avalon_format.is_avalon_checkpoint(path):
+        loaded_cfg, params = avalon_format.load_avalon(path, mesh)
+    else:
+        return hf.load(path, mesh, param_dtype=param_dtype)
+    if loaded_cfg.param_dtype != param_dtype:
+        params = jax.tree.map(lambda a: a.astype(param_dtype), params)
+    return loaded_cfg, params
+
+
 def initial_params(cfg: TrainConfig, mesh: Mesh) -> tuple[ModelConfig, dict]:
-    """Random init, or a Hugging Face checkpoint placed directly on the mesh."""
+    """Random init, or the params of `init_from` (see `load_init_from`) placed on the mesh."""
     if cfg.init_from:
         if not os.path.isdir(cfg.init_from):
             raise ValueError(f"config.init_from={cfg.init_from!r}: no such directory")
-        loaded_cfg, params = hf.load(cfg.init_from, mesh, param_dtype=cfg.model.param_dtype)
+        loaded_cfg, params = load_init_from(cfg.init_from, mesh, cfg.model.param_dtype)
         for field in ("pattern", "hidden_size", "vocab_size"):
             if getattr(loaded_cfg, field) != getattr(cfg.model, field):
                 raise ValueError(f"config.init_from: the checkpoint's {field}="
                                  f"{getattr(loaded_cfg, field)!r} differs from config.model's "
                                  f"{getattr(cfg.model, field)!r}")
+        if cfg.tokenizer is TokenizerKind.HF and not run_dir.is_run(cfg.init_from):
+            params = init_added_rows(params, HFTokenizer.from_dir(cfg.tokenizer_path))
         return cfg.model, params
     shardings = sharding.param_shardings(cfg.model, mesh, sharding.TRAIN_RULES)
     return cfg.model, init_params(jax.random.key(cfg.seed), cfg.model, shardings)
+
+
+def init_added_rows(params: dict, tok: HFTokenizer) -> dict:
+    """Embedding (and untied output) rows of the tokens the tokenizer added to a checkpoint's
+    vocabulary (`tok.added`, e.g. `<|call|>` where there is no `<tool_call>`): each the mean of
+    the rows of its string spelt as text (`<`, `|`, `call`, ...), so a new special starts near
+    what its name means instead of at an untrained padding row. A run directory's params are
+    trained already and are not touched."""
+    embed = params["embed"]
+    for i, text in sorted(tok.added.items()):
+        if i >= embed.shape[0]:
+            raise ValueError(f"tokenizer added {text!r} as id {i}, outside the model's "
+                             f"vocab_size={embed.shape[0]}")
+        pieces = np.asarray(tok.encode(text))
+        embed = embed.at[i].set(embed[pieces].mean(axis=0))
+        if "lm_head" in params:
+            head = params["lm_head"]
+            params = {**params, "lm_head": head.at[:, i].set(head[:, pieces].mean(axis=1))}
+    return {**params, "embed": embed}
 
 
 def make_local_mesh(mesh: Mesh) -> Mesh:

@@ -19,6 +19,8 @@ import time
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from avalon.model.accounting import H200_PEAK_FLOPS
+
 
 def _jsonable(v):
     if isinstance(v, float) and not math.isfinite(v):
@@ -86,26 +88,61 @@ class Telemetry:
 
 
 class ProgressBar:
-    """`[#####.....] 12/40 steps  reward 0.41  ETA 3m12s` on one console line."""
+    """`[#####.....] 12/40  RL 2/30 reward 0.41  ETA 3m12s` on one console line.
+
+    The ETA is per phase: each phase's remaining units (`plan`) times its measured seconds per
+    unit (`record`), the first unit left out once there are two (it includes the compile). A
+    phase with work left and nothing measured yet shows as `+ PHASE ?`, so SFT step times are
+    never extrapolated over RLCR steps. `status(text)` redraws the line with a note of what is
+    happening now (compiling, evaluating)."""
 
     def __init__(self, total: int, *, stream=sys.stderr, enabled: bool = True, width: int = 28):
         self.total, self.stream, self.enabled, self.width = total, stream, enabled, width
-        self.start = time.time()
-        self.first_step: int | None = None
+        self.remaining: dict[str, int] = {}
+        self.seconds: dict[str, list[float]] = {}
+        self.step, self.note = 0, ""
+        self._width = 0
+
+    def plan(self, remaining: dict[str, int]) -> None:
+        """Units of work left per phase (e.g. {"sft": 300, "eval": 4, "rl": 30})."""
+        self.remaining = dict(remaining)
+
+    def record(self, phase: str, seconds: float) -> None:
+        """One unit of `phase` finished in `seconds`."""
+        self.seconds.setdefault(phase, []).append(float(seconds))
+        if self.remaining.get(phase, 0) > 0:
+            self.remaining[phase] -= 1
+
+    def eta(self) -> str:
+        known, unknown = 0.0, []
+        for phase, left in self.remaining.items():
+            if left <= 0:
+                continue
+            times = self.seconds.get(phase, [])
+            if not times:
+                unknown.append(phase)
+                continue
+            steady = times[1:] if len(times) > 1 else times
+            known += left * sum(steady) / len(steady)
+        text = fmt_seconds(known) if known or not unknown else ""
+        return " + ".join([text] * bool(text) + [f"{p.upper()} ?" for p in unknown]) or "0m00s"
 
     def update(self, step: int, note: str = "") -> None:
+        self.step, self.note = step, note
+        self._draw(note)
+
+    def status(self, text: str) -> None:
+        """Redraw the line with `text` in place of the note (until the next update)."""
+        self._draw(text)
+
+    def _draw(self, note: str) -> None:
         if not self.enabled or self.total <= 0:
             return
-        if self.first_step is None:
-            self.first_step, self.start = step, time.time()
-            eta = "?"
-        else:
-            done = step - self.first_step
-            rate = (time.time() - self.start) / max(done, 1)
-            eta = _fmt_seconds(rate * (self.total - step)) if done else "?"
-        frac = min(1.0, step / self.total)
+        frac = min(1.0, self.step / self.total)
         bar = "#" * int(frac * self.width) + "." * (self.width - int(frac * self.width))
-        self.stream.write(f"\r[{bar}] {step}/{self.total}  {note}  ETA {eta}   ")
+        line = f"[{bar}] {self.step}/{self.total}  {note}  ETA {self.eta()}"
+        self.stream.write("\r" + line.ljust(self._width))  # blank what a longer line left
+        self._width = len(line)
         self.stream.flush()
 
     def close(self) -> None:
@@ -114,6 +151,31 @@ class ProgressBar:
             self.stream.flush()
 
 
-def _fmt_seconds(s: float) -> str:
+# Dense bf16 peak FLOP/s of one device, by `jax.Device.device_kind` (datasheets). MFU is logged
+# only on a device listed here.
+PEAK_FLOPS = {
+    "NVIDIA H200": H200_PEAK_FLOPS,
+    "NVIDIA H100 80GB HBM3": 989e12,
+    "TPU v5p": 459e12,
+    "TPU v5 lite": 197e12,
+    "TPU v6 lite": 918e12,
+    "TPU v4": 275e12,
+}
+
+
+def peak_flops(device_kind: str) -> float | None:
+    """The peak of `device_kind`, or None (CPUs and unlisted accelerators: no MFU)."""
+    return PEAK_FLOPS.get(device_kind)
+
+
+def console(text: str, *, enabled: bool = True, stream=None) -> None:
+    """One line for the person at the console (process 0 only)."""
+    if enabled:
+        stream = stream or sys.stderr
+        stream.write(text + "\n")
+        stream.flush()
+
+
+def fmt_seconds(s: float) -> str:
     s = max(0, int(s))
     return f"{s // 3600}h{(s % 3600) // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"

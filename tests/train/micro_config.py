@@ -15,6 +15,7 @@ import ml_collections
 from avalon.envs.parallel.env import ParallelConfig, ParallelSubtasks
 from avalon.envs.parallel.teacher import HirePolicy, ParallelTeacherConfig
 from avalon.org.config import PromptStyle
+from avalon.train.config import mesh_section
 
 
 def make_environments(env):
@@ -34,7 +35,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict({"preset": "tiny", "overrides": ml_collections.ConfigDict(
         {"vocab_size": 512, "pattern": "ME*", "decode_dt_clamp": True, "max_context": 512})})
     c.init_from = ""
-    c.mesh = ml_collections.ConfigDict({"data": 1})
+    c.mesh = mesh_section(data=1)
     c.tokenizer = "word"
     c.tokenizer_path = ""
     c.org = ml_collections.ConfigDict({"window": 512, "prompt_style": PromptStyle.MINIMAL.value,
