@@ -33,7 +33,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config fil
                                           lock_config=True)
 _SPLIT = flags.DEFINE_enum("split", "heldout", ["train", "heldout"], "Which tasks.")
 _TASKS = flags.DEFINE_integer("tasks", 64, "Tasks per environment (the split's first N).")
-flags.mark_flags_as_required(["config"])
+# `--config` is checked in main, not marked required: tests import `run` from this module,
+# and a required flag registered at import would fail every other absl parse in that process.
 
 
 def mean_se(values) -> dict:
@@ -76,6 +77,8 @@ def run(config, split: Split, n_tasks: int) -> dict:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _CONFIG.value is None:
+        raise app.UsageError("--config is required (a config file, e.g. configs/toy_org.py)")
     if _TASKS.value < 1:
         raise app.UsageError(f"--tasks must be >= 1, got {_TASKS.value}")
     print(json.dumps(run(_CONFIG.value, Split(_SPLIT.value), _TASKS.value)))

@@ -24,8 +24,10 @@ from absl import app, flags
 from experiments.sweeps import sweep as sweeps
 from experiments.sweeps import table
 
-_SWEEP = flags.DEFINE_string("sweep", None, "sweep file, optionally with :arg", required=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "directory of the sweep's runs", required=True)
+# Required flags are checked in main, not at definition: tests import `run_sweep` from here,
+# and a required flag registered at import fails every other absl parse in that process.
+_SWEEP = flags.DEFINE_string("sweep", None, "sweep file, optionally with :arg (required)")
+_WORKDIR = flags.DEFINE_string("workdir", None, "directory of the sweep's runs (required)")
 _PRINT = flags.DEFINE_bool("print", False, "print the pod launch commands instead of running")
 _TABLE_ONLY = flags.DEFINE_bool("table_only", False, "only write the table and plot")
 _SET = flags.DEFINE_multi_string("set", [], "a.b=v override added to every run")
@@ -60,6 +62,9 @@ def run_sweep(sweep: sweeps.Sweep, workdir: str, extra: list[str] = (), *,
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    for name, flag in (("sweep", _SWEEP), ("workdir", _WORKDIR)):
+        if flag.value is None:
+            raise app.UsageError(f"--{name} is required")
     try:
         sweep = sweeps.load(_SWEEP.value)
     except ValueError as e:

@@ -4,8 +4,10 @@
     python -m experiments.sweeps.run --sweep=experiments/sweeps/time_budget.py \\
         --workdir=runs/time_budget
 
-Cap T seconds: the training clock (`clock.start_s = clock.end_s = T`), the environment's own
-clock (`env.clock_s`) and the evaluation clock (`eval.clock_s`). The toy's subtasks take 1-3
+Cap T seconds: every environment's own clock (`env.parallel_clock_s`, `env.profile_clock_s`,
+`env.verification_clock_s`), with the training clock held at it (`clock.start_s = clock.end_s =
+T`, so the curriculum scales nothing) and the evaluation clock at it (`eval.clock_s = T`, read
+against `clock.start_s`: 1x each environment's clock). The toy's subtasks take 1-3
 minutes each, so at 2 minutes even a full team finishes little, and at 20 minutes one agent
 finishes everything: the organisation's advantage should peak in between. `:smoke` runs the
 toy's smoke config at 2, 5 and 10 minutes.
@@ -20,7 +22,8 @@ CAPS_S = (120.0, 180.0, 300.0, 450.0, 600.0, 900.0, 1200.0)
 
 def clock_run(cap_s: float) -> dict:
     return {"eval.clock_s": cap_s, "clock.start_s": cap_s, "clock.end_s": cap_s,
-            "env.clock_s": cap_s}
+            "env.parallel_clock_s": cap_s, "env.profile_clock_s": cap_s,
+            "env.verification_clock_s": cap_s}
 
 
 def get_sweep(arg: str = "") -> Sweep:

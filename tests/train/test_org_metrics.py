@@ -9,7 +9,7 @@ from avalon.train.org_metrics import rollout_metrics
 
 def _rollout(reward, **metrics):
     return Rollout(rows=[], rewards=[RewardEvent("ceo", reward, 0, "x")], budget=3, hires=1,
-                   metrics={"agents": 2.0, **metrics})
+                   worked=1, metrics={"agents": 2.0, **metrics})
 
 
 def test_review_share_and_result_handoffs():
