@@ -20,6 +20,9 @@ EXTRAS = {
     "test": ["pytest", "ruff"],
     # The Hugging Face oracle and checkpoint formats (parity tests, import/export).
     "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors", "tokenizers"],
+    # Compile for TPU topologies from a CPU host (experiments/scale/aot.py): the libtpu release
+    # that matches the jax release (jax 0.10.2 <-> libtpu 0.0.42.1).
+    "aot": ["libtpu==0.0.42.1"],
 }
 
 setuptools.setup(
