@@ -17,8 +17,11 @@ FSDP all-gather of this chip's expert weights (the jit does it before the `shard
 matching reduce-scatter of their gradients) and nothing else.
 
 Received rows that hold no choice (C is a worst case) carry the sentinel expert E / ep: they are
-sorted last and lie outside every group of the grouped matmul, so ragged / megablox kernels
-leave them out (their output rows are zero).
+sorted last and lie outside every group of the grouped matmul, so their output rows are zero.
+The price of static, dropless buffers: the grouped matmul's shapes (and megablox's static grid)
+span all ep x C received rows, about ep times the choices a balanced chip really holds. A
+capacity bound (with a drop count) or a dynamic-grid kernel is what removes that factor; until
+then ep = 1 (fsdp only) has no such waste, at the cost of gathering every expert's weights.
 """
 
 from __future__ import annotations
@@ -36,15 +39,24 @@ def relu2(x):
     return jnp.square(jax.nn.relu(x))
 
 
+def _tile(dim: int, most: int) -> int:
+    """The largest power-of-two tile <= `most` (and >= 128) that divides `dim`, else `dim`."""
+    t = most
+    while t >= 128:
+        if dim % t == 0:
+            return t
+        t //= 2
+    return dim
+
+
 def _grouped(xs, counts, w, backend: MoeBackend):
     """xs [R, a] sorted by group, counts [G] -> [R, b]: row r times w[group of r]; rows past
     sum(counts) give zeros."""
     if backend == MoeBackend.MEGABLOX:
         from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
-        rows = xs.shape[0]
-        tm = min(512, rows)
+        tiling = (_tile(xs.shape[0], 512), _tile(xs.shape[1], 1024), _tile(w.shape[2], 1024))
         return megablox.gmm(xs, w, counts.astype(jnp.int32), preferred_element_type=xs.dtype,
-                            tiling=(tm, min(1024, xs.shape[1]), min(1024, w.shape[2])))
+                            tiling=tiling)
     if backend == MoeBackend.RAGGED_DOT:
         return jax.lax.ragged_dot(xs, w, counts.astype(jnp.int32))
     # DENSE / CAPACITY_BUCKETS: every row through every local expert, then the row's own one
