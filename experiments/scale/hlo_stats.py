@@ -285,3 +285,38 @@ def analyse(text: str) -> HloStats:
 
     flops, coll = walk(entry)
     return HloStats(flops, coll, unknown, loops)
+
+
+def flops_by_op(text: str, top: int = 15) -> list[tuple[str, float]]:
+    """The `top` JAX op names (HLO metadata) by trip-weighted matmul FLOPs: where they go."""
+    comps, entry = parse_module(text)
+    totals: dict[str, float] = {}
+
+    def visit(name: str, times: float):
+        comp = comps[name]
+        for ins in comp.instrs:
+            f = 0.0
+            if ins.opcode == "dot":
+                f = _dot_flops(ins, comp)
+            elif ins.opcode == "convolution":
+                f = _conv_flops(ins, comp)
+            elif ins.opcode == "custom-call":
+                f = _custom_flops(ins)
+            if f:
+                m = re.search(r'op_name="([^"]*)"', ins.attrs)
+                key = m.group(1) if m else ins.name
+                totals[key] = totals.get(key, 0.0) + f * times
+            if ins.opcode == "while":
+                visit(_attr(ins.attrs, "body"), times * (_trip_count(ins, comps) or 1))
+            elif ins.opcode == "conditional":
+                m = re.search(r"branch_computations=\{([^}]*)\}", ins.attrs)
+                for n in re.findall(r"%?([\w.\-]+)", m.group(1)) if m else []:
+                    if n in comps:
+                        visit(n, times)
+            else:
+                callee = _attr(ins.attrs, "calls")
+                if callee in comps:
+                    visit(callee, times)
+
+    visit(entry, 1.0)
+    return sorted(totals.items(), key=lambda kv: -kv[1])[:top]
