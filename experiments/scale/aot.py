@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 
@@ -78,6 +79,9 @@ def tpu_devices(topology: str):
     except ImportError:
         raise AotError(f"libtpu is not importable: pip install '.[aot]' (pins {LIBTPU_PIN}) "
                        "or put a libtpu install on PYTHONPATH") from None
+    # Compiling touches no chip, so a second AOT process (a test beside a run) may load libtpu
+    # too; without this, libtpu's /tmp lockfile refuses it.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     import jax
     from jax.experimental import topologies
     try:
