@@ -173,21 +173,32 @@ def _dot_flops(ins: Instr, comp: Computation) -> float:
 
 
 def _conv_flops(ins: Instr, comp: Computation) -> float:
-    """2 x output elements x (rhs elements / output features): the MACs of each output."""
+    """2 x output elements x the MACs of each output: input features x the window taps that
+    meet a real (not padding, not dilation-hole) input element.
+
+    TPU lowers many dots to convolutions whose "window" only moves over padding: e.g.
+    `window={size=48 pad=47_47 rhs_reversal=1}` on a spatial input of size 1 (a head axis of
+    48), where each output reads exactly one real element. Per spatial dimension the real taps
+    are min(window, ceil(window / lhs_dilate), input size)."""
     out = array_dims(ins.shape)
+    lhs = array_dims(comp.shapes.get(ins.operands[0], "")) if ins.operands else []
     rhs = array_dims(comp.shapes.get(ins.operands[1], "")) if len(ins.operands) > 1 else []
-    m = re.search(r"dim_labels=[\w]+_([\w]+)->", ins.attrs)
-    if not out or not rhs or not m:
+    m = re.search(r"dim_labels=([\w]+)_([\w]+)->", ins.attrs)
+    if not out or not rhs or not lhs or not m:
         return 0.0
-    labels, dims = m.group(1), rhs[0][1]
-    o = labels.find("o")
-    per_output = math.prod(dims) // max(1, dims[o] if 0 <= o < len(dims) else 1)
-    # A base-dilated lhs (TPU's lowering of some batched dots) leaves holes in the window:
-    # only about one tap in `lhs_dilate` meets a real element.
+    lhs_labels, rhs_labels = m.group(1), m.group(2)
+    dims = rhs[0][1]
+    i_pos = rhs_labels.find("i")
+    macs = dims[i_pos] if 0 <= i_pos < len(dims) else 1
+    win = re.search(r"window=\{size=([0-9x]+)", ins.attrs)
+    sizes = [int(v) for v in win.group(1).split("x")] if win else []
     dil = re.search(r"lhs_dilate=([0-9x]+)", ins.attrs)
-    if dil:
-        per_output //= max(1, math.prod(int(d) for d in dil.group(1).split("x")))
-    return 2.0 * math.prod(out[0][1]) * per_output
+    dilate = [int(v) for v in dil.group(1).split("x")] if dil else [1] * len(sizes)
+    for d, size in enumerate(sizes):
+        pos = lhs_labels.find(str(d))
+        real = lhs[0][1][pos] if 0 <= pos < len(lhs[0][1]) else size
+        macs *= min(size, -(-size // dilate[d]), real)
+    return 2.0 * math.prod(out[0][1]) * macs
 
 
 def _custom_flops(ins: Instr) -> float:

@@ -57,3 +57,18 @@ def test_collectives_by_kind_with_bytes():
 def test_shape_bytes():
     assert hlo_stats.shape_bytes("bf16[256,1024]{1,0:T(8,128)(2,1)}") == 256 * 1024 * 2
     assert hlo_stats.shape_bytes("(s32[], f32[2,3]{1,0}, u8[5])") == 4 + 24 + 5
+
+
+def test_tpu_padding_window_convolution_counts_real_taps_only():
+    """TPU's lowering of `btd,dhp->bthp` (from a v5p compile): a window of 48 that moves over
+    a size-1 spatial input padded by 47 each side reads one real element per output."""
+    text = """HloModule m
+
+ENTRY %main (a: bf16[4096,1536,1], b: bf16[1536,48,64]) -> bf16[4096,48,64] {
+  %a = bf16[4096,1536,1]{1,0,2} parameter(0)
+  %b = bf16[1536,48,64]{0,2,1} parameter(1)
+  ROOT %c = bf16[4096,48,64]{0,2,1} convolution(%a, %b), """ + \
+        """window={size=48 pad=47_47 rhs_reversal=1}, dim_labels=bf0_i0o->b0f
+}
+"""
+    assert hlo_stats.analyse(text).flops == 2 * 4096 * 1536 * 48 * 64
