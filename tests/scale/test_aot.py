@@ -57,7 +57,7 @@ def test_hybrid_2b_update_step_fits_a_v5p_8(hybrid_2b_v5p_8):
 
 @pytest.mark.slow
 @_NEEDS_LIBTPU
-@pytest.mark.xfail(strict=True, reason="expected ~1.38, not yet re-measured: expert parallelism "
+@pytest.mark.xfail(strict=True, reason="measured 1.40x: expert parallelism "
                    "with worst-case (dropless) receive buffers doubles the routed-expert matmuls "
                    "at ep=2 (avalon/model/moe_ep.py; experiments/bench/RESULTS.md, issue 15)")
 def test_hybrid_2b_compiled_flops_within_1_3x_of_model(hybrid_2b_v5p_8):
