@@ -25,6 +25,9 @@ EXTRAS = {
     # The Open Reward Standard's SDK: only the ORS tests use it (a reference server and
     # client); OrsEnvironment and the ORS server are stdlib.
     "ors": ["openreward>=0.1.160,<0.2"],
+    # Compile for TPU topologies from a CPU host (experiments/scale/aot.py): the libtpu release
+    # that matches the jax release (jax 0.10.2 <-> libtpu 0.0.42.1).
+    "aot": ["libtpu==0.0.42.1"],
 }
 
 setuptools.setup(

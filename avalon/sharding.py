@@ -8,8 +8,9 @@ Model code names *logical* axes only (`"embed"`, `"q_heads"`, `"batch"`, ...; th
   expert  routed experts split across devices
   tensor  heads, MLP width and vocabulary split across devices
 
-There are two tables: `TRAIN_RULES` (FSDP-sharded weights) and `DECODE_RULES` (weights
-replicated over data/fsdp so each decode step reads only local weights; slots over data/fsdp).
+There are two tables: `TRAIN_RULES` (FSDP-sharded weights; the batch over data, fsdp and
+expert) and `DECODE_RULES` (weights replicated over data/fsdp so each decode step reads only
+local weights; slots over data/fsdp).
 Switching the one copy of the weights between them is a re-layout, measured by the driver.
 
 A mesh axis that does not divide an array dimension is dropped for that array (e.g. 2 KV heads
@@ -63,8 +64,13 @@ _ACTIVATION_RULES = {
     "slots": ("data", "fsdp"),  # the engine's stored per-slot state and KV pool pages
 }
 
+# Training: the batch is split over every data-parallel axis *and* `expert`: the dense layers
+# (Mamba, attention, MLP, shared experts) then run on each chip's own tokens, and the routed
+# experts are reached by all-to-all over `expert` (avalon/model/moe_ep.py), so no work is
+# repeated across the expert axis.
 TRAIN_RULES: Rules = {
     **_WEIGHT_RULES, **_ACTIVATION_RULES,
+    "batch": ("data", "fsdp", "expert"),
     "embed": "fsdp", "expert_in": "fsdp", "mtp_in": None,
 }
 
@@ -162,6 +168,16 @@ def use_rules(mesh: Mesh, rules: Rules):
         yield
     finally:
         _ACTIVE.reset(token)
+
+
+def active() -> tuple[Mesh, Rules] | None:
+    """The (mesh, rules) of the enclosing `use_rules`, or None outside one."""
+    return _ACTIVE.get()
+
+
+def batch_axes(mesh: Mesh, rules: Rules) -> tuple[str, ...]:
+    """The mesh axes (of size > 1) the batch is split over under `rules`."""
+    return tuple(a for a in _mesh_axes_of(rules["batch"]) if mesh.shape[a] > 1)
 
 
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:

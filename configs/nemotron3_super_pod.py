@@ -13,9 +13,25 @@ learning-progress samplers over environments and tasks. Windows are the real 131
 (compaction at 114,688, summaries capped at 12,000).
 
 Mesh (v5p-256: 128 chips, 32 hosts of 4): fsdp 32 across hosts (params, optimizer state and
-activations split along embed), expert 4 within each host (512 experts, 128 per chip). The
-engine of each host decodes from a bf16-equivalent re-layout of the same params (DECODE_RULES:
-whole along embed, experts over the host's 4 chips); that switch is timed every step.
+activations split along embed), expert 4 within each host (512 experts, 128 per chip). In the
+update step the batch is split over all 128 chips (TRAIN_RULES: data x fsdp x expert) and the
+routed experts are reached by all-to-all over `expert` (avalon/model/moe_ep.py); the MoE
+backend is `auto` (megablox on TPU: `lax.ragged_dot`'s weight gradient compiles to a dense
+masked product over the experts there). The engine of each host decodes from a
+bf16-equivalent re-layout of the same params (DECODE_RULES: whole along embed, experts over
+the host's 4 chips); that switch is timed every step.
+
+Global batch of one update call: micro_batches x 128 chips rows of 131,072 tokens = 16 x 128 =
+2,048 rows (268M token positions); the recipe's 200-800 groups x K 16 x (1 + up to 8 agents)
+contexts are packed into such rows. Why 16 micro-batches (arithmetic per chip, not yet
+confirmed by a v5p-256 compile; experiments/bench/RESULTS.md, "TPU compilation on paper"):
+  - state: 123.6B params (with MTP) x (fp32 master 4 + AdamW mu, nu 8 + fp32 gradient
+    accumulator 4 bytes) / 128 = 15.5 GB;
+  - batch: per row 131,072 x (21 bytes of tokens/targets/ids/mask/logp/advantages + routing 40
+    layers x 22 experts x 2 bytes, uint16) = 234 MB, x 16 rows = 3.7 GB (64 rows: 15 GB);
+  - activations of one micro-batch (one 131K row per chip): the full-remat residuals at the
+    layer-group boundaries, ~44 x 1.07 GB (bf16 [131072, 4096]), plus one layer's working set.
+That leaves ~20 GB of the 85 GB (90% of 95) for one layer's transients at 16 micro-batches.
 """
 
 from __future__ import annotations
@@ -56,7 +72,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         "overrides": ml_collections.ConfigDict({
             "param_dtype": "float32",  # fp32 masters: 4e-6 AdamW steps are below bf16's grain
             "dtype": "bfloat16", "decode_dt_clamp": True, "remat": "full",
-            "attention_impl": "query_chunked", "moe_backend": "ragged_dot"})})
+            "attention_impl": "query_chunked", "moe_backend": "auto",
+            "moe_dispatch_chunk": 4096})})
     c.init_from = "/mnt/checkpoints/NVIDIA-Nemotron-3-Super-120B-A12B-Base-BF16"
     c.mesh = mesh_section(fsdp=32, expert=4)
     c.tokenizer = "hf"
@@ -78,7 +95,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         "seq_bucket": 32, "temperature": 1.0, "top_p": 1.0})
     c.rl = ml_collections.ConfigDict({"lr": 4e-6, "temperature": 1.0, "eps_high": 5.0,
                                       "cap_mode": "delta", "freeze_router": True,
-                                      "micro_batches": 64})
+                                      "micro_batches": 16})  # see the module doc
     # Per host: its 25 of the 800 groups x 16 rollouts x 9 agents alive at once. KV memory is
     # bucketed (slots x the longest live context), so at 131K contexts this many slots only
     # fit while most contexts are short; a paged KV cache is what the full recipe needs.

@@ -15,11 +15,21 @@ and bias (the optimizer mask of the RL step keeps them bit-identical too).
 
 Dispatch backends (`cfg.moe_backend`), all equal to the dense reference:
   DENSE             every expert on every token, then masked; for tests and tiny models
-  RAGGED_DOT        sort by expert, `lax.ragged_dot` (TPU megablox; fine on CPU). Never on GPU:
-                    it densifies there (6 TFLOP/s vs 509 for a batched matmul on an H200)
+  RAGGED_DOT        sort by expert, `lax.ragged_dot`. Never on GPU: it densifies there
+                    (6 TFLOP/s vs 509 for a batched matmul on an H200); CPU lowers it to a dense
+                    masked product too, and on TPU its weight gradient is a dense masked product
+                    over the experts (compiled for v5p), so TPU uses MEGABLOX
   CAPACITY_BUCKETS  sort by expert, scatter into [E, C, w] and run batched matmuls, with C the
                     smallest of a few static capacities that holds the busiest expert (chosen
                     on device by `lax.switch`, so nothing is dropped)
+  MEGABLOX          (expert-parallel path, TPU) the Pallas grouped matmul, gmm forward and
+                    gmm/tgmm backward
+  AUTO              per platform, resolved when traced (`resolve_backend`)
+
+Under a mesh (`use_rules` with more than one device) the routed experts go through the
+expert-parallel `shard_map` of `moe_ep.py` (all-to-all over `expert`, each chip routing only its
+own tokens); the backends above then run each chip's local experts. Without a mesh they run
+on the whole token set, as before.
 """
 
 from __future__ import annotations
@@ -28,9 +38,37 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
+from avalon import sharding
+from avalon.model import moe_ep
 from avalon.model.config import ModelConfig, MoeBackend
 from avalon.sharding import constrain
+
+# Per platform, the backend AUTO means (CPU: toy layer fwd+bwd at 4,096 tokens, 2 cores:
+# ragged_dot 144 ms, dense 99 ms, capacity buckets 58 ms; GPU: performance.md).
+PLATFORM_DEFAULT = {"tpu": MoeBackend.MEGABLOX, "gpu": MoeBackend.CAPACITY_BUCKETS,
+                    "cuda": MoeBackend.CAPACITY_BUCKETS, "rocm": MoeBackend.CAPACITY_BUCKETS,
+                    "cpu": MoeBackend.CAPACITY_BUCKETS}
+_SLOW = {("gpu", MoeBackend.RAGGED_DOT): "lax.ragged_dot densifies on GPU (6 TFLOP/s against "
+         "509 for a batched matmul on an H200); use capacity_buckets",
+         ("cuda", MoeBackend.RAGGED_DOT): "lax.ragged_dot densifies on GPU; use capacity_buckets"}
+
+
+def resolve_backend(backend: MoeBackend, platform: str) -> MoeBackend:
+    """The concrete backend for `platform` ('cpu', 'gpu', 'tpu'); AUTO picks the platform's
+    default. Raises for a known-slow or impossible pair."""
+    if platform not in PLATFORM_DEFAULT:
+        raise ValueError(f"ModelConfig.moe_backend: unknown platform {platform!r}")
+    if backend == MoeBackend.AUTO:
+        return PLATFORM_DEFAULT[platform]
+    if (platform, backend) in _SLOW:
+        raise ValueError(f"ModelConfig.moe_backend={backend.value!r} on {platform}: "
+                         f"{_SLOW[(platform, backend)]}")
+    if backend == MoeBackend.MEGABLOX and platform != "tpu":
+        raise ValueError(f"ModelConfig.moe_backend='megablox' on {platform}: it is a TPU "
+                         "(Mosaic) kernel; use auto")
+    return backend
 
 
 def relu2(x):
@@ -60,11 +98,31 @@ def select_experts(choice_scores: jax.Array, cfg: ModelConfig) -> jax.Array:
         grouped = choice_scores.reshape(n, cfg.n_group, e // cfg.n_group)
         group_score = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [n, n_group]
         _, keep = jax.lax.top_k(group_score, cfg.topk_group)
-        kept = jnp.zeros((n, cfg.n_group), bool).at[jnp.arange(n)[:, None], keep].set(True)
+        # A comparison, not a scatter: elementwise per token, so a token-sharded input needs
+        # no gather (XLA all-gathers the tokens for a scatter indexed by arange(n)).
+        kept = jnp.any(keep[:, :, None] == jnp.arange(cfg.n_group)[None, None, :], axis=1)
         choice_scores = jnp.where(jnp.repeat(kept, e // cfg.n_group, axis=1), choice_scores,
                                   -jnp.inf)
     _, idx = jax.lax.top_k(choice_scores, cfg.num_experts_per_tok)
     return jax.lax.stop_gradient(idx.astype(jnp.int32))
+
+
+def _route_per_chip(p, x2, cfg: ModelConfig, replay, mesh, axes: tuple[str, ...]):
+    """`route` on each chip's own tokens (the router weight is replicated: [D, E] is small), so
+    neither tokens nor routing are gathered (the CPU partitioner gathers a token-sharded
+    top_k otherwise)."""
+    tokens = PartitionSpec(axes or None)
+    w, bias = p["router"], p["router_bias"]
+    if replay is None:
+        def fn(w, bias, x):
+            return route({"router": w, "router_bias": bias}, x, cfg)
+        args, specs = (w, bias, x2), (PartitionSpec(), PartitionSpec(), tokens)
+    else:
+        def fn(w, bias, x, r):
+            return route({"router": w, "router_bias": bias}, x, cfg, r)
+        args, specs = (w, bias, x2, replay), (PartitionSpec(), PartitionSpec(), tokens, tokens)
+    return jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=(tokens, tokens),
+                         check_vma=False)(*args)
 
 
 # ---- routed expert dispatch: x_l [n, w], idx/weights [n, k] -> per-choice outputs [n, k, w] --
@@ -136,15 +194,32 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
     b, t, d = x.shape
     dtype = x.dtype
     x2 = x.reshape(b * t, d)
-    idx, weights = route(p, x2, cfg, None if routing is None else routing.reshape(b * t, -1))
+    replay = None if routing is None else routing.reshape(b * t, -1)
+    active = sharding.active()
+    mesh = active[0] if active is not None and active[0].size > 1 else None
+    if mesh is None:
+        idx, weights = route(p, x2, cfg, replay)
+    else:
+        spec = sharding.logical_to_spec(("batch",), active[1], mesh, (b,))
+        axes = () if not spec else spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+        idx, weights = _route_per_chip(p, x2, cfg, replay, mesh, axes)
 
     xl = x2
     if cfg.moe_latent_size is not None:
         xl = x2 @ p["latent_in"].astype(dtype)
         if "latent_in_bias" in p:
             xl = xl + p["latent_in_bias"].astype(dtype)
-    dispatch = _DISPATCH[backend or cfg.moe_backend]
-    per_choice = dispatch(xl, idx, p["experts_up"].astype(dtype), p["experts_down"].astype(dtype))
+    up, down = p["experts_up"].astype(dtype), p["experts_down"].astype(dtype)
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    chosen = resolve_backend(backend or cfg.moe_backend, platform)
+    if mesh is not None:
+        per_choice = moe_ep.expert_parallel(xl, idx, up, down, mesh=mesh, batch_axes=axes,
+                                            backend=chosen, chunk=cfg.moe_dispatch_chunk)
+    else:
+        if chosen == MoeBackend.MEGABLOX:
+            raise ValueError("ModelConfig.moe_backend='megablox' runs only expert-parallel "
+                             "under a mesh")
+        per_choice = _DISPATCH[chosen](xl, idx, up, down)
     routed = jnp.einsum("nkw,nk->nw", per_choice.astype(jnp.float32), weights).astype(dtype)
     if cfg.moe_latent_size is not None:
         routed = routed @ p["latent_out"].astype(dtype)

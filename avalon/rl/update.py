@@ -11,7 +11,7 @@ A non-finite gradient norm or loss skips the update: params and optimizer state 
 unchanged and `skipped` = 1 is reported. So does a batch without loss tokens (every group
 dropped for zero variance: a result the policy can cause), where AdamW would otherwise still
 apply momentum and weight decay. The state is donated; with a mesh, every input and
-output has a declared sharding (params per TRAIN_RULES, batch over data × fsdp).
+output has a declared sharding (params per TRAIN_RULES, batch over data × fsdp × expert).
 
 Metrics (scalars): loss, loss_tokens, tokens (real, non-padding), entropy (mean over loss
 tokens), grad_norm (before clipping), skipped; CISPO adds ratio_mean/max/min, clipped_frac
@@ -25,6 +25,7 @@ split moves no data.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -35,11 +36,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from avalon import model as M
 from avalon.model.config import ModelConfig
-from avalon.rl.batch import TrainBatch
+from avalon.rl.batch import TrainBatch, routing_dtype
 from avalon.rl.config import LossKind, RLConfig
 from avalon.rl.logprobs import sequence_logprobs
 from avalon.rl.losses import cispo_loss, combine_metrics, sft_loss
-from avalon.sharding import TRAIN_RULES, param_shardings, use_rules
+from avalon.sharding import TRAIN_RULES, batch_axes, param_shardings, use_rules
 
 FROZEN_LEAVES = ("router", "router_bias")
 
@@ -119,6 +120,9 @@ class UpdateStep:
             raise ValueError(f"batch has {b} sequences; it must be a multiple of micro_batches "
                              f"({n}) x data-parallel devices ({dp}); pack with "
                              f"num_seqs_multiple={n * dp}")
+        if batch.routing is not None:  # the device copy in the narrowest id type
+            batch = batch.replace(routing=batch.routing.astype(
+                routing_dtype(self.model_cfg.n_routed_experts)))
         if self.mesh is None:
             return jax.device_put(batch)
         return jax.device_put(batch, self.batch_sharding)
@@ -141,7 +145,7 @@ class UpdateStep:
 
 
 def _dp_size(mesh: Mesh) -> int:
-    return mesh.shape["data"] * mesh.shape["fsdp"]
+    return math.prod(mesh.shape[a] for a in batch_axes(mesh, TRAIN_RULES))
 
 
 def _split_micro(x, n: int):
@@ -240,7 +244,7 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
                           jax.jit(logprob_pass), None, None, jax.jit(masked_grad_norm))
 
     replicated = NamedSharding(mesh, PartitionSpec())
-    dp_axes = tuple(a for a in ("data", "fsdp") if mesh.shape[a] > 1)
+    dp_axes = batch_axes(mesh, TRAIN_RULES)
     batch_sh = NamedSharding(mesh, PartitionSpec(dp_axes or None))
     state_sh = TrainState(step=replicated, params=p_shard,
                           opt_state=opt_state_shardings(opt, cfg, p_shard, replicated))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -311,7 +312,9 @@ class Run:
         step_fn = setup.rl_step
         # Pad the sequence count to a multiple of `seq_bucket` (and of micro-batches x data
         # parallelism): each new batch shape is a new compile of the update step.
-        multiple = cfg.rl.micro_batches * setup.mesh.shape["data"] * setup.mesh.shape["fsdp"]
+        # (the training batch is split over data x fsdp x expert: TRAIN_RULES["batch"])
+        multiple = cfg.rl.micro_batches * math.prod(
+            setup.mesh.shape[a] for a in ("data", "fsdp", "expert"))
         local_multiple = max(1, multiple // info.num_processes)
         local_multiple = int(np.lcm(local_multiple, cfg.rollout.seq_bucket))
         batch, bstats = build_rl_batch(groups, cfg.rl, seq_len=cfg.rollout.seq_len,

@@ -67,7 +67,7 @@ class SFTBatches:
 
     def __init__(self, setup: Setup, traces: TeacherTraces):
         cfg = setup.cfg
-        dp = setup.mesh.shape["data"] * setup.mesh.shape["fsdp"]
+        dp = setup.mesh.shape["data"] * setup.mesh.shape["fsdp"] * setup.mesh.shape["expert"]
         self.multiple = cfg.rl.micro_batches * dp
         if cfg.sft.batch_seqs % self.multiple:
             raise ValueError(f"config.sft.batch_seqs={cfg.sft.batch_seqs} must be a multiple of "

@@ -1,0 +1,226 @@
+"""Compile a config's real update step for a TPU topology from a CPU host; print memory and cost.
+
+    pip install -e .[aot]        # libtpu matching the jax release (no TPU needed)
+    python -m experiments.scale.aot --config=configs/nemotron3_super_pod.py --topology=v5p-256
+    python -m experiments.scale.aot --config=configs/gpu_hybrid_2b.py --topology=v5p-8 \\
+        --mesh=fsdp=4 --rows=4 --seq=4096
+
+`jax.experimental.topologies` describes the TPU slice (v5p-N: N TensorCores, N/2 chips) and
+its devices build the config's mesh; `make_update_step` (the very step the trainer runs) is
+lowered on abstract inputs (`ShapeDtypeStruct`s: no weight is materialised) and compiled by
+libtpu. One JSON object is printed:
+
+- per chip: `argument/output/alias/temp_bytes_per_chip` from XLA's memory analysis;
+  `peak_bytes_per_chip` = argument + output - alias + temp (what must fit at once; donated
+  state aliases its output), beside `hbm_bytes_per_chip` (v5p: 95 GB) and their ratio;
+- `flops_per_chip`: the compiled program's matmul FLOPs with every loop body weighted by its
+  trip count (`hlo_stats`; XLA's own `cost_analysis` counts a loop body once and is printed as
+  `cost_analysis_flops_per_chip`), beside `model_flops_per_chip`: the model accounting
+  (`train_flops_per_token`, 3 x forward, active experts only, full rows) x tokens / chips;
+- `collectives`: per kind, the count and result bytes per chip, trip-count weighted.
+
+The batch is one update step's: `--rows` packed sequences of `--seq` tokens (defaults: the
+config's `rl.micro_batches` x data-parallel chips rows of `rollout.seq_len`), with replayed
+routing in the narrowest integer type of the expert count, as the trainer packs it.
+The config's checkpoint and tokenizer are not read (shapes come from the model preset).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+import ml_collections
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
+_TOPOLOGY = flags.DEFINE_string("topology", "v5p-8", "TPU slice: v5p-N (N TensorCores) or "
+                                "v5p:AxBxC (chips per dimension).")
+_STEP = flags.DEFINE_enum("step", "train", ["train"], "Which jitted step to compile.")
+_ROWS = flags.DEFINE_integer("rows", None, "Packed sequences in the batch (default: "
+                             "rl.micro_batches x data-parallel chips).")
+_SEQ = flags.DEFINE_integer("seq", None, "Sequence length (default: rollout.seq_len).")
+_LOSS = flags.DEFINE_enum("loss", "cispo", ["cispo", "sft"], "Which update step (RL or SFT).")
+_MESH = flags.DEFINE_string("mesh", None, "Replace the config's mesh, e.g. 'fsdp=4,expert=2'.")
+_DUMP = flags.DEFINE_string("dump_hlo", None, "Write the compiled HLO text to this file.")
+flags.mark_flags_as_required(["config"])
+
+LIBTPU_PIN = "libtpu==0.0.42.1"  # the release that matches jax 0.10.2 (setup.py extra `aot`)
+V5P_HBM_BYTES = 95e9
+_V5P_SHAPES = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
+               256: "4x8x8", 512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16"}
+
+
+class AotError(Exception):
+    """A one-line reason the compile could not run (missing libtpu, bad topology, ...)."""
+
+
+def topology_name(topology: str) -> str:
+    """'v5p-256' -> 'v5p:4x4x8' (128 chips); 'v5p:2x2x1' passes through."""
+    if topology.startswith("v5p:"):
+        return topology
+    if not topology.startswith("v5p-") or not topology[4:].isdigit():
+        raise AotError(f"--topology={topology!r}: use v5p-N (N TensorCores) or v5p:AxBxC")
+    chips = int(topology[4:]) // 2
+    if chips not in _V5P_SHAPES:
+        raise AotError(f"--topology={topology!r}: {chips} chips is not a v5p slice; use one of "
+                       + ", ".join(f"v5p-{2 * c}" for c in _V5P_SHAPES))
+    return f"v5p:{_V5P_SHAPES[chips]}"
+
+
+def tpu_devices(topology: str):
+    """The devices of a TPU topology, compiled for from this (TPU-less) host."""
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        raise AotError(f"libtpu is not importable: pip install '.[aot]' (pins {LIBTPU_PIN}) "
+                       "or put a libtpu install on PYTHONPATH") from None
+    # Compiling touches no chip, so a second AOT process (a test beside a run) may load libtpu
+    # too; without this, libtpu's /tmp lockfile refuses it.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    import jax
+    from jax.experimental import topologies
+    try:
+        topo = topologies.get_topology_desc(topology_name=topology_name(topology),
+                                            platform="tpu")
+    except Exception as e:  # a libtpu that does not match this jax fails here
+        raise AotError(f"libtpu could not describe {topology!r} with jax {jax.__version__} "
+                       f"(needs {LIBTPU_PIN}): {str(e).splitlines()[0]}") from None
+    return topo.devices
+
+
+def abstract_batch(cfg, rows: int, seq: int, with_routing: bool):
+    import jax
+    import jax.numpy as jnp
+
+    from avalon.rl.batch import TrainBatch, routing_dtype
+    sd = jax.ShapeDtypeStruct
+    routing = None
+    if with_routing and cfg.count("E"):
+        routing = sd((rows, seq, cfg.count("E"), cfg.num_experts_per_tok),
+                     routing_dtype(cfg.n_routed_experts))
+    return TrainBatch(tokens=sd((rows, seq), jnp.int32), targets=sd((rows, seq), jnp.int32),
+                      segment_ids=sd((rows, seq), jnp.int32), loss_mask=sd((rows, seq), bool),
+                      old_logp=sd((rows, seq), jnp.float32),
+                      advantages=sd((rows, seq), jnp.float32), routing=routing)
+
+
+def compile_train_step(model_cfg, rl_cfg, mesh_shape: dict, devices, rows: int, seq: int):
+    """Lower and compile the update step on abstract state and batch. Returns (compiled, s)."""
+    import jax
+    import jax.numpy as jnp
+
+    from avalon import sharding
+    from avalon.model import abstract_params
+    from avalon.rl.config import LossKind
+    from avalon.rl.update import TrainState, make_update_step
+
+    mesh = sharding.make_mesh(mesh_shape, devices=devices)
+    step = make_update_step(model_cfg, rl_cfg, mesh=mesh)
+    params = abstract_params(step.model_cfg)
+    state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+                       opt_state=jax.eval_shape(step.optimizer.init, params))
+    batch = abstract_batch(step.model_cfg, rows, seq, rl_cfg.loss == LossKind.CISPO)
+    start = time.perf_counter()
+    compiled = step.step_fn.lower(state, batch).compile()
+    return compiled, time.perf_counter() - start
+
+
+def report(compiled, model_cfg, rows: int, seq: int, chips: int, compile_s: float) -> dict:
+    from avalon.model.accounting import train_flops_per_token
+    from experiments.scale import hlo_stats
+
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    stats = hlo_stats.analyse(compiled.as_text())
+    peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+            + mem.temp_size_in_bytes)
+    model_flops = train_flops_per_token(model_cfg, seq) * rows * seq / chips
+    return {
+        "chips": chips,
+        "rows": rows, "seq": seq, "tokens": rows * seq,
+        "argument_bytes_per_chip": mem.argument_size_in_bytes,
+        "output_bytes_per_chip": mem.output_size_in_bytes,
+        "alias_bytes_per_chip": mem.alias_size_in_bytes,
+        "temp_bytes_per_chip": mem.temp_size_in_bytes,
+        "peak_bytes_per_chip": peak,
+        "hbm_bytes_per_chip": V5P_HBM_BYTES,
+        "peak_fraction_of_hbm": round(peak / V5P_HBM_BYTES, 4),
+        "flops_per_chip": stats.flops,
+        "model_flops_per_chip": model_flops,
+        "flops_ratio": round(stats.flops / model_flops, 4) if model_flops else None,
+        "cost_analysis_flops_per_chip": float(cost.get("flops", math.nan)),
+        "collectives": stats.collectives,
+        "unknown_trip_loops": stats.unknown_trip_loops,
+        "compile_s": round(compile_s, 1),
+    }
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """'fsdp=4,expert=2' -> {'fsdp': 4, 'expert': 2}."""
+    out = {}
+    for part in text.split(","):
+        name, _, size = part.partition("=")
+        if not size.strip().isdigit():
+            raise AotError(f"--mesh={text!r}: write axis=size pairs, e.g. fsdp=4,expert=2")
+        out[name.strip()] = int(size)
+    return out
+
+
+def run(config, topology: str, rows: int | None, seq: int | None, loss: str,
+        mesh: str | None = None, dump_hlo: str | None = None) -> dict:
+    import dataclasses
+
+    from avalon.rl.config import LossKind
+    from avalon.train.config import from_config_dict
+
+    devices = tpu_devices(topology)
+    chips = len(devices)
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        config.init_from = ""  # shapes come from the preset; no checkpoint is read
+        config.tokenizer, config.tokenizer_path = "byte", ""
+        if mesh:
+            config.mesh = ml_collections.ConfigDict(parse_mesh(mesh))
+    cfg = from_config_dict(config, num_devices=chips, num_processes=max(1, chips // 4))
+    rl_cfg = cfg.rl if loss == "cispo" else dataclasses.replace(cfg.rl, loss=LossKind.SFT)
+    dp = cfg.mesh.get("data", 1) * cfg.mesh.get("fsdp", 1) * cfg.mesh.get("expert", 1)
+    rows = rows or rl_cfg.micro_batches * dp
+    seq = seq or cfg.rollout.seq_len
+    out = {"topology": topology, "step": "train", "loss": loss, "mesh": cfg.mesh,
+           "micro_batches": rl_cfg.micro_batches, "remat": cfg.model.remat.value,
+           "moe_backend": cfg.model.moe_backend.value}
+    try:
+        compiled, compile_s = compile_train_step(cfg.model, rl_cfg, cfg.mesh, devices, rows,
+                                                 seq)
+    except Exception as e:  # XLA refuses a program over HBM: that is the answer, reported
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        out.update({"fits": False, "rows": rows, "seq": seq,
+                    "error": str(e).splitlines()[0][:400]})
+        return out
+    if dump_hlo:
+        with open(dump_hlo, "w") as f:
+            f.write(compiled.as_text())
+    out["fits"] = True
+    out.update(report(compiled, cfg.model, rows, seq, chips, compile_s))
+    return out
+
+
+def main(argv):
+    del argv
+    try:
+        out = run(_CONFIG.value, _TOPOLOGY.value, _ROWS.value, _SEQ.value, _LOSS.value,
+                  _MESH.value, _DUMP.value)
+    except (AotError, ValueError) as e:
+        sys.exit(f"experiments.scale.aot: {e}")
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    app.run(main)
