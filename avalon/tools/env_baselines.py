@@ -29,13 +29,6 @@ from avalon.train.config import TrainConfig, from_config_dict
 from avalon.train.evaluation import eval_clock
 from avalon.train.setup import build_tokenizer
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
-                                          lock_config=True)
-_SPLIT = flags.DEFINE_enum("split", "heldout", ["train", "heldout"], "Which tasks.")
-_TASKS = flags.DEFINE_integer("tasks", 64, "Tasks per environment (the split's first N).")
-# `--config` is checked in main, not marked required: tests import `run` from this module,
-# and a required flag registered at import would fail every other absl parse in that process.
-
 
 def mean_se(values) -> dict:
     """{"mean", "se"} of a list of floats (se = sample sd / sqrt(n); 0 for one value)."""
@@ -74,15 +67,24 @@ def run(config, split: Split, n_tasks: int) -> dict:
     return {env.name: env_table(env, chat, cfg, split, n_tasks) for env in envs}
 
 
+def _define_flags():
+    """The command line's flags, defined only when this file runs as a program: tests import
+    `run` from here, and flags defined at import would collide with other tools' `--config`."""
+    config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
+    flags.DEFINE_enum("split", "heldout", ["train", "heldout"], "Which tasks.")
+    flags.DEFINE_integer("tasks", 64, "Tasks per environment (the split's first N).")
+    flags.mark_flags_as_required(["config"])
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if _CONFIG.value is None:
-        raise app.UsageError("--config is required (a config file, e.g. configs/toy_org.py)")
-    if _TASKS.value < 1:
-        raise app.UsageError(f"--tasks must be >= 1, got {_TASKS.value}")
-    print(json.dumps(run(_CONFIG.value, Split(_SPLIT.value), _TASKS.value)))
+    f = flags.FLAGS
+    if f.tasks < 1:
+        raise app.UsageError(f"--tasks must be >= 1, got {f.tasks}")
+    print(json.dumps(run(f.config, Split(f.split), f.tasks)))
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

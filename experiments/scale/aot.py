@@ -37,18 +37,6 @@ import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
-_TOPOLOGY = flags.DEFINE_string("topology", "v5p-8", "TPU slice: v5p-N (N TensorCores) or "
-                                "v5p:AxBxC (chips per dimension).")
-_STEP = flags.DEFINE_enum("step", "train", ["train"], "Which jitted step to compile.")
-_ROWS = flags.DEFINE_integer("rows", None, "Packed sequences in the batch (default: "
-                             "rl.micro_batches x data-parallel chips).")
-_SEQ = flags.DEFINE_integer("seq", None, "Sequence length (default: rollout.seq_len).")
-_LOSS = flags.DEFINE_enum("loss", "cispo", ["cispo", "sft"], "Which update step (RL or SFT).")
-_MESH = flags.DEFINE_string("mesh", None, "Replace the config's mesh, e.g. 'fsdp=4,expert=2'.")
-_DUMP = flags.DEFINE_string("dump_hlo", None, "Write the compiled HLO text to this file.")
-flags.mark_flags_as_required(["config"])
-
 LIBTPU_PIN = "libtpu==0.0.42.1"  # the release that matches jax 0.10.2 (setup.py extra `aot`)
 V5P_HBM_BYTES = 95e9
 _V5P_SHAPES = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8",
@@ -212,15 +200,32 @@ def run(config, topology: str, rows: int | None, seq: int | None, loss: str,
     return out
 
 
+def _define_flags():
+    """The command line's flags, defined only when this file runs as a program: tests import
+    `run` from here, and flags defined at import would collide with other tools' `--config`."""
+    config_flags.DEFINE_config_file("config", None, "Experiment config file.")
+    flags.DEFINE_string("topology", "v5p-8", "TPU slice: v5p-N (N TensorCores) or "
+                        "v5p:AxBxC (chips per dimension).")
+    flags.DEFINE_enum("step", "train", ["train"], "Which jitted step to compile.")
+    flags.DEFINE_integer("rows", None, "Packed sequences in the batch (default: "
+                         "rl.micro_batches x data-parallel chips).")
+    flags.DEFINE_integer("seq", None, "Sequence length (default: rollout.seq_len).")
+    flags.DEFINE_enum("loss", "cispo", ["cispo", "sft"], "Which update step (RL or SFT).")
+    flags.DEFINE_string("mesh", None, "Replace the config's mesh, e.g. 'fsdp=4,expert=2'.")
+    flags.DEFINE_string("dump_hlo", None, "Write the compiled HLO text to this file.")
+    flags.mark_flags_as_required(["config"])
+
+
 def main(argv):
     del argv
+    f = flags.FLAGS
     try:
-        out = run(_CONFIG.value, _TOPOLOGY.value, _ROWS.value, _SEQ.value, _LOSS.value,
-                  _MESH.value, _DUMP.value)
+        out = run(f.config, f.topology, f.rows, f.seq, f.loss, f.mesh, f.dump_hlo)
     except (AotError, ValueError) as e:
         sys.exit(f"experiments.scale.aot: {e}")
     print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -8,6 +8,7 @@ from avalon.envs.base import Split
 from avalon.envs.hidden_profile import HiddenProfile, ProfileConfig
 from avalon.envs.parallel.env import ParallelConfig, ParallelSubtasks
 from avalon.envs.software import SoftwareBuild, SoftwareConfig
+from avalon.envs.verification import Verification, VerificationConfig
 from avalon.envs.wealth import Wealth, WealthConfig
 from avalon.org import GroupSpec, OrgConfig, PromptStyle, RolloutDriver, RolloutSpec
 from avalon.org.events import read_jsonl
@@ -21,6 +22,7 @@ ENVS = {
     "hidden_profile": lambda: HiddenProfile(ProfileConfig(n_train=8, n_heldout=4)),
     "software": lambda: SoftwareBuild(SoftwareConfig(n_train=8, n_heldout=4)),
     "wealth": lambda: Wealth(WealthConfig(n_train=8, n_heldout=4)),
+    "verification": lambda: Verification(VerificationConfig(n_train=8, n_heldout=4)),
 }
 
 
