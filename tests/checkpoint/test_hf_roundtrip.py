@@ -18,10 +18,13 @@ from avalon.checkpoint.safetensors_io import (
     SafetensorsError,
     write_sharded,
 )
-from avalon.model import abstract_params, presets
+from avalon.model import ModelConfig, abstract_params, presets
 from avalon.sharding import make_mesh, param_shardings
 
-CFG = presets.get("tiny", mtp_pattern="*E")  # every layer letter, repeated runs, latent, MTP
+# Every layer letter, repeated runs, latent, MTP. The MoE backend is a run-time choice a
+# checkpoint does not carry (loading gives ModelConfig's default, AUTO; `hf.load(...,
+# moe_backend=...)` picks another), so the round-trip config states the default.
+CFG = presets.get("tiny", mtp_pattern="*E", moe_backend=ModelConfig.moe_backend)
 
 
 def random_params(cfg, seed=0):
