@@ -20,9 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
-from avalon.inference.api import StopReason
 from avalon.org.agents import AgentKey
-from avalon.org.policy import AgentView, Step, Turn, TurnOutput
+from avalon.org.policy import AgentView, Step, Turn, TurnOutput, scripted_output
 from avalon.org.toolcall import format_call
 from avalon.tokenizer.chat import ChatFormat
 
@@ -68,12 +67,8 @@ class TeacherPolicy:
             else:
                 step = actor.step(turn.view, np.random.default_rng(turn.seed))
             ids = self.chat.output(step.text, [format_call(n, a) for n, a in step.calls])
-            stop = StopReason.STOP
-            if len(ids) > turn.max_new_tokens:
-                ids, stop = ids[:turn.max_new_tokens], StopReason.LENGTH
-                self.cut_turns += 1
-            out.append(TurnOutput(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32),
-                                  None, stop))
+            self.cut_turns += len(ids) > turn.max_new_tokens
+            out.append(scripted_output(ids, turn.max_new_tokens))
         return out
 
     def release(self, key: AgentKey) -> None:

@@ -61,6 +61,15 @@ class TurnOutput:
     stop: StopReason
 
 
+def scripted_output(ids: Sequence[int], max_new_tokens: int) -> TurnOutput:
+    """A scripted (not sampled) turn's output: cut at `max_new_tokens` (then LENGTH, as the
+    engine stops), zero log-probs, no routing."""
+    stop = StopReason.STOP
+    if len(ids) > max_new_tokens:
+        ids, stop = ids[:max_new_tokens], StopReason.LENGTH
+    return TurnOutput(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32), None, stop)
+
+
 class Policy(Protocol):
     def act(self, turns: Sequence[Turn]) -> list[TurnOutput]: ...
 
@@ -91,11 +100,7 @@ class ScriptedPolicy:
         for turn in turns:
             step = self.script(turn.view)
             ids = self.chat.output(step.text, [format_call(n, a) for n, a in step.calls])
-            stop = StopReason.STOP
-            if len(ids) > turn.max_new_tokens:
-                ids, stop = ids[:turn.max_new_tokens], StopReason.LENGTH
-            out.append(TurnOutput(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32),
-                                  None, stop))
+            out.append(scripted_output(ids, turn.max_new_tokens))
         return out
 
     def release(self, key: AgentKey) -> None:

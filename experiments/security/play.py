@@ -18,10 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from avalon.inference.api import StopReason
 from avalon.org import GroupSpec, OrgConfig, RolloutDriver, RolloutSpec
 from avalon.org.env import EndContext, FinalOutcome, Task, ToolError, ToolOutcome
-from avalon.org.policy import Turn, TurnOutput
+from avalon.org.policy import Turn, TurnOutput, scripted_output
 from avalon.org.workspace import WorkspaceLimits
 from avalon.tokenizer import ByteTokenizer, ChatFormat
 
@@ -48,11 +47,7 @@ class RawScript:
                 ids = self.chat.output("", list(script[view.turn]))
             else:
                 ids = self.chat.output("", ["wait_for_messages"])
-            stop = StopReason.STOP
-            if len(ids) > turn.max_new_tokens:
-                ids, stop = ids[:turn.max_new_tokens], StopReason.LENGTH
-            out.append(TurnOutput(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32),
-                                  None, stop))
+            out.append(scripted_output(ids, turn.max_new_tokens))
         return out
 
     def release(self, key) -> None:

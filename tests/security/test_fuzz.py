@@ -25,9 +25,8 @@ from avalon.envs.base import Split
 from avalon.envs.http_client import HttpEnvironment
 from avalon.envs.http_server import EnvServer
 from avalon.envs.software import SoftwareBuild, SoftwareConfig
-from avalon.inference.api import StopReason
 from avalon.org import GroupSpec, OrgConfig, RolloutDriver, RolloutSpec
-from avalon.org.policy import TurnOutput
+from avalon.org.policy import scripted_output
 from avalon.org.tools import SPECS
 from avalon.org.workspace import WorkspaceLimits
 from avalon.rl.types import TokenFlag
@@ -185,11 +184,7 @@ class FuzzPolicy:
                     else CHAT.output("", payload)
                 self.outputs += 1
             self.kinds.setdefault(key, []).append(kind)
-            stop = StopReason.STOP
-            if len(ids) > turn.max_new_tokens:
-                ids, stop = ids[:turn.max_new_tokens], StopReason.LENGTH
-            out.append(TurnOutput(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32),
-                                  None, stop))
+            out.append(scripted_output(ids, turn.max_new_tokens))
         return out
 
     def release(self, key):
