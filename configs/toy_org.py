@@ -10,7 +10,10 @@ Mamba-2, MoE, attention) and a compact word vocabulary:
 - collective verification (5): a build's defect is found only by a teammate's review.
 `python -m avalon.tools.env_baselines --config=configs/toy_org.py` prints the co-ordination gap
 (scripted chance / single / silent organisation / teacher / optimum; experiments/bench/
-RESULTS.md). The SFT teacher is imperfect on purpose (random head-count and 10% wrong answers in
+RESULTS.md). SFT starts on skill rows (avalon/train/skills.py: recall a value read earlier,
+add/max/min), the toy's stand-in for the pretraining a real model brings; without them a model
+trained from scratch learns the traces' form but copies no code and computes no answer. The
+SFT teacher is imperfect on purpose (random head-count and 10% wrong answers in
 environment 1, a verifier in half the teams), which leaves RLCR room. Evaluation compares the
 organisation (budget 3) with a single agent (budget 0) on the same held-out tasks, each
 environment under its own clock. `get_config("smoke")` shrinks everything for a quick check.
@@ -110,9 +113,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                             "floor": 0.02, "unvisited_weight": 0.02})
     c.sft = ml_collections.ConfigDict()
     c.sft.teacher_episodes = 16 if smoke else 1024
-    c.sft.steps = 4 if smoke else 300
+    c.sft.steps = 4 if smoke else 600
     c.sft.batch_seqs = 8
     c.sft.lr = 2e-3
+    # Skill rows (avalon/train/skills.py), the toy's stand-in for pretraining: recall a value
+    # read earlier, and the ops of environment 1. Without them the toy learns the traces' form
+    # but copies no code and computes no answer (RESULTS.md): 150 updates of skill rows, then
+    # 2 of every 8 sequences.
+    c.sft.skills = ("recall", "add", "max", "min")
+    c.sft.skill_steps = 2 if smoke else 150
+    c.sft.skill_seqs = 2
     c.rollout = ml_collections.ConfigDict()
     c.rollout.steps = 3 if smoke else 30
     c.rollout.groups_per_step = 2 if smoke else 4
@@ -131,7 +141,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.engine.steps_per_dispatch = 8
     c.engine.prefill_chunk = 256
     c.eval = ml_collections.ConfigDict()
-    c.eval.every = 2 if smoke else 10
+    c.eval.every = 2 if smoke else 15
     c.eval.tasks = 1 if smoke else 24  # per environment
     c.eval.seeds = 1 if smoke else 2
     c.eval.budget = 3

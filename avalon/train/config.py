@@ -31,6 +31,7 @@ from avalon.model.config import ModelConfig
 from avalon.org.config import OrgConfig
 from avalon.rl.config import RLConfig, check_rl_sampling
 from avalon.sharding import MESH_AXES
+from avalon.train.skills import Skill
 
 
 class TokenizerKind(enum.Enum):
@@ -45,6 +46,13 @@ class SFTConfig:
     steps: int = 200  # SFT updates
     batch_seqs: int = 16  # packed sequences per SFT update
     lr: float = 1e-3  # constant
+    # Skill rows (`avalon/train/skills.py`, the toy's stand-in for pretraining): the first
+    # `skill_steps` updates take skill rows only, every later one `skill_seqs` of its
+    # `batch_seqs` sequences. No skills: teacher rows only.
+    skills: tuple[Skill, ...] = ()
+    skill_steps: int = 0
+    skill_seqs: int = 0
+    skill_row_tokens: tuple[int, int] = (48, 512)  # a skill row's length is drawn from this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +195,9 @@ def _coerce(path: str, value, annotation):
             _fail(path, value, "must be a string")
         return value
     if origin is tuple and isinstance(value, (list, tuple)):
+        args = typing.get_args(annotation)
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: each element an X
+            return tuple(_coerce(f"{path}[{i}]", v, args[0]) for i, v in enumerate(value))
         return tuple(value)
     return value
 
@@ -337,6 +348,17 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
     if cfg.sft.steps < 0 or cfg.sft.teacher_episodes < 0 or cfg.sft.batch_seqs < 1:
         _fail("sft", dataclasses.asdict(cfg.sft), "steps and teacher_episodes must be >= 0, "
               "batch_seqs >= 1")
+    if not 0 <= cfg.sft.skill_seqs <= cfg.sft.batch_seqs:
+        _fail("sft.skill_seqs", cfg.sft.skill_seqs,
+              f"must be in 0..batch_seqs={cfg.sft.batch_seqs}")
+    lo, hi = cfg.sft.skill_row_tokens
+    if not 32 <= lo <= hi <= cfg.rollout.seq_len:
+        _fail("sft.skill_row_tokens", cfg.sft.skill_row_tokens,
+              f"must be (lo, hi) with 32 <= lo <= hi <= rollout.seq_len={cfg.rollout.seq_len}")
+    if cfg.sft.skill_steps < 0:
+        _fail("sft.skill_steps", cfg.sft.skill_steps, "must be >= 0")
+    if not cfg.sft.skills and (cfg.sft.skill_steps or cfg.sft.skill_seqs):
+        _fail("sft.skills", cfg.sft.skills, "is empty but skill_steps or skill_seqs is set")
     if cfg.eval.s8 and not cfg.eval.log_events:
         _fail("eval.s8", cfg.eval.s8, "needs eval.log_events=True (S8 matches the logged "
               "organisation rollouts' output tokens)")

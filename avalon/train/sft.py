@@ -21,6 +21,7 @@ from avalon.rl.batch import TrainBatch
 from avalon.rl.build import build_sft_batch
 from avalon.rl.types import TrajectoryRow
 from avalon.train.setup import Setup
+from avalon.train.skills import SkillRows, recall_keys
 
 _EPISODES_PER_RUN = 64  # teacher episodes per driver call (bounds workspace and memory use)
 
@@ -78,13 +79,37 @@ class SFTBatches:
         self.n = self.all.tokens.shape[0]
         self.batch_seqs = cfg.sft.batch_seqs
         self.seed = cfg.seed
+        self.seq_len = cfg.rollout.seq_len
+        self.skill_steps, self.skill_seqs = cfg.sft.skill_steps, cfg.sft.skill_seqs
+        self.skills = None
+        if cfg.sft.skills:
+            words = [w for env in setup.envs for w in env.vocabulary()]
+            self.skills = SkillRows(setup.chat.tok, cfg.sft.skills, recall_keys(words),
+                                    row_tokens=cfg.sft.skill_row_tokens, seed=cfg.seed)
+
+    def _skill_part(self, i: int, n: int) -> TrainBatch:
+        """n sequences of skill rows for update i (each filled on its own, so exactly n)."""
+        parts = [build_sft_batch(self.skills.fill((i, j), self.seq_len), seq_len=self.seq_len,
+                                 min_seqs=1)[0] for j in range(n)]
+        return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
     def batch(self, i: int) -> TrainBatch:
         """Update i's sequences; with several processes, this process's share of them."""
-        per_epoch = max(1, self.n // self.batch_seqs)
-        epoch, k = divmod(i, per_epoch)
+        n_skill = self.batch_seqs if i < self.skill_steps else self.skill_seqs
+        if self.skills is None:
+            n_skill = 0
+        n_teacher = self.batch_seqs - n_skill
+        # The teacher permutation counts only the updates that take teacher rows.
+        j = max(0, i - self.skill_steps) if self.skills is not None else i
+        per_epoch = max(1, self.n // max(n_teacher, 1))
+        epoch, k = divmod(j, per_epoch)
         order = np.random.default_rng([self.seed, 2, epoch]).permutation(self.n)
-        idx = order[k * self.batch_seqs:(k + 1) * self.batch_seqs]
-        per_process = len(idx) // jax.process_count()
-        idx = idx[jax.process_index() * per_process:(jax.process_index() + 1) * per_process]
-        return jax.tree.map(lambda x: np.asarray(x)[idx], self.all)
+        idx = order[k * n_teacher:(k + 1) * n_teacher]
+        parts = [jax.tree.map(lambda x: np.asarray(x)[idx], self.all)] if n_teacher else []
+        if n_skill:
+            parts.append(self._skill_part(i, n_skill))
+        full = parts[0] if len(parts) == 1 else jax.tree.map(
+            lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *parts)
+        per_process = self.batch_seqs // jax.process_count()
+        lo = jax.process_index() * per_process
+        return jax.tree.map(lambda x: np.asarray(x)[lo:lo + per_process], full)
