@@ -1,6 +1,7 @@
 """The co-ordination gap of a config's environments: scripted reference organisations.
 
     python -m avalon.tools.env_baselines --config=configs/toy_org.py [--split=heldout] [--tasks=N]
+        (the toy's three co-ordination environments: add --config.env.three_environments=True)
 
 Prints one JSON object `{env_name: {policy: {"mean": m, "se": s}}}`: the mean collective reward
 (the sum of reward events; for GKPO environments these include the final utility) over the

@@ -123,8 +123,10 @@ def _run(setup, engine, params, horizon: float, tasks: int, seeds: int) -> dict:
 
 def main(argv):
     del argv
-    cfg = from_config_dict(get_config(), num_devices=1)
-    setup = build(cfg, get_config().env)
+    config = get_config()
+    config.env.three_environments = True  # environment 1 is the first of the three
+    cfg = from_config_dict(config, num_devices=1)
+    setup = build(cfg, config.env)
     params = M.init_params(jax.random.key(0), cfg.model)
     engine = Engine(cfg.model, params, num_slots=cfg.engine.slots, max_context=cfg.org.window,
                     steps_per_dispatch=cfg.engine.steps_per_dispatch,
