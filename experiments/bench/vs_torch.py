@@ -377,8 +377,10 @@ def main(argv):
         from experiments.bench.copies import decode_copies
 
         cfg, params = load_avalon(path, avalon_overrides())
-        result["decode_copies"] = decode_copies(cfg, params, batch=8,
-                                                context=shapes.prompt + shapes.new_tokens)
+        result["decode_copies"] = {
+            layout: decode_copies(cfg, params, batch=8, context=shapes.prompt + shapes.new_tokens,
+                                  unstack_layers=unstack)
+            for layout, unstack in (("stacked", False), ("engine_default", None))}
     if FLAGS.timing:
         t = _run_worker("torch", path)
         a = _run_worker("avalon", path)
