@@ -59,12 +59,18 @@ def _proj(x, w, bias=None):
     return y if bias is None else y + bias.astype(y.dtype)
 
 
-def causal_conv(u, state, w, bias, segment_ids=None):
+def causal_conv(u, state, w, bias, segment_ids=None, *, cached: bool = False):
     """Depthwise causal conv along time. u [b, t, *c]; state [b, K-1, *c] (the inputs before u);
-    w [K, *c] with w[K-1] on the current token. Positions of another segment contribute zero."""
+    w [K, *c] with w[K-1] on the current token. Positions of another segment contribute zero.
+
+    cached: `state` is a cache entry that the next state overwrites in place. [state, u] is
+    then materialised once and both the taps and the next state read it; otherwise XLA reads
+    the old state in the tap fusions after the in-place write, and copies it every step."""
     k = w.shape[0]
     t = u.shape[1]
     padded = jnp.concatenate([state.astype(u.dtype), u], axis=1)  # [b, K-1+t, *c]
+    if cached:
+        padded = jax.lax.optimization_barrier(padded)
     out = jnp.zeros(u.shape, jnp.float32)
     for i in range(k):
         # Token at time s reads input s - (K-1-i), which sits at padded index s + i.
@@ -108,7 +114,8 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
         states = (cache.conv_x, cache.conv_B, cache.conv_C)
     conv_out, padded = [], []
     for u, st, name in ((xs, states[0], "x"), (Bs, states[1], "B"), (Cs, states[2], "C")):
-        o, pad = causal_conv(u, st, p[f"conv_{name}"], p.get(f"conv_bias_{name}"), segment_ids)
+        o, pad = causal_conv(u, st, p[f"conv_{name}"], p.get(f"conv_bias_{name}"), segment_ids,
+                             cached=cache is not None)
         conv_out.append(jax.nn.silu(o.astype(jnp.float32)).astype(dtype))
         padded.append(pad)
     xc, Bc, Cc = conv_out
