@@ -18,10 +18,13 @@ padding that leaves the state untouched), which is how the engine extends many s
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from avalon import sharding
 from avalon.model.config import ModelConfig
 from avalon.model.norms import gated_group_rms_norm
 from avalon.model.ssd import ssd_chunked, ssd_step
@@ -57,6 +60,30 @@ def _proj(x, w, bias=None):
     """x [b, t, D] @ w [D, ...] -> [b, t, ...]."""
     y = jnp.einsum("btd,d...->bt...", x, w.astype(x.dtype))
     return y if bias is None else y + bias.astype(y.dtype)
+
+
+_IN = ("z", "x", "B", "C", "dt")
+
+
+def _in_proj(x, p: dict):
+    """The five input projections. Without a mesh they run as one matmul against the
+    concatenated weights (as HF's single in_proj): on CPU the narrow B, C and dt products
+    (widths G*N and H) are far below matmul efficiency on their own, and the input gradient
+    becomes one product instead of five. Under a mesh each keeps its own sharding."""
+    active = sharding.active()
+    if active is not None and active[0].size > 1:
+        return tuple(_proj(x, p[f"in_{n}"], p.get(f"in_bias_{n}")) for n in _IN)
+    ws = [p[f"in_{n}"] for n in _IN]
+    flat = jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1).astype(x.dtype)
+    y = x @ flat
+    out, start = [], 0
+    for n, w in zip(_IN, ws):
+        width = math.prod(w.shape[1:])
+        part = y[..., start:start + width].reshape(*x.shape[:-1], *w.shape[1:])
+        bias = p.get(f"in_bias_{n}")
+        out.append(part if bias is None else part + bias.astype(part.dtype))
+        start += width
+    return tuple(out)
 
 
 def causal_conv(u, state, w, bias, segment_ids=None, *, cached: bool = False):
@@ -98,11 +125,8 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
                 cache: MambaCache | None = None, num_new=None):
     b, t, _ = x.shape
     dtype = x.dtype
-    z = _proj(x, p["in_z"], p.get("in_bias_z"))  # [b, t, H, P]
-    xs = _proj(x, p["in_x"], p.get("in_bias_x"))  # [b, t, H, P]
-    Bs = _proj(x, p["in_B"], p.get("in_bias_B"))  # [b, t, G, N]
-    Cs = _proj(x, p["in_C"], p.get("in_bias_C"))  # [b, t, G, N]
-    dt = _proj(x, p["in_dt"], p.get("in_bias_dt"))  # [b, t, H]
+    # z, xs [b, t, H, P]; Bs, Cs [b, t, G, N]; dt [b, t, H]
+    z, xs, Bs, Cs, dt = _in_proj(x, p)
     xs = constrain(xs, ("batch", "act_seq", "act_mamba_heads", None))
     z = constrain(z, ("batch", "act_seq", "act_mamba_heads", None))
 
