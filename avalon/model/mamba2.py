@@ -65,13 +65,15 @@ def _proj(x, w, bias=None):
 _IN = ("z", "x", "B", "C", "dt")
 
 
-def _in_proj(x, p: dict):
-    """The five input projections. Without a mesh they run as one matmul against the
-    concatenated weights (as HF's single in_proj): on CPU the narrow B, C and dt products
-    (widths G*N and H) are far below matmul efficiency on their own, and the input gradient
-    becomes one product instead of five. Under a mesh each keeps its own sharding."""
+def _in_proj(x, p: dict, *, merged: bool):
+    """The five input projections. `merged` (the full-sequence path) and without a mesh they
+    run as one matmul against the concatenated weights (as HF's single in_proj): on CPU the
+    narrow B, C and dt products (widths G*N and H) are far below matmul efficiency on their
+    own, and the input gradient becomes one product instead of five. Under a mesh each keeps
+    its own sharding; with a cache (decode) the weights are read in place, not concatenated
+    again at every token."""
     active = sharding.active()
-    if active is not None and active[0].size > 1:
+    if not merged or (active is not None and active[0].size > 1):
         return tuple(_proj(x, p[f"in_{n}"], p.get(f"in_bias_{n}")) for n in _IN)
     ws = [p[f"in_{n}"] for n in _IN]
     flat = jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1).astype(x.dtype)
@@ -126,7 +128,7 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     b, t, _ = x.shape
     dtype = x.dtype
     # z, xs [b, t, H, P]; Bs, Cs [b, t, G, N]; dt [b, t, H]
-    z, xs, Bs, Cs, dt = _in_proj(x, p)
+    z, xs, Bs, Cs, dt = _in_proj(x, p, merged=cache is None)
     xs = constrain(xs, ("batch", "act_seq", "act_mamba_heads", None))
     z = constrain(z, ("batch", "act_seq", "act_mamba_heads", None))
 
