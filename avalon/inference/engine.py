@@ -39,8 +39,14 @@ Serving (`submit` + `step`; `generate` = submit, then step until those turns are
 Buckets: rows, chunk lengths, page-table widths and pool sizes are powers of two, so a serving
 run compiles a handful of programs.
 
-Params are read, never copied: `set_params` swaps the reference to new arrays; they may be the
-trainer's master params or their bf16 decode view (`inference/weights.py`).
+Params are read, not copied: `set_params` swaps the reference to new arrays; they may be the
+trainer's master params or their bf16 decode view (`inference/weights.py`). One exception,
+`unstack_layers` (default: on a single CPU device, the laptop case): XLA:CPU copies a scanned
+run's per-layer weight slice out of the stacked params before every matmul, i.e. the whole
+stack once per decoded token (38% of decode op time at batch 1 on the issue-22 model), so the
+engine slices the params into one block per layer once per `set_params` and runs its programs
+on `cfg.replace(scan_layers=False)` (the cache then has one block per layer too). Training
+keeps the layer scan.
 
 Sampling and its log-probabilities: see `sampling.py`.
 """
@@ -63,7 +69,7 @@ from avalon.inference.requests import Turn, find_stop_string, validate_requests
 from avalon.inference.sampling import SamplingKnobs
 from avalon.inference.turns import ActiveTurn, Record
 from avalon.model.config import ModelConfig
-from avalon.model.params import abstract_params
+from avalon.model.params import abstract_params, unstack_params
 
 MIN_CHUNK = 8
 MIN_ROWS = 8
@@ -93,13 +99,17 @@ def check_params(where: str, params, cfg: ModelConfig) -> None:
                              f"{b.dtype}, expected {a.shape} {a.dtype}")
 
 
+_unstack = jax.jit(unstack_params, static_argnums=0)
+
+
 class Engine:
     """Serves many agents' turns at once from one set of params. See the module docstring."""
 
     def __init__(self, cfg: ModelConfig, params: dict, *, num_slots: int,
                  max_context: int | None = None, mesh: Mesh | None = None,
                  steps_per_dispatch: int = 8, prefill_chunk: int = 256, page_size: int = 16,
-                 detokenize: Callable[[list[int]], str] | None = None):
+                 detokenize: Callable[[list[int]], str] | None = None,
+                 unstack_layers: bool | None = None):
         if not isinstance(cfg, ModelConfig):
             raise ValueError(f"Engine: cfg must be a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
@@ -116,10 +126,16 @@ class Engine:
             raise ValueError(f"Engine: detokenize={detokenize!r} must be callable")
         self.detokenize = detokenize
         self.mesh = mesh
-        self._setup = dev.Setup(cfg=cfg, mesh=mesh, max_context=self.max_context,
+        if unstack_layers is None:
+            unstack_layers = mesh is None and jax.default_backend() == "cpu"
+        if not isinstance(unstack_layers, bool):
+            raise ValueError(f"Engine: unstack_layers={unstack_layers!r} must be a bool or None")
+        # The device programs run one block per layer when unstacking (see set_params).
+        self.unstack_layers = unstack_layers and cfg.scan_layers
+        run_cfg = cfg.replace(scan_layers=False) if self.unstack_layers else cfg
+        self._setup = dev.Setup(cfg=run_cfg, mesh=mesh, max_context=self.max_context,
                                 steps=self.steps_per_dispatch, page_size=self.page_size)
-        check_params("Engine", params, cfg)
-        self._params = params
+        self.set_params(params)
         self._pool = PagePool(self.page_size, MIN_PAGES, self.num_slots)
         self._state = dev.init_state(self._setup, self.num_slots, MIN_PAGES)
         self._lengths = np.zeros(self.num_slots, np.int64)  # host mirror of the context lengths
@@ -138,9 +154,11 @@ class Engine:
 
     # ---- slots ---------------------------------------------------------------------------
     def set_params(self, params: dict) -> None:
-        """Use these param arrays from the next dispatch on (no copy)."""
+        """Use these param arrays from the next dispatch on: read in place, or, with
+        `unstack_layers`, sliced once into one block per layer (the only copy made)."""
         check_params("set_params", params, self.cfg)
         self._params = params
+        self._run_params = _unstack(self.cfg, params) if self.unstack_layers else params
 
     @property
     def busy(self) -> bool:
@@ -368,7 +386,7 @@ class Engine:
             if routing is not None:
                 routing[:, r, :len(part)] = replay[s].transpose(1, 0, 2)
         pages = self._page_table(slots, rows, needs)
-        self._state, experts = dev.prefill(self._params, self._state, idx, pages, tokens,
+        self._state, experts = dev.prefill(self._run_params, self._state, idx, pages, tokens,
                                            num_new, routing, setup=self._setup)
         self.stats.prefill_dispatches += 1
         for s in slots:
@@ -439,7 +457,7 @@ class Engine:
                  for a in turns}
         pages = self._page_table(slots, R, needs)
         knobs, stops = self._knobs(turns, R)
-        self._state, out = dev.decode(self._params, self._state, idx, pages, knobs, stops,
+        self._state, out = dev.decode(self._run_params, self._state, idx, pages, knobs, stops,
                                       setup=self._setup)
         self.stats.decode_dispatches += 1
         for a in turns:

@@ -21,6 +21,8 @@ n pool pages, s page size, w pages per row.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -53,6 +55,8 @@ PAGED_KV_AXES = PagedKV(k=("batch", "act_kv_heads", None, None),
 # Pages per block of the online softmax: the scores of one block are
 # [rows, heads, queries, PAGE_BLOCK * page_size] fp32.
 PAGE_BLOCK = 16
+# Queries per block of the FLASH full-sequence path (its scores: [b, h, g, FLASH_BLOCK, <= t]).
+FLASH_BLOCK = 128
 
 
 def init_paged_kv(cfg: ModelConfig, num_pages: int, page_size: int) -> PagedKV:
@@ -89,6 +93,8 @@ def _full_attention(q, k, v, segment_ids, cfg: ModelConfig, scale):
         return _scores_to_out(q_blk, kt, vt, mask, scale)
 
     chunk = cfg.attention_query_chunk
+    if cfg.attention_impl == AttentionImpl.FLASH:
+        return _flash_attention(q, k, v, seg, scale, FLASH_BLOCK)
     if cfg.attention_impl == AttentionImpl.NAIVE or t <= chunk:
         return block(q, pos, seg)
     if cfg.attention_impl == AttentionImpl.BLOCK_CAUSAL:
@@ -112,6 +118,86 @@ def _full_attention(q, k, v, segment_ids, cfg: ModelConfig, scale):
     out = jax.lax.map(lambda a: jax.checkpoint(block)(*a),
                       (q_chunks, pos_chunks, seg_chunks.swapaxes(0, 1)))
     return out.swapaxes(0, 1).reshape(b, t + pad, *q.shape[2:])[:, :t]
+
+
+def _block_scores(q_blk, k_vis, seg_q, seg_k, lo: int, g: int, scale):
+    """Masked fp32 scores of query rows [lo * g, hi * g) (row m: query lo + m // g, group head
+    m % g) against the keys they can see, [0, hi): q_blk [b, h, Q*g, d]; k_vis [b, h, hi, d];
+    seg_q [b, Q]; seg_k [b, hi] -> [b, h, Q*g, hi]."""
+    s = jnp.einsum("bhmd,bhkd->bhmk", q_blk, k_vis) * jnp.asarray(scale, q_blk.dtype)
+    rows = q_blk.shape[2]
+    q_pos = lo + jnp.arange(rows) // g
+    causal = q_pos[:, None] >= jnp.arange(k_vis.shape[2])[None, :]  # [Q*g, hi]
+    same = jnp.repeat(seg_q, g, axis=1)[:, :, None] == seg_k[:, None, :]  # [b, Q*g, hi]
+    return jnp.where((causal[None] & same)[:, None], s.astype(jnp.float32), _MASKED)
+
+
+def _query_blocks(t: int, block: int) -> list[tuple[int, int]]:
+    return [(lo, min(lo + block, t)) for lo in range(0, t, block)]
+
+
+def _flash_attention(q, k, v, seg, scale, block: int):
+    """Causal, same-segment attention one block of `block` queries at a time, each against
+    only the keys at or before its last query (block-causal: the blocks above the diagonal
+    are never computed). q [b, t, h, g, d]; k, v [b, t, h, d]; seg [b, t] -> [b, t, h, g, d].
+
+    Memory: one block's scores [b, h, g * block, <= t] fp32 at a time, never [t, t]. Heads
+    lead and each kv head's g query heads are rows of one matrix, so every product is a plain
+    batched matmul over (b, h). The custom VJP keeps only the output and the rows' log-sum-exp
+    and recomputes each block's probabilities in the backward (FlashAttention's backward, per
+    query block). `_scores_to_out` is the reference."""
+    b, t, h, g, d = q.shape
+    qh = q.transpose(0, 2, 1, 3, 4).reshape(b, h, t * g, d)
+    out = _flash_core(qh, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), seg, scale, g,
+                      block)
+    return out.reshape(b, h, t, g, d).transpose(0, 2, 1, 3, 4)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _flash_core(q, k, v, seg, scale, g: int, block: int):
+    """q [b, h, t*g, d]; k, v [b, h, t, d]; seg [b, t] -> [b, h, t*g, d]."""
+    return _flash_fwd(q, k, v, seg, scale, g, block)[0]
+
+
+def _flash_fwd(q, k, v, seg, scale, g, block):
+    outs, lses = [], []
+    for lo, hi in _query_blocks(k.shape[2], block):
+        s = _block_scores(q[:, :, lo * g:hi * g], k[:, :, :hi], seg[:, lo:hi], seg[:, :hi], lo,
+                          g, scale)
+        m = s.max(axis=-1, keepdims=True)
+        p = jnp.exp(s - m)  # masked entries underflow to exactly 0
+        denom = p.sum(axis=-1, keepdims=True)
+        # Normalise the [rows, d] output, not the [rows, keys] probabilities.
+        pv = jnp.einsum("bhmk,bhkd->bhmd", p.astype(v.dtype), v[:, :, :hi]).astype(jnp.float32)
+        outs.append((pv / denom).astype(v.dtype))
+        lses.append((m + jnp.log(denom))[..., 0])
+    out = jnp.concatenate(outs, axis=2)
+    return out, (q, k, v, seg, out, jnp.concatenate(lses, axis=-1))
+
+
+def _flash_bwd(scale, g, block, res, do):
+    q, k, v, seg, out, lse = res  # lse [b, h, t*g]
+    f32 = jnp.float32
+    # D_m = sum_d dO_m * O_m, so that dS = P * (dP - D) (the softmax VJP per row).
+    d_row = jnp.sum(do.astype(f32) * out.astype(f32), axis=-1)
+    dk = jnp.zeros(k.shape, f32)
+    dv = jnp.zeros(v.shape, f32)
+    dqs = []
+    for lo, hi in _query_blocks(k.shape[2], block):
+        rows = slice(lo * g, hi * g)
+        q_i, do_i = q[:, :, rows], do[:, :, rows]
+        s = _block_scores(q_i, k[:, :, :hi], seg[:, lo:hi], seg[:, :hi], lo, g, scale)
+        p = jnp.exp(s - lse[:, :, rows, None])
+        dv = dv.at[:, :, :hi].add(
+            jnp.einsum("bhmk,bhmd->bhkd", p.astype(do.dtype), do_i).astype(f32))
+        dp = jnp.einsum("bhmd,bhkd->bhmk", do_i, v[:, :, :hi]).astype(f32)
+        ds = (p * (dp - d_row[:, :, rows, None]) * scale).astype(q.dtype)
+        dqs.append(jnp.einsum("bhmk,bhkd->bhmd", ds, k[:, :, :hi]))
+        dk = dk.at[:, :, :hi].add(jnp.einsum("bhmk,bhmd->bhkd", ds, q_i).astype(f32))
+    return (jnp.concatenate(dqs, axis=2), dk.astype(k.dtype), dv.astype(v.dtype), None)
+
+
+_flash_core.defvjp(_flash_fwd, _flash_bwd)
 
 
 def _write_cache(cache_arr, new, start, num_new):

@@ -52,6 +52,9 @@ class AttentionImpl(enum.Enum):
     NAIVE = "naive"  # materialise [b, h, t, t] scores
     QUERY_CHUNKED = "query_chunked"  # scores one query chunk at a time: memory O(t * chunk)
     BLOCK_CAUSAL = "block_causal"  # query chunks skip the key blocks above the diagonal
+    # Query blocks of 128 against only the keys they see, custom VJP that recomputes each
+    # block's probabilities from the rows' log-sum-exp: no [t, t] scores in either pass.
+    FLASH = "flash"
 
 
 @dataclasses.dataclass(frozen=True)

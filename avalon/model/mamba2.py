@@ -18,10 +18,13 @@ padding that leaves the state untouched), which is how the engine extends many s
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from avalon import sharding
 from avalon.model.config import ModelConfig
 from avalon.model.norms import gated_group_rms_norm
 from avalon.model.ssd import ssd_chunked, ssd_step
@@ -59,12 +62,44 @@ def _proj(x, w, bias=None):
     return y if bias is None else y + bias.astype(y.dtype)
 
 
-def causal_conv(u, state, w, bias, segment_ids=None):
+_IN = ("z", "x", "B", "C", "dt")
+
+
+def _in_proj(x, p: dict, *, merged: bool):
+    """The five input projections. `merged` (the full-sequence path) and without a mesh they
+    run as one matmul against the concatenated weights (as HF's single in_proj): on CPU the
+    narrow B, C and dt products (widths G*N and H) are far below matmul efficiency on their
+    own, and the input gradient becomes one product instead of five. Under a mesh each keeps
+    its own sharding; with a cache (decode) the weights are read in place, not concatenated
+    again at every token."""
+    active = sharding.active()
+    if not merged or (active is not None and active[0].size > 1):
+        return tuple(_proj(x, p[f"in_{n}"], p.get(f"in_bias_{n}")) for n in _IN)
+    ws = [p[f"in_{n}"] for n in _IN]
+    flat = jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1).astype(x.dtype)
+    y = x @ flat
+    out, start = [], 0
+    for n, w in zip(_IN, ws):
+        width = math.prod(w.shape[1:])
+        part = y[..., start:start + width].reshape(*x.shape[:-1], *w.shape[1:])
+        bias = p.get(f"in_bias_{n}")
+        out.append(part if bias is None else part + bias.astype(part.dtype))
+        start += width
+    return tuple(out)
+
+
+def causal_conv(u, state, w, bias, segment_ids=None, *, cached: bool = False):
     """Depthwise causal conv along time. u [b, t, *c]; state [b, K-1, *c] (the inputs before u);
-    w [K, *c] with w[K-1] on the current token. Positions of another segment contribute zero."""
+    w [K, *c] with w[K-1] on the current token. Positions of another segment contribute zero.
+
+    cached: `state` is a cache entry that the next state overwrites in place. [state, u] is
+    then materialised once and both the taps and the next state read it; otherwise XLA reads
+    the old state in the tap fusions after the in-place write, and copies it every step."""
     k = w.shape[0]
     t = u.shape[1]
     padded = jnp.concatenate([state.astype(u.dtype), u], axis=1)  # [b, K-1+t, *c]
+    if cached:
+        padded = jax.lax.optimization_barrier(padded)
     out = jnp.zeros(u.shape, jnp.float32)
     for i in range(k):
         # Token at time s reads input s - (K-1-i), which sits at padded index s + i.
@@ -92,11 +127,8 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
                 cache: MambaCache | None = None, num_new=None):
     b, t, _ = x.shape
     dtype = x.dtype
-    z = _proj(x, p["in_z"], p.get("in_bias_z"))  # [b, t, H, P]
-    xs = _proj(x, p["in_x"], p.get("in_bias_x"))  # [b, t, H, P]
-    Bs = _proj(x, p["in_B"], p.get("in_bias_B"))  # [b, t, G, N]
-    Cs = _proj(x, p["in_C"], p.get("in_bias_C"))  # [b, t, G, N]
-    dt = _proj(x, p["in_dt"], p.get("in_bias_dt"))  # [b, t, H]
+    # z, xs [b, t, H, P]; Bs, Cs [b, t, G, N]; dt [b, t, H]
+    z, xs, Bs, Cs, dt = _in_proj(x, p, merged=cache is None)
     xs = constrain(xs, ("batch", "act_seq", "act_mamba_heads", None))
     z = constrain(z, ("batch", "act_seq", "act_mamba_heads", None))
 
@@ -108,7 +140,8 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
         states = (cache.conv_x, cache.conv_B, cache.conv_C)
     conv_out, padded = [], []
     for u, st, name in ((xs, states[0], "x"), (Bs, states[1], "B"), (Cs, states[2], "C")):
-        o, pad = causal_conv(u, st, p[f"conv_{name}"], p.get(f"conv_bias_{name}"), segment_ids)
+        o, pad = causal_conv(u, st, p[f"conv_{name}"], p.get(f"conv_bias_{name}"), segment_ids,
+                             cached=cache is not None)
         conv_out.append(jax.nn.silu(o.astype(jnp.float32)).astype(dtype))
         padded.append(pad)
     xc, Bc, Cc = conv_out

@@ -72,6 +72,11 @@ def _remat(fn, cfg: ModelConfig, training: bool):
     return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
 
 
+def _first(tree):
+    """Repeat 0 of a stacked tree (None stays None)."""
+    return None if tree is None else jax.tree.map(lambda a: a[0], tree)
+
+
 def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: ModelConfig,
                segment_ids, lengths, num_new, pages=None):
     """Scan `reps` repeats of `unit`. br: [reps, m, b, t, k] routing to replay, or None.
@@ -79,7 +84,9 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
     Without a cache, params (and routing) are the scanned inputs. With a cache, the stacked
     cache is part of the scan *carry* and repeat r's entries are read and written in place
     (dynamic index / dynamic-update-slice): as scan inputs and outputs they would be copied
-    into fresh buffers every decode step, doubling the Mamba-state traffic."""
+    into fresh buffers every decode step, doubling the Mamba-state traffic. The stacked params
+    are still sliced per repeat (XLA:CPU copies each slice before its matmuls): the engine
+    decodes on CPU from `params.unstack_params`, one block per layer, so no slice is taken."""
     moe_positions = [j for j, ch in enumerate(unit) if ch == "E"]
 
     def layers(h, lps, entries, routes):
@@ -105,11 +112,17 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
 
         body = _remat(body, cfg, training=True)
         if reps == 1:
-            take0 = lambda t: None if t is None else jax.tree.map(lambda a: a[0], t)
-            h, experts = body(h, (take0(bp), take0(br)))
+            h, experts = body(h, (_first(bp), _first(br)))
             return h, None, None if experts is None else experts[None]
         h, experts = jax.lax.scan(body, h, (bp, br))
         return h, None, experts
+
+    if reps == 1:
+        # No scan for a single repeat: its params and cache entries are read as they are (a
+        # length-1 scan would slice them; XLA:CPU materialises such slices).
+        h, new_entries, experts = layers(h, _first(bp), _first(bc), _first(br))
+        stack = jax.tree.map(lambda a, u: u.astype(a.dtype)[None], bc, new_entries)
+        return h, stack, None if experts is None else experts[None]
 
     def body_cached(carry, xs):
         h, stack = carry

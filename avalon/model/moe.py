@@ -19,9 +19,10 @@ Dispatch backends (`cfg.moe_backend`), all equal to the dense reference:
                     (6 TFLOP/s vs 509 for a batched matmul on an H200); CPU lowers it to a dense
                     masked product too, and on TPU its weight gradient is a dense masked product
                     over the experts (compiled for v5p), so TPU uses MEGABLOX
-  CAPACITY_BUCKETS  sort by expert, scatter into [E, C, w] and run batched matmuls, with C the
+  CAPACITY_BUCKETS  sort by expert, gather into [E, C, w] and run batched matmuls, with C the
                     smallest of a few static capacities that holds the busiest expert (chosen
-                    on device by `lax.switch`, so nothing is dropped)
+                    on device by `lax.switch`, so nothing is dropped); a custom VJP moves the
+                    gradients with gathers too (`_bucketed_experts`)
   MEGABLOX          (expert-parallel path, TPU) the Pallas grouped matmul, gmm forward and
                     gmm/tgmm backward
   AUTO              per platform, resolved when traced (`resolve_backend`)
@@ -164,22 +165,90 @@ def _experts_capacity(xl, idx, up, down):
     starts = jnp.cumsum(counts) - counts
     sorted_e = flat[order]
     rank = jnp.arange(n * k) - starts[sorted_e]  # position within its expert's group
-    xs = xl[order // k]
     ladder = capacity_ladder(n, k, e)
+    which = jnp.searchsorted(jnp.asarray(ladder), jnp.max(counts), side="left")
+    i32 = lambda a: a.astype(jnp.int32)  # noqa: E731
+    return _bucketed_experts(xl, up, down, i32(order), i32(sorted_e), i32(rank), i32(which))
+
+
+def _bucket_maps(order, sorted_e, rank, e: int, cap: int):
+    """Where each choice sits in the [e * cap] buffer rows, for sorted choice j (choice
+    order[j] = token * k + slot): slot_sorted [n*k] its row; slot [n*k] the row of choice c;
+    src [e*cap] the choice in each row and src_sorted [e*cap] its sorted index (n*k: empty).
+    Integer scatters of n * k entries."""
+    nk = order.shape[0]
+    slot_sorted = sorted_e * cap + rank
+    slot = jnp.zeros(nk, jnp.int32).at[order].set(slot_sorted)
+    src = jnp.full(e * cap, nk, jnp.int32).at[slot_sorted].set(order)
+    src_sorted = jnp.full(e * cap, nk, jnp.int32).at[slot_sorted].set(
+        jnp.arange(nk, dtype=jnp.int32))
+    return slot_sorted, slot, src, src_sorted
+
+
+def _with_zero_row(a):
+    return jnp.concatenate([a, jnp.zeros((1, a.shape[-1]), a.dtype)])
+
+
+@jax.custom_vjp
+def _bucketed_experts(xl, up, down, order, sorted_e, rank, which):
+    """Routed experts through a [e, cap, w] buffer, cap the `which`-th rung of the capacity
+    ladder (`lax.switch`): x_l [n, w] -> per-choice outputs [n, k, w].
+
+    Both directions move rows with gathers only (a token's row into the buffer, the outputs
+    back; in the backward the output gradient into the buffer, the input gradient back and a
+    sum over k), never a scatter-add. The custom VJP sits outside the switch, so the saved
+    activations have one shape for every rung ([n * k, f] pre-activations, rows sorted by
+    expert): differentiating through the switch instead makes every rung's buffers residuals,
+    zero-filled for the rungs not taken (the largest has n rows per expert)."""
+    return _bucketed_fwd(xl, up, down, order, sorted_e, rank, which)[0]
+
+
+def _bucketed_fwd(xl, up, down, order, sorted_e, rank, which):
+    n, w = xl.shape
+    e = up.shape[0]
+    k = order.shape[0] // n
 
     def run(cap):
-        def branch(xs):
-            slot = sorted_e * cap + rank
-            buf = jnp.zeros((e * cap, xs.shape[-1]), xs.dtype).at[slot].set(xs)
-            h = relu2(jnp.einsum("ecw,ewf->ecf", buf.reshape(e, cap, -1), up))
-            y = jnp.einsum("ecf,efw->ecw", h, down).reshape(e * cap, -1)
-            return y[slot]
+        def branch(xl, up, down):
+            slot_sorted, slot, src, _ = _bucket_maps(order, sorted_e, rank, e, cap)
+            buf = jnp.take(_with_zero_row(xl), src // k, axis=0).reshape(e, cap, w)
+            pre = jnp.einsum("ecw,ewf->ecf", buf, up)
+            y = jnp.einsum("ecf,efw->ecw", relu2(pre), down).reshape(e * cap, -1)
+            out = jnp.take(y, slot, axis=0).reshape(n, k, -1)
+            return out, jnp.take(pre.reshape(e * cap, -1), slot_sorted, axis=0)
         return branch
 
-    which = jnp.searchsorted(jnp.asarray(ladder), jnp.max(counts), side="left")
-    ys = jax.lax.switch(which, [run(c) for c in ladder], xs)
-    out = jnp.zeros_like(ys).at[order].set(ys)
-    return out.reshape(n, k, -1)
+    ladder = capacity_ladder(n, k, e)
+    out, pre_sorted = jax.lax.switch(which, [run(c) for c in ladder], xl, up, down)
+    return out, (xl, up, down, order, sorted_e, rank, which, pre_sorted)
+
+
+def _bucketed_bwd(res, g):
+    xl, up, down, order, sorted_e, rank, which, pre_sorted = res
+    n, k, w = g.shape
+    e = up.shape[0]
+
+    def run(cap):
+        def branch(xl, up, down, pre_sorted, g):
+            _, slot, src, src_sorted = _bucket_maps(order, sorted_e, rank, e, cap)
+            buf = jnp.take(_with_zero_row(xl), src // k, axis=0).reshape(e, cap, -1)
+            pre = jnp.take(_with_zero_row(pre_sorted), src_sorted, axis=0).reshape(e, cap, -1)
+            g_y = jnp.take(_with_zero_row(g.reshape(n * k, w)), src, axis=0).reshape(e, cap, w)
+            g_down = jnp.einsum("ecf,ecw->efw", relu2(pre), g_y)
+            g_pre = jnp.einsum("ecw,efw->ecf", g_y, down) * (2 * jax.nn.relu(pre))
+            g_up = jnp.einsum("ecw,ecf->ewf", buf, g_pre)
+            g_buf = jnp.einsum("ecf,ewf->ecw", g_pre, up).reshape(e * cap, -1)
+            g_x = jnp.take(g_buf, slot, axis=0).reshape(n, k, -1).sum(axis=1)
+            return g_x, g_up, g_down
+        return branch
+
+    ladder = capacity_ladder(n, k, e)
+    g_x, g_up, g_down = jax.lax.switch(which, [run(c) for c in ladder], xl, up, down,
+                                       pre_sorted, g)
+    return g_x, g_up, g_down, None, None, None, None
+
+
+_bucketed_experts.defvjp(_bucketed_fwd, _bucketed_bwd)
 
 
 _DISPATCH = {

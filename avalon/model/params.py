@@ -240,6 +240,22 @@ def _stack_tree(tree: dict, n: int) -> dict:
     return jax.tree.map(lambda s: s.stacked(n), tree, is_leaf=is_spec)
 
 
+def unstack_params(cfg: ModelConfig, params: dict) -> dict:
+    """`params` of `cfg` (stacked runs) in the layout of `cfg.replace(scan_layers=False)`: one
+    block per layer, each leaf [1, ...]. The engine decodes from this layout on CPU, where XLA
+    copies a scanned layer's weight slice out of the stack before every matmul (a copy of the
+    whole stack per token); one slice per layer here, made once."""
+    if not cfg.scan_layers:
+        return params
+    blocks = []
+    for bp, (unit, reps) in zip(params["blocks"], cfg.blocks):
+        for r in range(reps):
+            for j, ch in enumerate(unit):
+                blocks.append({layer_key(0, ch): jax.tree.map(lambda a, r=r: a[r:r + 1],
+                                                              bp[layer_key(j, ch)])})
+    return {**params, "blocks": blocks}
+
+
 # ---- things derived from the description ---------------------------------------------------
 def abstract_params(cfg: ModelConfig):
     """`jax.ShapeDtypeStruct` per leaf: counts, `eval_shape` and restore targets, no memory."""

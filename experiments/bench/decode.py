@@ -121,8 +121,9 @@ def state_copies(params, setup, state, slots: int, capacity: int) -> dict:
 
 def time_engine(cfg, params, state, slots: int, context: int, steps: int, n: int,
                 warmup: int, start: int, page_size: int):
+    # The stacked layout, as the device measurement (its state is installed as is).
     engine = Engine(cfg, params, num_slots=slots, max_context=context, steps_per_dispatch=steps,
-                    page_size=page_size)
+                    page_size=page_size, unstack_layers=False)
     engine._install_state(state, np.full(slots, start))
 
     def turn(count):

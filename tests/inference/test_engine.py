@@ -374,3 +374,24 @@ def test_slot_errors(engines, params):
         small.set_params({"embed": jnp.zeros(3)})
     with pytest.raises(ValueError, match=r"param \['embed'\] is \(128, 32\)"):
         small.set_params({**params, "embed": jnp.zeros((128, 32))})
+
+
+def test_unstacked_layers_engine_equals_stacked(engines, params):
+    """The CPU default (`unstack_layers`: one block per layer, params sliced once) serves the
+    same tokens, log-probs and routing as the engine that reads the stacked params."""
+    assert engines["whole"].unstack_layers  # the default on one CPU device
+    stacked = Engine(CFG, params, num_slots=8, max_context=WINDOW, steps_per_dispatch=4,
+                     prefill_chunk=8, unstack_layers=False)
+    assert not stacked.unstack_layers
+    outs = []
+    for eng in (engines["whole"], stacked):
+        a, b = eng.allocate(), eng.allocate()
+        outs.append(eng.generate([
+            TurnRequest(a, _prompt(40, 9), 6, GREEDY),
+            TurnRequest(b, _prompt(41, 5), 7, SamplingParams(temperature=0.8, seed=2))]))
+        eng.release(a)
+        eng.release(b)
+    for x, y in zip(*outs):
+        np.testing.assert_array_equal(x.tokens, y.tokens)
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-6, rtol=0)
+        np.testing.assert_array_equal(x.routing, y.routing)

@@ -7,6 +7,7 @@ import pytest
 
 from avalon import sharding
 from avalon.model import forward, init_cache, init_params, presets
+from avalon.model.params import abstract_params, unstack_params
 
 CFG = presets.get("tiny")  # "MEME*-ME*M": all four letters, repeated runs, latent MoE
 
@@ -115,14 +116,8 @@ def test_packed_segments_do_not_leak(params):
 def test_unscanned_stack_equals_scanned(params, tokens, full):
     """scan_layers=False (one block per layer) computes the same function."""
     flat_cfg = CFG.replace(scan_layers=False)
-    flat_blocks = []
-    for blk, (unit, reps) in zip(params["blocks"], CFG.blocks):
-        for r in range(reps):
-            for j in range(len(unit)):
-                key = next(k for k in blk if k.startswith(f"{j}_"))
-                leaf = jax.tree.map(lambda a, r=r: a[r:r + 1], blk[key])
-                flat_blocks.append({f"0_{key.split('_', 1)[1]}": leaf})
-    flat = {**params, "blocks": flat_blocks}
+    flat = unstack_params(CFG, params)
+    assert jax.tree.structure(flat) == jax.tree.structure(abstract_params(flat_cfg))
     r = jax.jit(lambda p, t: forward(p, t, flat_cfg))(flat, tokens)
     np.testing.assert_allclose(r.logits, full.logits, atol=1e-5, rtol=0)
     np.testing.assert_array_equal(r.routing, full.routing)

@@ -1,0 +1,401 @@
+"""Avalon against transformers on the same model, side by side on this machine's CPU.
+
+    python -m experiments.bench.vs_torch --repeats=5                # the issue-22 comparison
+    taskset -c 1 python -m experiments.bench.vs_torch --repeats=5   # one core
+    python -m experiments.bench.vs_torch --size=tiny --repeats=1    # a quick check
+
+1. Builds a random Nemotron-H checkpoint with transformers (`--size=issue`: 13.6M parameters,
+   pattern `MEM*EMEM*E`, 8 experts top-2, vocab 4096, fp32; every float tensor perturbed by
+   0.02 N(0, 1) so norms, D, biases and the router's correction bias all matter) and saves it
+   with `save_pretrained`.
+2. Agreement (one process, both libraries): full-forward logits (`max|a - t| / max|t|`),
+   greedy tokens through `Engine.generate` against `model.generate` (identical), and the SFT
+   losses of `--agree_steps` clip + AdamW steps on the same batch (router frozen on both
+   sides, as the RL update runs). Fails the run (exit 1) if any check fails.
+3. Timing, each library in its own process (same CPU affinity as this one): decode at each
+   batch of `--batches` (a `--prompt`-token random prompt, `--new_tokens` greedy tokens,
+   prefill included: `Engine.generate` against `model.generate`) and the update step
+   (`--train_batch` x `--train_seq` tokens, SFT, clip + AdamW; jitted and donated on Avalon's
+   side). Each measurement is repeated `--repeats` times after one warm-up; medians reported.
+4. Prints one JSON object: the agreement numbers, tokens/s per side and Avalon / transformers
+   ratios. `--count_copies` adds the copies of whole decode-state leaves and of per-layer
+   weight slices in the compiled decode program (`copies.py`).
+
+Torch uses as many threads as this process may run on (`os.sched_getaffinity`), as XLA does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("size", "issue", ["issue", "tiny"], "checkpoint size (see SIZES)")
+flags.DEFINE_integer("repeats", 5, "timed repeats per measurement (medians reported)")
+flags.DEFINE_list("batches", ["1", "8", "32"], "decode batch sizes")
+flags.DEFINE_integer("prompt", 64, "decode prompt tokens")
+flags.DEFINE_integer("new_tokens", 128, "greedy tokens generated per row")
+flags.DEFINE_integer("train_batch", 8, "update step: sequences")
+flags.DEFINE_integer("train_seq", 512, "update step: tokens per sequence")
+flags.DEFINE_integer("agree_steps", 7, "AdamW steps whose losses must agree")
+flags.DEFINE_float("lr", 1e-3, "AdamW learning rate (agreement and timing)")
+flags.DEFINE_string("moe_backend", None, "Avalon: override the MoE backend (default: auto)")
+flags.DEFINE_string("attention_impl", "flash", "Avalon: the full-sequence attention kernel "
+                    "(AttentionImpl; '' keeps the config's default, naive)")
+flags.DEFINE_bool("scan_layers", True, "Avalon: scan repeated layer runs")
+flags.DEFINE_bool("count_copies", False, "count state / weight copies in the decode program")
+flags.DEFINE_bool("timing", True, "run the timing processes (False: agreement only)")
+flags.DEFINE_enum("role", "driver", ["driver", "torch", "avalon"],
+                  "internal: a timing worker for one library")
+flags.DEFINE_string("ckpt", None, "internal/optional: an existing checkpoint directory")
+
+# Tolerances of the agreement checks: fp32 on both sides.
+LOGIT_TOL = 1e-4  # relative, as tests/checkpoint/test_hf_parity.py
+LOSS_TOL = 1e-4  # relative, per step
+
+SIZES = {
+    # 13.6M parameters: 2.1M embeddings + head, 4 MoE layers of 2.36M, 4 Mamba-2, 2 attention.
+    "issue": dict(vocab_size=4096, hidden_size=256, hybrid_override_pattern="MEM*EMEM*E",
+                  num_attention_heads=8, num_key_value_heads=4, head_dim=32,
+                  intermediate_size=512, mamba_num_heads=8, mamba_head_dim=64,
+                  ssm_state_size=32, n_groups=1, conv_kernel=4, chunk_size=128,
+                  n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=512,
+                  moe_shared_expert_intermediate_size=512, n_group=1, topk_group=1,
+                  norm_topk_prob=True, routed_scaling_factor=1.0),
+    # The same pattern (so the scanned `EM` x 2 run is there) at test size.
+    "tiny": dict(vocab_size=128, hidden_size=32, hybrid_override_pattern="MEM*EMEM*E",
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                 intermediate_size=64, mamba_num_heads=4, mamba_head_dim=8,
+                 ssm_state_size=8, n_groups=1, conv_kernel=4, chunk_size=8,
+                 n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                 moe_shared_expert_intermediate_size=32, n_group=1, topk_group=1,
+                 norm_topk_prob=True, routed_scaling_factor=1.0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """What the agreement check and the timing workers run."""
+
+    batches: tuple[int, ...] = (1, 8, 32)
+    prompt: int = 64
+    new_tokens: int = 128
+    train_batch: int = 8
+    train_seq: int = 512
+    agree_steps: int = 7
+    lr: float = 1e-3
+    repeats: int = 5
+
+
+def cpu_threads() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+# ---- the checkpoint ---------------------------------------------------------------------------
+def build_checkpoint(path: str, size: str, seed: int = 0) -> None:
+    """A random transformers NemotronH model of `SIZES[size]`, saved with save_pretrained."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.NemotronHConfig(**SIZES[size], tie_word_embeddings=False)
+    model = transformers.NemotronHForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for _, p in [*model.named_parameters(), *model.named_buffers()]:
+            if p.is_floating_point():
+                p.add_(0.02 * torch.randn_like(p))
+    model.save_pretrained(path)
+
+
+def load_torch(path: str):
+    import torch
+    import transformers
+
+    torch.set_num_threads(cpu_threads())
+    model = transformers.NemotronHForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def avalon_overrides() -> dict:
+    """ModelConfig overrides from the flags (Avalon's side only)."""
+    from avalon.model.config import AttentionImpl, MoeBackend
+
+    out = {"param_dtype": "float32", "scan_layers": FLAGS.scan_layers}
+    if FLAGS.moe_backend:
+        out["moe_backend"] = MoeBackend(FLAGS.moe_backend)
+    if FLAGS.attention_impl:
+        out["attention_impl"] = AttentionImpl(FLAGS.attention_impl)
+    return out
+
+
+def load_avalon(path: str, overrides: dict):
+    from avalon.checkpoint import hf
+
+    return hf.load(path, **overrides)
+
+
+# ---- shared workloads -------------------------------------------------------------------------
+def random_ids(rng: np.random.Generator, vocab: int, shape) -> np.ndarray:
+    return rng.integers(0, vocab, shape).astype(np.int32)
+
+
+def torch_optimizer(model, lr: float):
+    """AdamW with RLConfig's settings on every parameter but the router (frozen, as
+    `RLConfig.freeze_router`); the correction bias is a buffer in transformers."""
+    import torch
+
+    from avalon.rl.config import RLConfig
+
+    rc = RLConfig()
+    params = []
+    for name, p in model.named_parameters():
+        if name.endswith("gate.weight"):
+            p.requires_grad_(False)
+        else:
+            params.append(p)
+    return torch.optim.AdamW(params, lr=lr, betas=(rc.b1, rc.b2), eps=rc.adam_eps,
+                             weight_decay=rc.weight_decay), params, rc.clip_norm
+
+
+def torch_train_step(model, opt, params, clip: float, ids):
+    import torch
+
+    logits = model(ids).logits
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                             ids[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, clip)
+    opt.step()
+    return float(loss.detach())
+
+
+def avalon_update(cfg, lr: float):
+    from avalon.rl.config import LossKind, RLConfig
+    from avalon.rl.update import make_update_step
+
+    return make_update_step(cfg, RLConfig(loss=LossKind.SFT, lr=lr))
+
+
+def avalon_batch(ids: np.ndarray):
+    """SFT on every next token of each row (the last position has no target)."""
+    from avalon.rl.batch import TrainBatch
+
+    b, s = ids.shape
+    targets = np.concatenate([ids[:, 1:], np.zeros((b, 1), np.int32)], axis=1)
+    mask = np.broadcast_to(np.arange(s) < s - 1, (b, s)).copy()
+    zeros = np.zeros((b, s), np.float32)
+    return TrainBatch(tokens=ids, targets=targets, segment_ids=np.ones((b, s), np.int32),
+                      loss_mask=mask, old_logp=zeros, advantages=zeros, routing=None)
+
+
+def avalon_generate(engine, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
+    """Greedy turns from fresh slots; returns [b, new_tokens] tokens."""
+    from avalon.inference.api import SamplingParams, TurnRequest
+
+    slots = [engine.allocate() for _ in range(prompts.shape[0])]
+    reqs = [TurnRequest(s, p, new_tokens, SamplingParams(greedy=True))
+            for s, p in zip(slots, prompts)]
+    results = engine.generate(reqs)
+    for s in slots:
+        engine.release(s)
+    return np.stack([r.tokens for r in results])
+
+
+def make_engine(cfg, params, batch: int, context: int):
+    from avalon.inference.engine import Engine
+
+    return Engine(cfg, params, num_slots=batch, max_context=context)
+
+
+def torch_generate(model, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
+    import torch
+
+    ids = torch.as_tensor(prompts, dtype=torch.long)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+    return out[:, prompts.shape[1]:].numpy().astype(np.int32)
+
+
+# ---- agreement --------------------------------------------------------------------------------
+def rel_err(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+
+
+def agreement(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict:
+    """Logits, greedy tokens and training losses of both libraries on the checkpoint at
+    `path`. Returns the numbers and `ok` (every check within its tolerance)."""
+    import jax
+    import torch
+
+    from avalon import model as M
+
+    model = load_torch(path)
+    cfg, params = load_avalon(path, overrides)
+    rng = np.random.default_rng(seed)
+    ids = random_ids(rng, cfg.vocab_size, (2, shapes.prompt))
+    with torch.no_grad():
+        want = model(torch.as_tensor(ids, dtype=torch.long)).logits.numpy()
+    got = jax.jit(M.forward, static_argnames="cfg")(params, ids, cfg=cfg).logits
+    logit_err = rel_err(got, want)
+
+    new = min(shapes.new_tokens, 32)
+    t_tokens = torch_generate(model, ids, new)
+    engine = make_engine(cfg, params, 2, shapes.prompt + new)
+    a_tokens = avalon_generate(engine, ids, new)
+    same_tokens = float(np.mean(t_tokens == a_tokens))
+
+    # Training: same batch, same optimizer settings, `agree_steps` steps on both.
+    train_ids = random_ids(rng, cfg.vocab_size, (2, shapes.prompt))
+    opt, tparams, clip = torch_optimizer(model.train(), shapes.lr)
+    t_losses = [torch_train_step(model, opt, tparams, clip, torch.as_tensor(train_ids).long())
+                for _ in range(shapes.agree_steps)]
+    step = avalon_update(cfg, shapes.lr)
+    state = step.init_state(params)
+    batch = step.put_batch(avalon_batch(train_ids))
+    a_losses = []
+    for _ in range(shapes.agree_steps):
+        state, metrics = step.step_fn(state, batch)
+        a_losses.append(float(metrics["loss"]))
+    loss_err = max(abs(a - t) / abs(t) for a, t in zip(a_losses, t_losses))
+    ok = logit_err <= LOGIT_TOL and same_tokens == 1.0 and loss_err <= LOSS_TOL
+    return {"ok": bool(ok), "logit_rel_err": logit_err, "greedy_tokens_identical": same_tokens,
+            "greedy_tokens": int(t_tokens.size), "loss_rel_err": loss_err,
+            "losses_torch": t_losses, "losses_avalon": a_losses}
+
+
+# ---- timing workers ---------------------------------------------------------------------------
+def _median_time(fn, repeats: int) -> float:
+    fn()  # warm-up (compilation on Avalon's side)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_torch(path: str, shapes: Shapes, seed: int = 0) -> dict:
+    import torch
+
+    model = load_torch(path)
+    vocab = model.config.vocab_size
+    rng = np.random.default_rng(seed)
+    out = {"threads": torch.get_num_threads(), "decode": {}}
+    for b in shapes.batches:
+        prompts = random_ids(rng, vocab, (b, shapes.prompt))
+        s = _median_time(functools.partial(torch_generate, model, prompts, shapes.new_tokens),
+                         shapes.repeats)
+        out["decode"][str(b)] = b * shapes.new_tokens / s
+    ids = torch.as_tensor(random_ids(rng, vocab, (shapes.train_batch, shapes.train_seq))).long()
+    opt, params, clip = torch_optimizer(model.train(), shapes.lr)
+    s = _median_time(lambda: torch_train_step(model, opt, params, clip, ids), shapes.repeats)
+    out["update_tokens_per_s"] = shapes.train_batch * shapes.train_seq / s
+    return out
+
+
+def time_avalon(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict:
+    import jax
+
+    cfg, params = load_avalon(path, overrides)
+    rng = np.random.default_rng(seed)
+    out = {"moe_backend": cfg.moe_backend.value, "attention_impl": cfg.attention_impl.value,
+           "scan_layers": cfg.scan_layers, "decode": {}}
+    for b in shapes.batches:
+        prompts = random_ids(rng, cfg.vocab_size, (b, shapes.prompt))
+        engine = make_engine(cfg, params, b, shapes.prompt + shapes.new_tokens)
+        s = _median_time(functools.partial(avalon_generate, engine, prompts, shapes.new_tokens),
+                         shapes.repeats)
+        out["decode"][str(b)] = b * shapes.new_tokens / s
+    ids = random_ids(rng, cfg.vocab_size, (shapes.train_batch, shapes.train_seq))
+    step = avalon_update(cfg, shapes.lr)
+    holder = {"state": step.init_state(params)}
+    batch = step.put_batch(avalon_batch(ids))
+
+    def one():
+        holder["state"], metrics = step.step_fn(holder["state"], batch)
+        jax.block_until_ready(metrics)
+
+    s = _median_time(one, shapes.repeats)
+    out["update_tokens_per_s"] = shapes.train_batch * shapes.train_seq / s
+    return out
+
+
+def _run_worker(role: str, path: str) -> dict:
+    """This script as a `--role` process; its last stdout line is its JSON result."""
+    args = [sys.executable, "-m", "experiments.bench.vs_torch", f"--role={role}",
+            f"--ckpt={path}"] + [a for a in sys.argv[1:] if not a.startswith(("--role",
+                                                                              "--ckpt"))]
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{role} worker failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _shapes() -> Shapes:
+    return Shapes(batches=tuple(int(b) for b in FLAGS.batches), prompt=FLAGS.prompt,
+                  new_tokens=FLAGS.new_tokens, train_batch=FLAGS.train_batch,
+                  train_seq=FLAGS.train_seq, agree_steps=FLAGS.agree_steps, lr=FLAGS.lr,
+                  repeats=FLAGS.repeats)
+
+
+def main(argv):
+    del argv
+    shapes = _shapes()
+    if FLAGS.role == "torch":
+        print(json.dumps(time_torch(FLAGS.ckpt, shapes)))
+        return
+    if FLAGS.role == "avalon":
+        print(json.dumps(time_avalon(FLAGS.ckpt, shapes, avalon_overrides())))
+        return
+    tmp = None
+    path = FLAGS.ckpt
+    if path is None:
+        tmp = tempfile.TemporaryDirectory(prefix="vs_torch_")
+        path = tmp.name
+        build_checkpoint(path, FLAGS.size)
+    load = os.getloadavg()
+    result = {"size": FLAGS.size, "cpu_threads": cpu_threads(), "load_avg_1m_before": load[0],
+              "shapes": dataclasses.asdict(shapes),
+              "agreement": agreement(path, shapes, avalon_overrides())}
+    if FLAGS.count_copies:
+        from experiments.bench.copies import decode_copies
+
+        cfg, params = load_avalon(path, avalon_overrides())
+        result["decode_copies"] = {
+            layout: decode_copies(cfg, params, batch=8, context=shapes.prompt + shapes.new_tokens,
+                                  unstack_layers=unstack)
+            for layout, unstack in (("stacked", False), ("engine_default", None))}
+    if FLAGS.timing:
+        t = _run_worker("torch", path)
+        a = _run_worker("avalon", path)
+        result["transformers"], result["avalon"] = t, a
+        result["ratio"] = {
+            **{f"decode_b{b}": a["decode"][b] / t["decode"][b] for b in t["decode"]},
+            "update": a["update_tokens_per_s"] / t["update_tokens_per_s"]}
+    result["load_avg_1m_after"] = os.getloadavg()[0]
+    print(json.dumps(result, indent=1))
+    if tmp is not None:
+        tmp.cleanup()
+    if not result["agreement"]["ok"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    app.run(main)
