@@ -107,7 +107,11 @@ def test_toy_baseline_configs():
     arms = from_config_dict(toy_baselines.get_config("arms,smoke"), num_devices=1)
     assert arms.eval.s8 and arms.eval.best_of_k == arms.eval.budget + 1 == 4
     assert arms.eval.sweep_clocks == (60.0, 150.0)
+    from configs import toy_org
     single = from_config_dict(toy_baselines.get_config("single_rl"), num_devices=1)
-    assert single.budget.p_single == 1.0 and single.rollout.steps == 30
+    # Matched compute: the single-agent run takes the toy's RLCR steps (and everything else).
+    toy = toy_org.get_config()
+    assert single.budget.p_single == 1.0 and single.rollout.steps == toy.rollout.steps
+    assert single.rollout.groups_per_step == toy.rollout.groups_per_step
     with pytest.raises(ValueError, match="arms or single_rl"):
         toy_baselines.get_config("smoke")
