@@ -95,12 +95,12 @@ class SFTBatches:
 
     def batch(self, i: int) -> TrainBatch:
         """Update i's sequences; with several processes, this process's share of them."""
-        n_skill = self.batch_seqs if i < self.skill_steps else self.skill_seqs
         if self.skills is None:
-            n_skill = 0
+            n_skill, j = 0, i
+        else:  # the teacher permutation counts only the updates that take teacher rows
+            n_skill = self.batch_seqs if i < self.skill_steps else self.skill_seqs
+            j = max(0, i - self.skill_steps)
         n_teacher = self.batch_seqs - n_skill
-        # The teacher permutation counts only the updates that take teacher rows.
-        j = max(0, i - self.skill_steps) if self.skills is not None else i
         per_epoch = max(1, self.n // max(n_teacher, 1))
         epoch, k = divmod(j, per_epoch)
         order = np.random.default_rng([self.seed, 2, epoch]).permutation(self.n)

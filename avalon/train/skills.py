@@ -23,6 +23,7 @@ import re
 
 import numpy as np
 
+from avalon.envs.parallel.tasks import Op
 from avalon.rl.types import TokenFlag, TrajectoryRow
 
 _KEY = re.compile(r"^[a-z]+\d$")  # ids such as p3, s1, r2, a4
@@ -37,17 +38,10 @@ class Skill(enum.Enum):
     MIN = "min"
 
     def apply(self, a: int, b: int) -> int:
-        if self is Skill.ADD:
-            return a + b
-        if self is Skill.SUB:
-            return a - b
-        if self is Skill.MUL:
-            return a * b
-        if self is Skill.MAX:
-            return max(a, b)
-        if self is Skill.MIN:
-            return min(a, b)
-        raise ValueError(f"Skill {self.value} is not an arithmetic op")
+        """An arithmetic skill is environment 1's op of the same name."""
+        if self is Skill.RECALL:
+            raise ValueError("Skill recall is not an arithmetic op")
+        return Op(self.value).apply(a, b)
 
 
 def recall_keys(words) -> tuple[str, ...]:

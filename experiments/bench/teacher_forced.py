@@ -1,7 +1,7 @@
 """How much of the teacher's content a trained model predicts, token class by token class.
 
     python -m experiments.bench.teacher_forced --config=configs/toy_org.py --run=runs/toy \\
-        [--set=env.three_environments=True ...] [--episodes=24] [--rows=40]
+        [--config.env.three_environments=True ...] [--episodes=24] [--rows=40]
 
 Plays `--episodes` fresh teacher episodes (the config's teacher, training tasks), runs the
 trainer's forward (`avalon.model.model.forward`, the params of RUN's newest checkpoint or of
@@ -14,10 +14,7 @@ from 1 takes wrong turns however well its loss looks: the punctuation dominates 
 
 from __future__ import annotations
 
-import argparse
-import ast
 import collections
-import importlib.util
 import json
 
 import jax
@@ -37,38 +34,19 @@ def token_class(text: str) -> str:
     return "word" if t.replace("_", "").isalnum() else "punct"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True, help="the run's config file")
-    p.add_argument("--run", required=True, help="a run directory or one of its checkpoints")
-    p.add_argument("--episodes", type=int, default=24)
-    p.add_argument("--rows", type=int, default=40)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a config override, as the run had it (a Python literal)")
-    args = p.parse_args()
-    spec = importlib.util.spec_from_file_location("run_config", args.config)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config()
-    for item in args.set:
-        key, _, value = item.partition("=")
-        *path, leaf = key.split(".")
-        section = c
-        for name in path:
-            section = section[name]
-        if leaf not in section:
-            raise SystemExit(f"teacher_forced: --set={item}: no key {key!r} in the config")
-        section[leaf] = ast.literal_eval(value)
-    c.sft.teacher_episodes = args.episodes
-    c.init_from = args.run
+def teacher_forced(config, run: str, *, episodes: int, rows: int) -> dict:
+    """The shares of the module docstring, for `config` (a ConfigDict) with RUN's params."""
+    c = config.copy_and_resolve_references()
+    c.sft.teacher_episodes = episodes
+    c.init_from = run
     cfg = from_config_dict(c, num_devices=jax.device_count())
     st = setup_lib.build(cfg, c.env)
     mcfg, params = setup_lib.initial_params(cfg, st.mesh)
-    rows = teacher_traces(st).rows[:args.rows]
+    teacher_rows = teacher_traces(st).rows[:rows]
     fwd = jax.jit(lambda prm, t: forward(prm, t, mcfg).logits)
     hits = collections.Counter()
     total = collections.Counter()
-    for r in rows:
+    for r in teacher_rows:
         t = np.asarray(r.tokens)
         pred = np.asarray(fwd(params, jnp.asarray(t[None])))[0, :-1].argmax(-1)
         for p_id, g, m in zip(pred, t[1:], np.asarray(r.loss_mask)[1:]):
@@ -76,10 +54,26 @@ def main() -> None:
                 k = token_class(st.chat.tok.decode([int(g)]))
                 total[k] += 1
                 hits[k] += int(p_id == g)
-    print(json.dumps({"run": args.run, "rows": len(rows),
-                      **{k: {"accuracy": hits[k] / total[k], "tokens": total[k]}
-                         for k in sorted(total)}}, indent=1))
+    return {"run": run, "rows": len(teacher_rows),
+            **{k: {"accuracy": hits[k] / total[k], "tokens": total[k]} for k in sorted(total)}}
 
 
 if __name__ == "__main__":
-    main()
+    from absl import app, flags
+    from ml_collections import config_flags
+
+    # Flags only here: a module imported by tests must not define absl flags.
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "The run's config file "
+                                              "(--config.a.b=v overrides, as the run had them).")
+    _RUN = flags.DEFINE_string("run", None, "A run directory or one of its checkpoints.")
+    _EPISODES = flags.DEFINE_integer("episodes", 24, "Teacher episodes to play.")
+    _ROWS = flags.DEFINE_integer("rows", 40, "Teacher rows to score.")
+    flags.mark_flags_as_required(["config", "run"])
+
+    def main(argv):
+        if len(argv) > 1:
+            raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        print(json.dumps(teacher_forced(_CONFIG.value, _RUN.value, episodes=_EPISODES.value,
+                                        rows=_ROWS.value), indent=1))
+
+    app.run(main)
