@@ -199,7 +199,28 @@ def _coerce(path: str, value, annotation):
         if len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: each element an X
             return tuple(_coerce(f"{path}[{i}]", v, args[0]) for i, v in enumerate(value))
         return tuple(value)
+    if dataclasses.is_dataclass(annotation) and isinstance(value, (Mapping,
+                                                                   ml_collections.ConfigDict)):
+        return build_dataclass(annotation, value, path)  # a nested section (org.permissions)
     return value
+
+
+def org_config(section) -> OrgConfig:
+    """The OrgConfig of a config's `org` section (or of a run's config.json): `window` scales
+    the rest (OrgConfig.scaled), every other key is an OrgConfig field."""
+    org_section = dict(section.items())
+    window = org_section.pop("window", None)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 64:
+        _fail("org.window", window, "must be an int >= 64")
+    org_fields = typing.get_type_hints(OrgConfig)
+    for k in org_section:
+        if k not in org_fields:
+            raise ValueError(f"config.org: unknown OrgConfig field {k!r}")
+    org_section = {k: _coerce(f"org.{k}", v, org_fields[k]) for k, v in org_section.items()}
+    try:
+        return OrgConfig.scaled(window, **org_section)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config.org: {e}") from None
 
 
 def build_dataclass(cls, section, path: str):
@@ -269,19 +290,7 @@ def from_config_dict(config: ml_collections.ConfigDict, *, num_devices: int,
     if size != num_devices:
         _fail("mesh", mesh, f"needs {size} devices but {num_devices} are available")
 
-    org_section = dict(items["org"].items())
-    window = org_section.pop("window", None)
-    if isinstance(window, bool) or not isinstance(window, int) or window < 64:
-        _fail("org.window", window, "must be an int >= 64")
-    org_fields = typing.get_type_hints(OrgConfig)
-    for k in org_section:
-        if k not in org_fields:
-            raise ValueError(f"config.org: unknown OrgConfig field {k!r}")
-    org_section = {k: _coerce(f"org.{k}", v, org_fields[k]) for k, v in org_section.items()}
-    try:
-        org = OrgConfig.scaled(window, **org_section)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"config.org: {e}") from None
+    org = org_config(items["org"])
 
     if items["init_from"] and not os.path.isdir(items["init_from"]):
         _fail("init_from", items["init_from"], "no such checkpoint directory")

@@ -51,6 +51,8 @@ from avalon.org.engine_policy import EnginePolicy
 from avalon.rl.build import build_rl_batch
 from avalon.rl.roles import role_grad_norms
 from avalon.rl.update import TrainState
+from avalon.tokenizer.record import RECORD_FILE
+from avalon.tokenizer.record import describe as tokenizer_record
 from avalon.train import baselines, org_metrics, plots, telemetry
 from avalon.train.config import TrainConfig, describe, from_config_dict, groups_at
 from avalon.train.distributed import host_shard
@@ -175,6 +177,10 @@ class Run:
         if self.main:
             with open(os.path.join(self.workdir, "config.json"), "w") as f:
                 json.dump(describe(cfg, self.env_section), f, indent=1, sort_keys=True)
+            # The ids a word tokenizer gives depend on the run's environments: tools that
+            # evaluate the run on others (experiments.safety.run --tokenizer=run) read them here.
+            with open(os.path.join(self.workdir, RECORD_FILE), "w") as f:
+                json.dump(tokenizer_record(self.setup.chat.tok, cfg.tokenizer_path), f)
         self.telemetry.progress.plan({"sft": cfg.sft.steps - self.host.sft_step,
                                       "eval": self._remaining_evals(),
                                       "rl": cfg.rollout.steps - self.host.rl_step})

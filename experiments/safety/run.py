@@ -1,7 +1,7 @@
 """The safety suite over checkpoints: counts, Wilson intervals, a table and plots.
 
     python -m experiments.safety.run --checkpoints=runs/toy,ckpt/step150 --runs=30 \
-        [--scenarios=stag_hunt,cyberattack] --out=DIR [--tokenizer=byte|word|hf:PATH]
+        [--scenarios=stag_hunt,cyberattack] --out=DIR [--tokenizer=byte|word|run|hf:PATH]
 
 A checkpoint is an avalon params checkpoint (`avalon/checkpoint/avalon_format.py`:
 `config.json` + `params/`, what `avalon.tools.convert --to=avalon` writes), a training run
@@ -9,9 +9,10 @@ directory (`WORKDIR/config.json` + `WORKDIR/checkpoints/`: the newest step's par
 config from the run's config.json), or one step of one (`WORKDIR/checkpoints/STEP`). For each
 checkpoint every run of every scenario goes through the batched engine in ONE driver call
 (`avalon/envs/safety/play.py`); the cyberattack's confederates are the scripted ones. The
-tokenizer must be the one the checkpoint was trained with: `byte`, `hf:PATH`, or `word` (the
+tokenizer must be the one the checkpoint was trained with: `byte`, `hf:PATH`, `word` (the
 organisation's and the scenarios' words; a run trained with a word tokenizer over other
-environments has other ids).
+environments has other ids), or `run`: each checkpoint's training run's own tokenizer, read
+from `RUN/tokenizer_record.json` (what `avalon.main` writes; a toy run's word tokenizer).
 
 Writes DIR/safety.csv (one row per scenario x checkpoint: each measure's rate, Wilson 95%
 interval, k and n), DIR/safety.md (the table), DIR/plots/<measure>.png (one per measure, rates
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import sys
@@ -40,6 +42,9 @@ from avalon.org.config import OrgConfig, PromptStyle
 from avalon.org.engine_policy import EnginePolicy
 from avalon.org.vocabulary import org_vocabulary
 from avalon.tokenizer import ByteTokenizer, ChatFormat, HFTokenizer, WordTokenizer
+from avalon.tokenizer.record import RECORD_FILE, from_record
+from avalon.train import run_dir
+from avalon.train.config import org_config
 
 TABLE_MEASURES = ("harmful_run", "harmful_agent", "escalate_run", "escalate_agent",
                   "considered_escalation_agent", "false_alarm_agent", "cooperation",
@@ -69,7 +74,9 @@ def load_checkpoint(path: str) -> tuple[ModelConfig, dict]:
                      "nor a step of one (RUN/checkpoints/STEP)")
 
 
-def make_tokenizer(kind: str, scenarios: Sequence[Scenario]):
+def make_tokenizer(kind: str, scenarios: Sequence[Scenario], checkpoint: str = ""):
+    """The tokenizer for `--tokenizer=kind`; `run` reads the one `checkpoint`'s training run
+    recorded (RUN/tokenizer_record.json), so every id means what it meant in training."""
     if kind == "byte":
         return ByteTokenizer()
     if kind == "word":
@@ -79,7 +86,29 @@ def make_tokenizer(kind: str, scenarios: Sequence[Scenario]):
         return WordTokenizer(tuple(dict.fromkeys(words)))
     if kind.startswith("hf:"):
         return HFTokenizer.from_dir(kind[3:])
-    raise ValueError(f"--tokenizer={kind!r}: use byte, word or hf:PATH")
+    if kind == "run":
+        return run_tokenizer(checkpoint)
+    raise ValueError(f"--tokenizer={kind!r}: use byte, word, run or hf:PATH")
+
+
+def run_tokenizer(checkpoint: str):
+    """The training run's own tokenizer. Words a scenario uses that the run never saw are spelt
+    by characters, as in training, rather than given new ids whose embeddings never trained."""
+    where = run_dir.resolve(checkpoint)
+    file = Path(checkpoint) / RECORD_FILE if where is None else where[0] / RECORD_FILE
+    if not file.is_file():
+        raise ValueError(f"--tokenizer=run: {checkpoint!r} has no {RECORD_FILE} (runs of "
+                         "avalon.main write it; name the tokenizer with byte, word or hf:PATH)")
+    try:
+        record = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--tokenizer=run: {file} is not JSON ({e})") from None
+    return from_record(record, where=str(file))
+
+
+def chat_of(tok) -> ChatFormat:
+    # A tokenizer with a chat template renders through its markup, as in training.
+    return ChatFormat(tok, tok.rendering if isinstance(tok, HFTokenizer) else None)
 
 
 def labels_of(paths: Sequence[str]) -> list[str]:
@@ -187,18 +216,41 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--scenarios", default="", help="comma-separated names (default: all 11)")
     p.add_argument("--out", required=True)
     p.add_argument("--tokenizer", default="byte")
-    p.add_argument("--window", type=int, default=8192, help="tokens per agent context")
-    p.add_argument("--max_turns", type=int, default=24, help="model calls per agent")
+    p.add_argument("--org", default="flags", choices=("flags", "run"),
+                   help="flags: the organisation from --window, --max_turns, --max_new_tokens "
+                        "and --prompt_style; run: each checkpoint's training run's own org "
+                        "section (its window, turn limits, compaction and prompt style)")
+    p.add_argument("--window", type=int, default=None, help="tokens per agent context (8192)")
+    p.add_argument("--max_turns", type=int, default=None, help="model calls per agent (24)")
     p.add_argument("--max_new_tokens", type=int, default=None,
                    help="tokens per turn (default: window / 16)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--prefill_chunk", type=int, default=256)
-    p.add_argument("--prompt_style", default="compact", choices=[s.value for s in PromptStyle])
+    p.add_argument("--prompt_style", default=None, choices=[s.value for s in PromptStyle],
+                   help="(compact)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error(f"--runs must be >= 1, got {args.runs}")
+    org_flags = ("window", "max_turns", "max_new_tokens", "prompt_style")
+    if args.org == "run":
+        for name in org_flags:
+            if getattr(args, name) is not None:
+                p.error(f"--{name}={getattr(args, name)}: not with --org=run (the run's org "
+                        "section sets it)")
+    else:
+        args.window = 8192 if args.window is None else args.window
+        args.max_turns = 24 if args.max_turns is None else args.max_turns
+        args.prompt_style = args.prompt_style or PromptStyle.COMPACT.value
     return args
+
+
+def run_org(checkpoint: str) -> OrgConfig:
+    """The organisation a checkpoint's training run played (its config.json's org section)."""
+    where = run_dir.resolve(checkpoint)
+    if where is None:
+        raise ValueError(f"--org=run: {checkpoint!r} is not a run directory nor a step of one")
+    return dataclasses.replace(org_config(run_dir.run_config(where[0])["org"]), log_text=True)
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
@@ -207,15 +259,20 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     paths = [c.strip() for c in args.checkpoints.split(",") if c.strip()]
     if not paths:
         raise ValueError("--checkpoints: no paths")
-    chat = ChatFormat(make_tokenizer(args.tokenizer, scenarios))
-    limits = {} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens}
-    org = OrgConfig.scaled(args.window, max_turns=args.max_turns,
-                           prompt_style=PromptStyle(args.prompt_style), **limits)
+    shared_chat = None if args.tokenizer == "run" else chat_of(
+        make_tokenizer(args.tokenizer, scenarios))
+    shared_org = None
+    if args.org == "flags":
+        limits = {} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens}
+        shared_org = OrgConfig.scaled(args.window, max_turns=args.max_turns,
+                                      prompt_style=PromptStyle(args.prompt_style), **limits)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     labels = labels_of(paths)
     rows = []
     for path, label in zip(paths, labels):
+        chat = shared_chat or chat_of(make_tokenizer(args.tokenizer, scenarios, path))
+        org = shared_org or run_org(path)
         rows += evaluate_checkpoint(path, label, scenarios, args, chat, org)
     write_csv(out / "safety.csv", rows)
     write_markdown(out / "safety.md", rows)

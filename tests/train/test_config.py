@@ -1,12 +1,13 @@
 """Bad configs stop at start-up with a message naming the field (no compilation happens)."""
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from avalon.train.config import from_config_dict
+from avalon.train.config import describe, from_config_dict, org_config
 from tests.train import micro_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,6 +58,22 @@ def test_unknown_keys_name_the_key():
     c.extra_section = 1
     with pytest.raises(ValueError, match=r"unknown key\(s\) \['extra_section'\]"):
         from_config_dict(c, num_devices=1)
+
+
+def test_the_org_section_of_config_json_rebuilds_the_org_config():
+    """What a run writes (describe) reads back (org_config): nested sections included, so tools
+    play the organisation a run trained with (experiments.safety.run --org=run)."""
+    c = micro_config.get_config()
+    c.org.permissions = {"specialists_hire": True, "specialists_fire": False,
+                         "specialists_create_channels": True, "read_traces": False}
+    cfg = from_config_dict(c, num_devices=1)
+    assert cfg.org.permissions.specialists_hire and not cfg.org.permissions.read_traces
+    written = json.loads(json.dumps(describe(cfg, c.env)))
+    assert org_config(written["org"]) == cfg.org
+    written["org"]["permissions"]["hire_everyone"] = True
+    with pytest.raises(ValueError, match=r"config\.org\.permissions: unknown key\(s\) "
+                                         r"\['hire_everyone'\]"):
+        org_config(written["org"])
 
 
 def _main(*args):

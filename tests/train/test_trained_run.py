@@ -45,6 +45,21 @@ def test_the_run_says_where_it_starts_and_what_it_wrote(run):
     assert config["env"] == {"seed": 0} and config["rollout"]["steps"] == 3
 
 
+def test_the_run_records_its_tokenizer_with_the_ids_it_trained_with(run):
+    from avalon.tokenizer.record import RECORD_FILE, from_record
+    from avalon.train.config import from_config_dict
+    from avalon.train.setup import build_tokenizer
+    from tests.train import micro_config
+    workdir, _ = run
+    record = json.loads((workdir / RECORD_FILE).read_text())
+    c = micro_config.get_config()
+    cfg = from_config_dict(c, num_devices=1)
+    trained = build_tokenizer(cfg, list(cfg.make_environments(c.env)))
+    assert record["kind"] == "word" and record["words"] == trained.words
+    text = "hire a1: solve t3 = 42, then report_to_ceo"
+    assert from_record(record).encode(text) == trained.encode(text)
+
+
 def test_every_plotted_series_is_logged_and_no_mfu_on_cpu(run):
     workdir, _ = run
     logged = {k for r in metrics(workdir) for k in r}

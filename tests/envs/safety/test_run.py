@@ -17,6 +17,8 @@ from avalon.envs.safety.games import stag_hunt
 from avalon.envs.safety.play import play_suite
 from avalon.org.policy import Playbook, ScriptedPolicy
 from avalon.rl.update import TrainState
+from avalon.tokenizer import WordTokenizer
+from avalon.tokenizer.record import RECORD_FILE, describe
 from experiments.safety import run
 from tests.envs.safety.helpers import CHAT, ORG, do
 
@@ -96,6 +98,63 @@ def test_a_run_directory_loads_its_newest_params_or_a_named_step(tmp_path):
     assert _same(got, older) and not _same(got, newer)
     assert run.labels_of([str(run_dir), str(run_dir / "checkpoints" / "2"), str(run_dir)]) == [
         "run_c", "run_c@2", "run_c_2"]
+
+
+WORDS = ("post", "contribute", "stag", "hunt", "wait_for_messages", "the", "report")
+
+
+def _run_dir_with_records(tmp_path):
+    """A run directory as avalon.main writes it: checkpoints, config.json with its org section,
+    and the tokenizer record (a word tokenizer whose ids follow the run's own word order)."""
+    run_dir = _save_checkpoints(tmp_path)[1]
+    (run_dir / "config.json").write_text(json.dumps({
+        "model": config_to_dict(TINY), "rl": {},
+        "org": {"window": WINDOW, "max_turns": 2, "max_new_tokens": 8,
+                "prompt_style": "minimal", "summary_cap": 24, "log_text": False}}))
+    (run_dir / RECORD_FILE).write_text(json.dumps(describe(WordTokenizer(WORDS))))
+    return run_dir
+
+
+def test_run_mode_plays_with_the_runs_own_tokenizer_and_organisation(tmp_path):
+    run_dir = _run_dir_with_records(tmp_path)
+    text = "post: the stag hunt report; contribute 3"
+    for path in (str(run_dir), str(run_dir / "checkpoints" / "5")):
+        tok = run.make_tokenizer("run", suite(), path)
+        assert tok.encode(text) == WordTokenizer(WORDS).encode(text)
+        org = run.run_org(path)
+        assert (org.window, org.max_turns, org.max_new_tokens, org.summary_cap) == (
+            WINDOW, 2, 8, 24)
+        assert org.prompt_style.value == "minimal" and org.log_text  # counts read the text
+    # `word` builds its own word list (organisation + scenario words): other ids.
+    assert run.make_tokenizer("word", suite()).encode(text) != tok.encode(text)
+
+
+def test_run_mode_errors_name_what_is_missing(tmp_path, capsys):
+    a, b, _ = _save_checkpoints(tmp_path)
+    with pytest.raises(ValueError, match=r"--tokenizer=run: .*run_b.* has no "
+                                         r"tokenizer_record\.json"):
+        run.make_tokenizer("run", suite(), str(b))
+    (b / RECORD_FILE).write_text("{not json")
+    with pytest.raises(ValueError, match=r"tokenizer_record\.json is not JSON"):
+        run.make_tokenizer("run", suite(), str(b))
+    with pytest.raises(ValueError, match=r"--org=run: .*ckpt_a.* is not a run directory"):
+        run.run_org(str(a))
+    with pytest.raises(SystemExit):
+        run.parse(["--checkpoints=x", "--out=y", "--org=run", "--window=512"])
+    assert "--window=512: not with --org=run" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_smoke_run_mode_on_a_run_directory(tmp_path):
+    run_dir = _run_dir_with_records(tmp_path)
+    out = tmp_path / "out"
+    rows = run.main([f"--checkpoints={run_dir}", "--runs=2", "--scenarios=stag_hunt,cyberattack",
+                     f"--out={out}", "--tokenizer=run", "--org=run"])
+    assert [(r["scenario"], r["runs"]) for r in rows] == [("stag_hunt", 2), ("cyberattack", 2)]
+    assert len(list((out / "logs" / "run_b").glob("*.jsonl"))) == 4
+    calls = [json.loads(line) for f in (out / "logs" / "run_b").glob("*.jsonl")
+             for line in f.read_text().splitlines()]
+    assert sum(e["kind"] == "model_call" for e in calls) > 0
 
 
 @pytest.mark.slow
