@@ -368,6 +368,11 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
         _fail("sft.skill_steps", cfg.sft.skill_steps, "must be >= 0")
     if not cfg.sft.skills and (cfg.sft.skill_steps or cfg.sft.skill_seqs):
         _fail("sft.skills", cfg.sft.skills, "is empty but skill_steps or skill_seqs is set")
+    if cfg.sft.teacher_episodes and 0 < cfg.sft.steps <= cfg.sft.skill_steps:
+        # A shortened SFT (sft.steps lowered alone) would otherwise never see a teacher trace.
+        _fail("sft.skill_steps", cfg.sft.skill_steps,
+              f"is not below sft.steps={cfg.sft.steps}, so no SFT update sees a teacher trace "
+              "(lower it, or set sft.teacher_episodes=0 to train on skill rows alone)")
     if cfg.eval.s8 and not cfg.eval.log_events:
         _fail("eval.s8", cfg.eval.s8, "needs eval.log_events=True (S8 matches the logged "
               "organisation rollouts' output tokens)")

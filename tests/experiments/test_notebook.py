@@ -16,8 +16,8 @@ NOTEBOOK = os.path.join(REPO, "experiments", "notebooks", "toy_org.ipynb")
 
 def smoke_parameters(workdir: str, cache: str) -> str:
     return (f"WORKDIR = {workdir!r}\nSMOKE = True\nJAX_CACHE_DIR = {cache!r}\n"
-            "OVERRIDES = {'sft.teacher_episodes': 4, 'sft.steps': 2, 'rollout.steps': 1,\n"
-            "             'eval.tasks': 1, 'eval.seeds': 1}\n")
+            "OVERRIDES = {'sft.teacher_episodes': 4, 'sft.steps': 2, 'sft.skill_steps': 1,\n"
+            "             'rollout.steps': 1, 'eval.tasks': 1, 'eval.seeds': 1}\n")
 
 
 def inject(nb, source: str):

@@ -129,6 +129,7 @@ def test_budget_sweep_on_the_toy_smoke_config(tmp_path):
     from tests.train.runner import CACHE
     s = sweeps.load(BUDGET + ":smoke")
     shrink = ["--config.sft.teacher_episodes=4", "--config.sft.steps=2",
+              "--config.sft.skill_steps=1",
               "--config.rollout.steps=1", "--config.eval.tasks=1", "--config.eval.seeds=1",
               "--config.plots=False", f"--jax_cache_dir={CACHE}"]
     paths = run_sweep(s, str(tmp_path), shrink, stream=open(os.devnull, "w"), cwd=REPO)

@@ -41,6 +41,8 @@ def test_micro_config_is_valid():
     ({"model.preset": "huge"}, r"config\.model\.preset='huge'"),
     ({"budget.max_budget": -1}, r"config\.budget"),
     ({"rollout.seq_len": 100}, r"config\.rollout\.seq_len=100: must be >= org\.window"),
+    ({"sft.skills": ("add",), "sft.skill_steps": 2},
+     r"config\.sft\.skill_steps=2: is not below sft\.steps=2, so no SFT update sees a teacher"),
 ])
 def test_bad_values_name_the_field(changes, message):
     with pytest.raises(ValueError, match=message):
