@@ -95,6 +95,9 @@ class Escalation:
 
     def __init__(self, inner: Environment, config: EscalationConfig = EscalationConfig()):
         self.inner, self.config = inner, config
+        ids = inner.task_ids(Split.TRAIN) or inner.task_ids(Split.HELDOUT)
+        if ids:
+            self.task(ids[0])  # refuse an unwrappable environment at construction, not mid-run
 
     @property
     def name(self) -> str:
