@@ -57,6 +57,7 @@ from avalon.org.peers import PeerTeam, start_peers
 from avalon.org.policy import AgentView, Turn, TurnOutput
 from avalon.org.prompts import (
     CEO_ROLE,
+    keep_improving,
     message_text,
     result_line,
     role_card,
@@ -640,6 +641,21 @@ class Organisation:
         if self.end_reason is None:
             self.end_reason, self._ending_seq = EndReason.FINAL_MESSAGE, seq
 
+    def _keep_improving(self) -> bool:
+        """S8 (`Task.submit_after_tokens`): waiting with nothing in flight before the
+        organisation has written the output tokens it must match is not the end of the
+        episode: every waiting agent is woken with the refusal, so S8 runs to matched tokens
+        (SPEC §5). The turn cap, the clock and the context still end it. False: no gate."""
+        needed = self.task.submit_after_tokens
+        if not needed or self.tokens_out >= needed:
+            return False
+        for a in self.agents.values():
+            if a.state is AgentState.PARKED:
+                self._emit(EventKind.WAKE, a.id, a.last_seq, reason="keep_improving")
+                a.state = AgentState.READY  # its clock is unchanged: waiting is free
+                a.pending.append(keep_improving(self.tokens_out, needed))
+        return True
+
     def _stop(self, a: Agent, reason: StopReason) -> None:
         a.state = AgentState.STOPPED
         self._emit(EventKind.STOP, a.id, a.last_seq, reason=reason.value)
@@ -660,6 +676,8 @@ class Organisation:
             if self._clock_stops:
                 self.end_reason = EndReason.WALL_CLOCK
             elif any(a.state is AgentState.PARKED for a in self.agents.values()):
+                if self._keep_improving():
+                    return
                 self.end_reason = EndReason.DEADLOCK
             else:
                 self.end_reason = EndReason.STOPPED

@@ -43,6 +43,29 @@ def test_submissions_refused_until_the_tokens_are_written():
     assert events[-1]["reason"] == "final_message"
 
 
+def test_waiting_before_the_tokens_are_written_wakes_the_agent_with_the_refusal():
+    """A single agent that waits with nothing in flight would end the episode (deadlock)
+    before S8 matched the organisation's tokens: under the gate it is woken with the refusal
+    instead, until the tokens are written; then waiting ends the episode as before."""
+    wait = call("wait_for_messages")
+    steps = {"ceo": [step(text=PAD)] + [step(wait, text=PAD)] * 8}
+    env = KeepImprovingSession(PartsEnv(), min_tokens_out=150)
+    _, _, events = run_playbook(env, steps, budget=0)
+    outs = [e["n_out"] for e in events if e["kind"] == "model_call"]
+    wakes = events_of(events, "wake")
+    assert all(w["reason"] == "keep_improving" for w in wakes)
+    # Woken after every wait until the written tokens reach 150; the wait after that ends it.
+    written = [sum(outs[:i + 1]) for i in range(len(outs))]
+    assert len(wakes) == sum(1 for w in written[1:-1] if w < 150) and written[-2] < 150
+    assert written[-1] >= 150 and events[-1]["reason"] == "deadlock"
+    obs = [e for e in events if e["kind"] == "model_call"]
+    assert len(obs) == len(wakes) + 2  # the plan, then one turn per wake, then the last wait
+    ungated = run_playbook(KeepImprovingSession(PartsEnv(), min_tokens_out=0), steps,
+                           budget=0)[2]
+    assert not events_of(ungated, "wake") and ungated[-1]["reason"] == "deadlock"
+    assert sum(e["kind"] == "model_call" for e in ungated) == 2
+
+
 def test_no_gate_and_bad_arguments():
     env = KeepImprovingSession(PartsEnv(), min_tokens_out=0)
     _, _, events = run_playbook(env, _steps(), budget=0)
