@@ -41,4 +41,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from avalon.train import cli
+    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, "avalon.tools.evaluate"))

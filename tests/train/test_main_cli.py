@@ -64,3 +64,16 @@ def test_every_config_accepts_its_own_arguments():
             assert set(config.mesh.keys()) == {"data", "fsdp", "expert", "tensor"}
         with pytest.raises(ValueError, match="is not accepted"):
             module.get_config("smok")
+
+
+def test_evaluate_says_in_one_line_which_override_the_config_lacks(tmp_path):
+    """`avalon.tools.evaluate` parses its flags as avalon.main does (avalon/train/cli.py)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-m", "avalon.tools.evaluate",
+                        "--config=configs/toy_org.py", "--config.eval.s8=True",
+                        f"--workdir={tmp_path}"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=120)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert lines == ["avalon.tools.evaluate: --config.eval.s8: no such key in the config (an "
+                     "override can only change a key the config file sets)"], lines
