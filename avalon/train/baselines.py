@@ -9,7 +9,10 @@ logs its rollouts beside the evaluation's (an index `index-baselines.jsonl`, rea
   that rollout did (`avalon/envs/keep_improving.py`). It samples with the single arm's seeds
   (the organisation rollout's seed + 1000 in `evaluation.py`'s scheme), so it differs from the
   single agent only by the refusals, and runs under `eval.s8_clock_s` (0: the evaluation clock
-  x (1 + budget): time to write the organisation's tokens alone). Needs `eval.log_events`.
+  x (1 + budget): time to write the organisation's tokens alone) with `OrgConfig.max_turns` x
+  (1 + budget) turns (the turns the organisation's agents had together). Waiting with nothing
+  in flight before the tokens are written wakes it with the refusal (`organisation.py`), so it
+  ends at matched tokens, at its clock or at its turn cap. Needs `eval.log_events`.
 - `eval.best_of_k = k`: arm "best_of_k", k independent single agents per task (extra `k`);
   the report scores it best-by-score and by majority vote over final answers.
 - `eval.sweep_clocks`: arms "org@<clock>s" and "single@<clock>s", the evaluation's two arms
@@ -48,6 +51,7 @@ class _Arm:
     env: str
     task_id: str
     extra: dict
+    turns_scale: int = 1  # the arm's agents get OrgConfig.max_turns x this many turns
 
 
 def enabled(eval_cfg) -> bool:
@@ -78,7 +82,7 @@ def _s8_arms(eval_cfg, envs, log_dir: str, clock_start_s: float) -> list[_Arm]:
                                           seed=int(start["seed"]) + _SINGLE_SEED_OFFSET),
                         entry.env, start["task_id"],
                         {"matched_tokens_out": tokens, "org_file": entry.file,
-                         "clock_s": clock}))
+                         "clock_s": clock}, turns_scale=1 + eval_cfg.budget))
     return out
 
 
@@ -130,22 +134,24 @@ def run_baselines(eval_cfg, org_cfg: OrgConfig, envs: Sequence, chat, policy, *,
     clock, against which the evaluation's clocks are read."""
     arms = baseline_arms(eval_cfg, envs, log_dir, eval_seed=eval_seed,
                          clock_start_s=clock_start_s)
-    driver = RolloutDriver(policy, chat, org_cfg, log_dir=log_dir)
     index, groups_of = [], {}
     chunk: list[GroupSpec] = []
-    used = 0
+    used, scale = 0, 1
 
     def flush():
         nonlocal chunk, used
         if chunk:
+            cfg = dataclasses.replace(org_cfg, max_turns=org_cfg.max_turns * scale)
+            driver = RolloutDriver(policy, chat, cfg, log_dir=log_dir)
             for spec, g in zip(chunk, driver.run(chunk).groups):
                 groups_of[spec.group_id] = g
         chunk, used = [], 0
 
     for i, arm in enumerate(arms):
         need = 1 + arm.spec.budget
-        if used + need > slots:
+        if used + need > slots or arm.turns_scale != scale:
             flush()
+            scale = arm.turns_scale
         gid = _GROUP_BASE + i
         chunk.append(GroupSpec(group_id=gid, rollouts=(arm.spec,)))
         used += need

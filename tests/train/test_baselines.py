@@ -81,6 +81,32 @@ def test_baseline_arms(tmp_path):
     assert m["eval/best_of_k_reward"] == 1.5  # work a (1.0) + "done" (0.5): hires refused
 
 
+def test_s8_has_the_organisations_turns_and_is_woken_until_it_matches(tmp_path):
+    """With 3 turns per agent, the organisation's two agents write T tokens in 4 turns; S8's
+    one agent gets 3 x (1 + budget) = 6 turns, and its waits (the playbook's default once its
+    steps run out) wake it with the refusal until it has written T tokens."""
+    env = PartsEnvironment()
+    org_cfg = OrgConfig.scaled(8192, max_turns=3)
+    cfg = EvalConfig(tasks=1, seeds=1, budget=1, clock_s=100.0, s8=True)
+    log_dir = step_dir(tmp_path, "eval", 3)
+    RolloutDriver(_policy(), CHAT, org_cfg, log_dir=log_dir).run(
+        [GroupSpec(0, (RolloutSpec(env.session("t0", 0, 100.0), 1, EVAL_SEED),))])
+    write_index(log_dir, [IndexEntry(rollout_file(0, 0), "eval", 3, 1, "parts", "org",
+                                     {"seed_index": 0})])
+    run_baselines(cfg, org_cfg, [env], CHAT, _policy(), slots=3, log_dir=log_dir, at_step=3,
+                  at_rl_step=1, eval_seed=EVAL_SEED, clock_start_s=100.0)
+    org, s8 = list(read_run(tmp_path))
+    assert (org.arm, s8.arm) == ("org", "s8")
+    outs = [e["n_out"] for e in s8.events if e["kind"] == "model_call"]
+    target = s8.extra["matched_tokens_out"]
+    assert target == sum(e["n_out"] for e in org.events if e["kind"] == "model_call")
+    wakes = [e for e in s8.events if e["kind"] == "wake"]
+    assert wakes and all(w["reason"] == "keep_improving" for w in wakes)
+    assert 3 < len(outs) <= 6  # past one agent's 3 turns, within the organisation's 6
+    assert sum(outs) >= target or len(outs) == 6
+    assert sum(outs[:-1]) < target  # it did not stop before it had to
+
+
 def _config(**eval_changes):
     from avalon.train.config import from_config_dict
     from tests.train import micro_config
