@@ -44,7 +44,7 @@ from jax.sharding import PartitionSpec
 
 from avalon import sharding
 from avalon.model import moe_ep
-from avalon.model.config import ModelConfig, MoeBackend
+from avalon.model.config import ModelConfig, MoeBackend, Remat
 from avalon.sharding import constrain
 
 # Per platform, the backend AUTO means (CPU: toy layer fwd+bwd at 4,096 tokens, 2 cores:
@@ -287,7 +287,8 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
     if mesh is not None:
         per_choice, dropped = moe_ep.expert_parallel(
             xl, idx, up, down, mesh=mesh, batch_axes=axes, backend=chosen,
-            chunk=cfg.moe_dispatch_chunk, capacity_factor=cfg.moe_capacity_factor)
+            chunk=cfg.moe_dispatch_chunk, capacity_factor=cfg.moe_capacity_factor,
+            remat_chunks=cfg.remat != Remat.NONE)
     else:
         if chosen == MoeBackend.MEGABLOX:
             raise ValueError("ModelConfig.moe_backend='megablox' runs only expert-parallel "

@@ -126,10 +126,16 @@ def _dispatch_chunk(xl, idx, up, down, *, ep: int, backend: MoeBackend, factor: 
 
 
 def expert_parallel(xl, idx, up, down, *, mesh: Mesh, batch_axes: tuple[str, ...],
-                    backend: MoeBackend, chunk: int, capacity_factor: float | None):
+                    backend: MoeBackend, chunk: int, capacity_factor: float | None,
+                    remat_chunks: bool = False):
     """xl [n, w] and idx [n, k] sharded over `batch_axes`; up [E, w, f], down [E, f, w] split
     over `expert` -> (per-choice outputs [n, k, w] sharded like xl, zero for dropped choices;
-    choices dropped by the capacity bound, an int32 scalar summed over all chips)."""
+    choices dropped by the capacity bound, an int32 scalar summed over all chips).
+
+    `remat_chunks`: when a chip's tokens take several chunks, recompute each chunk's dispatch
+    in the backward pass instead of keeping its buffers (2 x ep x C rows, pre-activations) for
+    every chunk at once: with 32 chunks of a 131K-token row those residuals are tens of GB.
+    The price is one more forward of the routed experts."""
     ep = mesh.shape["expert"]
     if up.shape[0] % ep:
         raise ValueError(f"ModelConfig.n_routed_experts={up.shape[0]} is not divisible by the "
@@ -149,7 +155,8 @@ def expert_parallel(xl, idx, up, down, *, mesh: Mesh, batch_axes: tuple[str, ...
             out, dropped = run(xl, idx)
             return out, dropped[None]
         xs, ids = xl.reshape(n // c, c, -1), idx.reshape(n // c, c, -1)
-        _, (out, dropped) = jax.lax.scan(lambda _, a: (None, run(*a)), None, (xs, ids))
+        one = jax.checkpoint(run) if remat_chunks else run
+        _, (out, dropped) = jax.lax.scan(lambda _, a: (None, one(*a)), None, (xs, ids))
         return out.reshape(n, idx.shape[1], -1), jnp.sum(dropped)[None]
 
     # Each chip's count comes out as one entry of a [chips along batch_axes] vector.

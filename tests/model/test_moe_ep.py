@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from avalon import sharding
 from avalon.model import init_params, presets
-from avalon.model.config import MoeBackend
+from avalon.model.config import MoeBackend, Remat
 from avalon.model.moe import _experts_dense, moe_layer, resolve_backend, route
 from avalon.model.moe_ep import capacity
 from avalon.model.params import moe_specs
@@ -34,20 +34,24 @@ def setup():
     return lp, x, mesh
 
 
-def _loss(p, x, backend):
-    y, _, _ = moe_layer(p, x, CFG, backend=backend)
+def _loss(p, x, backend, cfg=CFG):
+    y, _, _ = moe_layer(p, x, cfg, backend=backend)
     return jnp.sum(jnp.sin(y) * y), y
 
 
-@pytest.mark.parametrize("local", [MoeBackend.DENSE, MoeBackend.RAGGED_DOT])
-def test_expert_parallel_equals_dense(setup, local):
+# Remat: each chip's 2 dispatch chunks are recomputed in the backward (`remat_chunks`).
+@pytest.mark.parametrize("local,remat", [(MoeBackend.DENSE, Remat.NONE),
+                                         (MoeBackend.RAGGED_DOT, Remat.NONE),
+                                         (MoeBackend.DENSE, Remat.FULL)])
+def test_expert_parallel_equals_dense(setup, local, remat):
     lp, x, mesh = setup
     (ref_loss, ref_y), ref_g = jax.value_and_grad(_loss, argnums=(0, 1), has_aux=True)(
         lp, x, MoeBackend.DENSE)
+    cfg = CFG.replace(remat=remat)
 
     def sharded(p, x):
         with sharding.use_rules(mesh, sharding.TRAIN_RULES):
-            return jax.value_and_grad(_loss, argnums=(0, 1), has_aux=True)(p, x, local)
+            return jax.value_and_grad(_loss, argnums=(0, 1), has_aux=True)(p, x, local, cfg)
 
     p_sh = {k: NamedSharding(mesh, sharding.logical_to_spec(
         spec.axes, sharding.TRAIN_RULES, mesh, spec.shape)) for k, spec in moe_specs(CFG).items()}
