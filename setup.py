@@ -7,6 +7,7 @@ RUNTIME = [
     "flax",
     "optax",
     "orbax-checkpoint",
+    "etils[epath]",  # avalon/paths.py: every path a run writes (gs:// URLs stay URLs)
     "chex",
     "tensorstore",
     "numpy",
@@ -18,7 +19,12 @@ RUNTIME = [
 
 EXTRAS = {
     # nbclient, nbformat and ipykernel execute the notebook (tests/experiments/test_notebook.py).
-    "test": ["pytest", "ruff", "nbclient", "nbformat", "ipykernel"],
+    # gcsfs and gcp-storage-emulator (a loopback GCS server) run a gs:// workdir end to end
+    # (tests/train/test_remote_workdir.py).
+    "test": ["pytest", "ruff", "nbclient", "nbformat", "ipykernel", "gcsfs",
+             "gcp-storage-emulator"],
+    # A gs:// workdir (pod runs): etils.epath and TensorBoard reach GCS through gcsfs.
+    "gcs": ["gcsfs"],
     # The Hugging Face oracle and checkpoint formats (parity tests, import/export); jinja2
     # renders a checkpoint's chat template (avalon/tokenizer/template.py).
     "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors", "tokenizers", "jinja2"],

@@ -23,15 +23,18 @@ the host's 4 chips); that switch is timed every step.
 
 Global batch of one update call: micro_batches x 128 chips rows of 131,072 tokens = 16 x 128 =
 2,048 rows (268M token positions); the recipe's 200-800 groups x K 16 x (1 + up to 8 agents)
-contexts are packed into such rows. Why 16 micro-batches (arithmetic per chip, not yet
-confirmed by a v5p-256 compile; experiments/bench/RESULTS.md, "TPU compilation on paper"):
-  - state: 123.6B params (with MTP) x (fp32 master 4 + AdamW mu, nu 8 + fp32 gradient
-    accumulator 4 bytes) / 128 = 15.5 GB;
-  - batch: per row 131,072 x (21 bytes of tokens/targets/ids/mask/logp/advantages + routing 40
-    layers x 22 experts x 2 bytes, uint16) = 234 MB, x 16 rows = 3.7 GB (64 rows: 15 GB);
-  - activations of one micro-batch (one 131K row per chip): the full-remat residuals at the
-    layer-group boundaries, ~44 x 1.07 GB (bf16 [131072, 4096]), plus one layer's working set.
-That leaves ~20 GB of the 85 GB (90% of 95) for one layer's transients at 16 micro-batches.
+contexts are packed into such rows. Per chip that is 16 rows, one per micro-batch, and the
+batch itself (tokens, targets, ids, mask, log-probs, advantages, uint16 routing of 40 layers x
+22 experts) is 16 x 234 MB = 3.7 GB beside 15.5 GB of params, AdamW moments and the fp32
+gradient accumulator. It does NOT fit yet, measured (experiments/bench/RESULTS.md, "Capacity-
+bounded expert parallelism and the pod config"; `python -m experiments.scale.aot
+--config=configs/nemotron3_super_pod.py --topology=v5p-256`): one 131K-token row per chip
+needs 185 GB of temporaries under full remat (its 49 saved layer inputs alone are 53 GB), and
+even rows of 32,768 tokens peak at 113 GB per chip. Smaller micro-batches cannot help (one row
+per chip is the floor); what is missing is sequence parallelism over the host's 4 chips for the
+Mamba and attention layers. The routed experts run expert-parallel with the update step's
+capacity of 1.25 x the mean load (`rl.moe_capacity_factor`; drops are the step metric
+`moe_dropped_choices`); queries are chunked by 256 so one chunk's scores stay ~4 GB.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
             "param_dtype": "float32",  # fp32 masters: 4e-6 AdamW steps are below bf16's grain
             "dtype": "bfloat16", "decode_dt_clamp": True, "remat": "full",
             "attention_impl": "query_chunked", "moe_backend": "auto",
-            "moe_dispatch_chunk": 4096})})
+            "moe_dispatch_chunk": 4096, "attention_query_chunk": 256})})
     c.init_from = "/mnt/checkpoints/NVIDIA-Nemotron-3-Super-120B-A12B-Base-BF16"
     c.mesh = mesh_section(fsdp=32, expert=4)
     c.tokenizer = "hf"

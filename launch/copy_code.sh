@@ -10,4 +10,4 @@ gcloud compute tpus tpu-vm scp "$archive" "$TPU_NAME":~/avalon.tar.gz --worker=a
 gcloud compute tpus tpu-vm ssh "$TPU_NAME" --worker=all --project="$PROJECT" --zone="$ZONE" \
   --command='set -e; rm -rf ~/avalon && mkdir ~/avalon && tar -xzf ~/avalon.tar.gz -C ~/avalon
     python3 -m venv ~/avalon/.venv && . ~/avalon/.venv/bin/activate
-    pip install -q --upgrade pip && pip install -q -e ~/avalon "jax[tpu]" safetensors tokenizers'
+    pip install -q --upgrade pip && pip install -q -e "$HOME/avalon[gcs]" "jax[tpu]" safetensors tokenizers'

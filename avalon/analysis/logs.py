@@ -25,6 +25,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+from avalon import paths
 from avalon.org.events import EventKind, read_jsonl
 
 EVENTS_DIR = "events"
@@ -62,12 +63,11 @@ def write_index(log_dir: str | os.PathLike, entries: Iterable[IndexEntry], *,
     """Writes `index.jsonl`, or `index-<part>.jsonl` for another writer of the same directory
     (another process's rollouts: "p1", ...; the baselines: "baselines")."""
     name = f"index-{part}.jsonl" if part else "index.jsonl"
-    path = os.path.join(os.fspath(log_dir), name)
-    os.makedirs(os.fspath(log_dir), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for e in entries:
-            f.write(json.dumps(e.to_json(), sort_keys=True) + "\n")
-    return path
+    path = paths.join(log_dir, name)  # a local file or a gs:// object
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(e.to_json(), sort_keys=True) + "\n" for e in entries),
+                    encoding="utf-8")
+    return os.fspath(path)
 
 
 def reward_of(events: Sequence[Mapping]) -> float:

@@ -44,15 +44,16 @@ import json
 import os
 import warnings
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from jax.experimental import multihost_utils
 
+from avalon import paths
 from avalon.checkpoint.content_sums import content_sums
 
 _FORMAT = "avalon-train-v2"  # v2: content sums in meta
@@ -156,7 +157,7 @@ def _data_to_keys(tree, impls: Mapping[str, str]):
     return jax.tree.unflatten(treedef, out)
 
 
-def _check_target(item, saved: Mapping[str, dict], meta_file: Path) -> None:
+def _check_target(item, saved: Mapping[str, dict], meta_file: epath.Path) -> None:
     """A target that differs from the saved arrays is a config change: a ValueError."""
     names = {}
     for path, leaf in jax.tree.leaves_with_path(item):
@@ -171,7 +172,7 @@ def _check_target(item, saved: Mapping[str, dict], meta_file: Path) -> None:
                          f"({len(diff)} leaves differ)")
 
 
-def _verify(state, saved: Mapping[str, dict], state_dir: Path) -> None:
+def _verify(state, saved: Mapping[str, dict], state_dir: epath.Path) -> None:
     """Every restored array's content sum equals the saved one, else names the array."""
     leaves = jax.tree.leaves_with_path(state)
     got = dict(zip((_leaf_name(p) for p, _ in leaves), content_sums([x for _, x in leaves])))
@@ -191,16 +192,19 @@ class TrainCheckpointer:
     """Numbered training checkpoints in `directory` (see the module docstring)."""
 
     def __init__(self, directory: str | os.PathLike, *, max_to_keep: int | None = 3,
-                 async_save: bool = True, replica_parallel: bool = False):
+                 async_save: bool = True, replica_parallel: bool = False,
+                 ocdbt: bool = True):
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"TrainCheckpointer: max_to_keep={max_to_keep} must be >= 1 or None")
-        self.directory = Path(directory).absolute()
+        self.directory = paths.path(directory)  # a gs:// URL stays one (orbax takes epath)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True,
             cleanup_tmp_directories=True)
         handlers = {
+            # ocdbt=False: one zarr store per array, for a storage server without the
+            # conditional writes OCDBT's manifest needs (restores read either format).
             "state": ocp.PyTreeCheckpointHandler(
-                type_handler_registry=array_registry(replica_parallel)),
+                use_ocdbt=ocdbt, type_handler_registry=array_registry(replica_parallel)),
             "host": ocp.JsonCheckpointHandler(),
             "meta": ocp.JsonCheckpointHandler(),
         }
@@ -261,7 +265,7 @@ class TrainCheckpointer:
         raise CheckpointCorruptError(f"{self.directory}: no intact checkpoint: " +
                                      "; ".join(f"step {s}: {why}" for s, why in skipped))
 
-    def quarantine(self, step: int) -> Path:
+    def quarantine(self, step: int) -> epath.Path:
         """Renames step `step` aside to `<step>.corrupt` (kept for a post-mortem; orbax no
         longer lists it, so the step can be saved again). Returns the new path."""
         src = self.step_dir(step)
@@ -271,16 +275,16 @@ class TrainCheckpointer:
             n += 1
             dst = src.with_name(f"{src.name}.corrupt{n}")
         if jax.process_index() == 0:
-            os.rename(src, dst)
+            src.rename(dst)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"avalon-quarantine-{step}")
         self._mngr.reload()
         return dst
 
-    def step_dir(self, step: int) -> Path:
+    def step_dir(self, step: int) -> epath.Path:
         return self.directory / str(step)
 
-    def _item(self, step: int, item: str, args, path: Path):
+    def _item(self, step: int, item: str, args, path: epath.Path):
         """One orbax item of `step`; any failure to read it names `path`."""
         try:
             with warnings.catch_warnings():

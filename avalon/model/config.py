@@ -112,6 +112,11 @@ class ModelConfig:
     # Expert parallelism (under a mesh): tokens each chip dispatches per all-to-all round; the
     # buffers are 2 x ep x chunk x k x expert_width (see moe_ep.py).
     moe_dispatch_chunk: int = 8192
+    # Expert parallelism: rows each destination chip takes per source and chunk, as a factor
+    # of the mean load (chunk x k / ep); choices past it are dropped and counted (moe_ep.py).
+    # None: the worst case (dropless). The update step sets it from
+    # RLConfig.moe_capacity_factor; the engine keeps this default, so sampling never drops.
+    moe_capacity_factor: float | None = None
     router_frozen: bool = False  # stop gradients into router weight and correction bias
     remat: Remat = Remat.NONE
     scan_layers: bool = True  # False: one block per layer (a Python loop), for debugging
@@ -220,6 +225,11 @@ def _validate(c: ModelConfig):
                          ("attention_impl", AttentionImpl)):
         if not isinstance(getattr(c, f), enum_type):
             _fail(f, getattr(c, f), f"must be a {enum_type.__name__}")
+    f = c.moe_capacity_factor
+    if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))
+                          or not math.isfinite(f) or f < 1.0):
+        _fail("moe_capacity_factor", f, "must be a finite number >= 1 (below 1 drops choices "
+              "even under a balanced load) or None (dropless)")
     if c.time_step_min < 0 or not math.isfinite(c.time_step_min):
         _fail("time_step_min", c.time_step_min, "must be a finite value >= 0")
 

@@ -13,7 +13,8 @@
   num_new      [b] int with a cache: the real tokens of each row (rest is right padding)
   routing      [n_moe_layers, b, t, k] int: replay these expert choices (RL routing replay)
 Returns `ForwardResult(logits [b, t, V] fp32, hidden [b, t, D] (pre-final-norm), cache,
-routing [n_moe_layers, b, t, k] int32)`.
+routing [n_moe_layers, b, t, k] int32, moe_dropped [n_moe_layers] int32)`: the choices each MoE
+layer dropped at the expert-parallel capacity bound (`ModelConfig.moe_capacity_factor`).
 
 Each run (unit, repeats) of `cfg.blocks` is one `lax.scan` over its stacked params (and stacked
 cache), so a deeper model of the same unit compiles in nearly the same time.
@@ -42,14 +43,16 @@ class ForwardResult:
     hidden: jax.Array  # [b, t, D], the residual stream before the final norm
     cache: Cache | None
     routing: jax.Array | None  # [n_moe_layers, b, t, k] int32 (None without MoE layers)
+    moe_dropped: jax.Array | None  # [n_moe_layers] int32 choices dropped (None without MoE)
 
 
 def apply_layer(letter: str, lp: dict, h: jax.Array, cfg: ModelConfig, *, segment_ids=None,
                 cache_entry=None, lengths=None, num_new=None, routing=None, pages=None):
-    """One pre-norm residual layer. Returns (h, new cache entry or None, experts or None)."""
+    """One pre-norm residual layer. Returns (h, new cache entry or None, MoE output or None:
+    (experts [b, t, k], choices dropped))."""
     x = rms_norm(h, lp["norm"], cfg.layer_norm_epsilon)
     kind = LETTERS[letter]
-    new_entry, experts = None, None
+    new_entry, moe_out = None, None
     if kind == "mamba":
         y, new_entry = mamba_mixer(lp, x, cfg, segment_ids=segment_ids, cache=cache_entry,
                                    num_new=num_new)
@@ -57,11 +60,12 @@ def apply_layer(letter: str, lp: dict, h: jax.Array, cfg: ModelConfig, *, segmen
         y, new_entry = attention(lp, x, cfg, segment_ids=segment_ids, cache=cache_entry,
                                  lengths=lengths, num_new=num_new, pages=pages)
     elif kind == "moe":
-        y, experts = moe_layer(lp, x, cfg, routing=routing)
+        y, experts, dropped = moe_layer(lp, x, cfg, routing=routing)
+        moe_out = (experts, dropped)
     else:
         y = mlp(lp, x, cfg)
     h = constrain(h + y.astype(h.dtype), ("batch", "act_seq", "act_embed"))
-    return h, new_entry, experts
+    return h, new_entry, moe_out
 
 
 def _remat(fn, cfg: ModelConfig, training: bool):
@@ -77,9 +81,16 @@ def _first(tree):
     return None if tree is None else jax.tree.map(lambda a: a[0], tree)
 
 
+def _lead(tree):
+    """A leading repeat axis of size 1 (None stays None)."""
+    return None if tree is None else jax.tree.map(lambda a: a[None], tree)
+
+
 def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: ModelConfig,
                segment_ids, lengths, num_new, pages=None):
     """Scan `reps` repeats of `unit`. br: [reps, m, b, t, k] routing to replay, or None.
+    Returns (h, new stacked cache or None, None or (experts [reps, m, b, t, k], dropped
+    [reps, m])).
 
     Without a cache, params (and routing) are the scanned inputs. With a cache, the stacked
     cache is part of the scan *carry* and repeat r's entries are read and written in place
@@ -90,19 +101,20 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
     moe_positions = [j for j, ch in enumerate(unit) if ch == "E"]
 
     def layers(h, lps, entries, routes):
-        new_entries, experts = {}, []
+        new_entries, experts, drops = {}, [], []
         for j, ch in enumerate(unit):
             key = layer_key(j, ch)
             r = routes[moe_positions.index(j)] if routes is not None and ch == "E" else None
-            h, entry, idx = apply_layer(
+            h, entry, moe_out = apply_layer(
                 ch, lps[key], h, cfg, segment_ids=segment_ids,
                 cache_entry=None if entries is None else entries.get(key), lengths=lengths,
                 num_new=num_new, routing=r, pages=pages)
             if entry is not None:
                 new_entries[key] = entry
-            if idx is not None:
-                experts.append(idx)
-        return h, new_entries, (jnp.stack(experts) if experts else None)
+            if moe_out is not None:
+                experts.append(moe_out[0])
+                drops.append(moe_out[1])
+        return h, new_entries, ((jnp.stack(experts), jnp.stack(drops)) if experts else None)
 
     if bc is None:
         def body(h, xs):
@@ -113,7 +125,7 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
         body = _remat(body, cfg, training=True)
         if reps == 1:
             h, experts = body(h, (_first(bp), _first(br)))
-            return h, None, None if experts is None else experts[None]
+            return h, None, _lead(experts)
         h, experts = jax.lax.scan(body, h, (bp, br))
         return h, None, experts
 
@@ -122,7 +134,7 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
         # length-1 scan would slice them; XLA:CPU materialises such slices).
         h, new_entries, experts = layers(h, _first(bp), _first(bc), _first(br))
         stack = jax.tree.map(lambda a, u: u.astype(a.dtype)[None], bc, new_entries)
-        return h, stack, None if experts is None else experts[None]
+        return h, stack, _lead(experts)
 
     def body_cached(carry, xs):
         h, stack = carry
@@ -153,7 +165,7 @@ def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=No
     lengths = None if cache is None else cache.lengths
     pages = None if cache is None else cache.pages
 
-    new_blocks, routed, offset = [], [], 0
+    new_blocks, routed, dropped, offset = [], [], [], 0
     for bi, (unit, reps) in enumerate(cfg.blocks):
         m = unit.count("E")
         br = None
@@ -165,7 +177,9 @@ def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=No
             cfg, segment_ids, lengths, num_new, pages)
         new_blocks.append(entries)
         if experts is not None:
-            routed.append(experts.reshape(reps * m, *experts.shape[2:]))
+            idx, drops = experts
+            routed.append(idx.reshape(reps * m, *idx.shape[2:]))
+            dropped.append(drops.reshape(reps * m))
 
     new_cache = None
     if cache is not None:
@@ -173,7 +187,8 @@ def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=No
         new_cache = Cache(blocks=new_blocks, lengths=cache.lengths + step, pages=pages)
     logits = lm_logits(params, h, cfg) if return_logits else None
     return ForwardResult(logits=logits, hidden=h, cache=new_cache,
-                         routing=jnp.concatenate(routed) if routed else None)
+                         routing=jnp.concatenate(routed) if routed else None,
+                         moe_dropped=jnp.concatenate(dropped) if dropped else None)
 
 
 def lm_logits(params: dict, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:

@@ -30,7 +30,8 @@ Dispatch backends (`cfg.moe_backend`), all equal to the dense reference:
 Under a mesh (`use_rules` with more than one device) the routed experts go through the
 expert-parallel `shard_map` of `moe_ep.py` (all-to-all over `expert`, each chip routing only its
 own tokens); the backends above then run each chip's local experts. Without a mesh they run
-on the whole token set, as before.
+on the whole token set, as before. The expert-parallel path may drop choices past a capacity
+(`cfg.moe_capacity_factor`, None = dropless); the layer returns how many it dropped.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from jax.sharding import PartitionSpec
 
 from avalon import sharding
 from avalon.model import moe_ep
-from avalon.model.config import ModelConfig, MoeBackend
+from avalon.model.config import ModelConfig, MoeBackend, Remat
 from avalon.sharding import constrain
 
 # Per platform, the backend AUTO means (CPU: toy layer fwd+bwd at 4,096 tokens, 2 cores:
@@ -259,7 +260,9 @@ _DISPATCH = {
 
 
 def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=None):
-    """x [b, t, D] (normed) -> (y [b, t, D], experts used [b, t, k] int32)."""
+    """x [b, t, D] (normed) -> (y [b, t, D], experts chosen [b, t, k] int32, choices dropped
+    by the expert-parallel capacity bound (int32 scalar; 0 without a mesh, or when
+    `cfg.moe_capacity_factor` is None)). A dropped choice adds nothing to y (moe_ep.py)."""
     b, t, d = x.shape
     dtype = x.dtype
     x2 = x.reshape(b * t, d)
@@ -282,13 +285,16 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
     platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
     chosen = resolve_backend(backend or cfg.moe_backend, platform)
     if mesh is not None:
-        per_choice = moe_ep.expert_parallel(xl, idx, up, down, mesh=mesh, batch_axes=axes,
-                                            backend=chosen, chunk=cfg.moe_dispatch_chunk)
+        per_choice, dropped = moe_ep.expert_parallel(
+            xl, idx, up, down, mesh=mesh, batch_axes=axes, backend=chosen,
+            chunk=cfg.moe_dispatch_chunk, capacity_factor=cfg.moe_capacity_factor,
+            remat_chunks=cfg.remat != Remat.NONE)
     else:
         if chosen == MoeBackend.MEGABLOX:
             raise ValueError("ModelConfig.moe_backend='megablox' runs only expert-parallel "
                              "under a mesh")
         per_choice = _DISPATCH[chosen](xl, idx, up, down)
+        dropped = jnp.zeros((), jnp.int32)  # the single-device backends are dropless
     routed = jnp.einsum("nkw,nk->nw", per_choice.astype(jnp.float32), weights).astype(dtype)
     if cfg.moe_latent_size is not None:
         routed = routed @ p["latent_out"].astype(dtype)
@@ -303,4 +309,4 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
         shared = shared + p["shared_down_bias"].astype(dtype)
 
     y = (routed + shared).reshape(b, t, d)
-    return constrain(y, ("batch", "act_seq", "act_embed")), idx.reshape(b, t, -1)
+    return constrain(y, ("batch", "act_seq", "act_embed")), idx.reshape(b, t, -1), dropped

@@ -9,24 +9,29 @@ split over the `expert` axis (E / ep experts per chip). Per chip, per chunk of i
     my experts on the received rows (grouped matmul of the config's backend)
     back [ep, C, w]  --all_to_all(expert)-->  the outputs of my choices, unsorted
 
-C = chunk x k: a destination can receive every choice of the chunk, so nothing is ever
-dropped (dropless, like the single-device backends) and the buffers are static. The token
-chunk (`ModelConfig.moe_dispatch_chunk`, a `lax.scan`) bounds them: 2 x ep x chunk x k x w.
-No activation or routing array is gathered across chips; the only other collectives are the
-FSDP all-gather of this chip's expert weights (the jit does it before the `shard_map`, and the
-matching reduce-scatter of their gradients) and nothing else.
+C, the rows each destination takes from each source, is the capacity of
+`ModelConfig.moe_capacity_factor` f: C = min(chunk x k, ceil(f x chunk x k / ep)), f times a
+destination's mean load. A choice past C at its destination (in token order: the chunk's last
+tokens lose first, as GShard and Switch drop) is *dropped*: it contributes zero, and the layer
+returns how many were (`expert_parallel`'s second output, summed over chips; the update step
+reports it as `moe_dropped_choices`). f = None is the worst case C = chunk x k: dropless, at
+the price of grouped-matmul shapes (and megablox's static grid) over all ep x C received rows,
+ep times the choices a balanced chip really holds; f = 1.25 makes them 1.25 times. At ep = 1
+every f >= 1 is dropless (one destination, C = chunk x k).
 
-Received rows that hold no choice (C is a worst case) carry the sentinel expert E / ep: they are
-sorted last and lie outside every group of the grouped matmul, so their output rows are zero.
-The price of static, dropless buffers: the grouped matmul's shapes (and megablox's static grid)
-span all ep x C received rows, about ep times the choices a balanced chip really holds. A
-capacity bound (with a drop count) or a dynamic-grid kernel is what removes that factor; until
-then ep = 1 (fsdp only) has no such waste, at the cost of gathering every expert's weights.
+The token chunk (`ModelConfig.moe_dispatch_chunk`, a `lax.scan`) bounds the buffers:
+2 x ep x C x w. No activation or routing array is gathered across chips; the only other
+collectives are the FSDP all-gather of this chip's expert weights (the jit does it before the
+`shard_map`, and the matching reduce-scatter of their gradients) and nothing else.
+
+Received rows that hold no choice carry the sentinel expert E / ep: they are sorted last and
+lie outside every group of the grouped matmul, so their output rows are zero.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -81,34 +86,56 @@ def local_experts(x_rows, e_rows, up, down, backend: MoeBackend):
     return jnp.zeros_like(ys).at[order].set(ys)
 
 
-def _dispatch_chunk(xl, idx, up, down, *, ep: int, backend: MoeBackend):
-    """One chunk on one chip: xl [n, w], idx [n, k] global experts -> per choice [n, k, w]."""
+def capacity(n: int, k: int, ep: int, factor: float | None) -> int:
+    """Rows each destination takes from one source chip per chunk of n tokens x k choices:
+    `factor` times the mean load n k / ep, at most the worst case n k (None: n k, dropless)."""
+    if factor is None:
+        return n * k
+    return min(n * k, math.ceil(factor * n * k / ep))
+
+
+def _dispatch_chunk(xl, idx, up, down, *, ep: int, backend: MoeBackend, factor: float | None):
+    """One chunk on one chip: xl [n, w], idx [n, k] global experts -> (per choice [n, k, w],
+    choices dropped (int32 scalar))."""
     n, k = idx.shape
     e_local = up.shape[0]
-    cap = n * k  # worst case per destination: dropless
-    flat = idx.reshape(-1)
-    order = jnp.argsort(flat, stable=True)
-    sorted_e = flat[order]
-    dest = sorted_e // e_local
+    cap = capacity(n, k, ep, factor)
+    flat = idx.reshape(-1)  # choice c = token c // k, slot c % k
+    dest = flat // e_local
+    # Grouped by destination, token order within a group (stable): the rank of a choice among
+    # those its destination receives from this chip decides whether it fits.
+    order = jnp.argsort(dest, stable=True)
+    sorted_dest = dest[order]
     counts = jnp.zeros((ep,), jnp.int32).at[dest].add(1)
     starts = jnp.cumsum(counts) - counts
-    rank = jnp.arange(n * k) - starts[dest]
-    slot = dest * cap + rank
-    send_x = jnp.zeros((ep * cap, xl.shape[-1]), xl.dtype).at[slot].set(xl[order // k])
-    send_e = jnp.full((ep * cap,), e_local, jnp.int32).at[slot].set(sorted_e % e_local)
+    rank = jnp.arange(n * k) - starts[sorted_dest]
+    kept = rank < cap
+    slot = jnp.where(kept, sorted_dest * cap + rank, ep * cap)  # ep * cap: out of range
+    send_x = jnp.zeros((ep * cap, xl.shape[-1]), xl.dtype).at[slot].set(xl[order // k],
+                                                                        mode="drop")
+    send_e = jnp.full((ep * cap,), e_local, jnp.int32).at[slot].set(
+        flat[order] % e_local, mode="drop")
     a2a = functools.partial(jax.lax.all_to_all, axis_name="expert", split_axis=0,
                             concat_axis=0, tiled=True)
     recv_x, recv_e = a2a(send_x), a2a(send_e)
     y = local_experts(recv_x, recv_e, up, down, backend)
     back = a2a(y)
-    ys = back[slot]  # outputs of my choices, in sorted order
-    return jnp.zeros_like(ys).at[order].set(ys).reshape(n, k, -1)
+    ys = jnp.where(kept[:, None], back[jnp.minimum(slot, ep * cap - 1)], 0)
+    out = jnp.zeros_like(ys).at[order].set(ys).reshape(n, k, -1)
+    return out, jnp.sum(~kept, dtype=jnp.int32)
 
 
 def expert_parallel(xl, idx, up, down, *, mesh: Mesh, batch_axes: tuple[str, ...],
-                    backend: MoeBackend, chunk: int):
+                    backend: MoeBackend, chunk: int, capacity_factor: float | None,
+                    remat_chunks: bool = False):
     """xl [n, w] and idx [n, k] sharded over `batch_axes`; up [E, w, f], down [E, f, w] split
-    over `expert` -> per-choice outputs [n, k, w] sharded like xl."""
+    over `expert` -> (per-choice outputs [n, k, w] sharded like xl, zero for dropped choices;
+    choices dropped by the capacity bound, an int32 scalar summed over all chips).
+
+    `remat_chunks`: when a chip's tokens take several chunks, recompute each chunk's dispatch
+    in the backward pass instead of keeping its buffers (2 x ep x C rows, pre-activations) for
+    every chunk at once: with 32 chunks of a 131K-token row those residuals are tens of GB.
+    The price is one more forward of the routed experts."""
     ep = mesh.shape["expert"]
     if up.shape[0] % ep:
         raise ValueError(f"ModelConfig.n_routed_experts={up.shape[0]} is not divisible by the "
@@ -122,12 +149,17 @@ def expert_parallel(xl, idx, up, down, *, mesh: Mesh, batch_axes: tuple[str, ...
         if n % c:
             raise ValueError(f"ModelConfig.moe_dispatch_chunk={chunk}: must divide the "
                              f"{n} tokens each chip routes")
-        run = functools.partial(_dispatch_chunk, up=up, down=down, ep=ep, backend=backend)
+        run = functools.partial(_dispatch_chunk, up=up, down=down, ep=ep, backend=backend,
+                                factor=capacity_factor)
         if c == n:
-            return run(xl, idx)
+            out, dropped = run(xl, idx)
+            return out, dropped[None]
         xs, ids = xl.reshape(n // c, c, -1), idx.reshape(n // c, c, -1)
-        _, out = jax.lax.scan(lambda _, a: (None, run(*a)), None, (xs, ids))
-        return out.reshape(n, idx.shape[1], -1)
+        one = jax.checkpoint(run) if remat_chunks else run
+        _, (out, dropped) = jax.lax.scan(lambda _, a: (None, one(*a)), None, (xs, ids))
+        return out.reshape(n, idx.shape[1], -1), jnp.sum(dropped)[None]
 
-    return jax.shard_map(per_chip, mesh=mesh, in_specs=(tokens, tokens, experts, experts),
-                         out_specs=tokens, check_vma=False)(xl, idx, up, down)
+    # Each chip's count comes out as one entry of a [chips along batch_axes] vector.
+    out, dropped = jax.shard_map(per_chip, mesh=mesh, in_specs=(tokens, tokens, experts, experts),
+                                 out_specs=(tokens, tokens), check_vma=False)(xl, idx, up, down)
+    return out, jnp.sum(dropped)

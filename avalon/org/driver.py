@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from avalon import paths
 from avalon.org.config import OrgConfig
 from avalon.org.env import EnvSession
 from avalon.org.events import EventLog
@@ -81,7 +82,7 @@ class RolloutDriver:
                  share_prefix: bool = True, keep_workspaces: bool = False):
         self.policy, self.chat, self.config = policy, chat, config
         self.workdir = None if workdir is None else Path(workdir)
-        self.log_dir = None if log_dir is None else Path(log_dir)
+        self.log_dir = None if log_dir is None else paths.path(log_dir)
         self.share_prefix = share_prefix
         self.keep_workspaces = keep_workspaces
         self._next_rollout = 0  # AgentKey.rollout stays unique across runs

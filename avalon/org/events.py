@@ -52,6 +52,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from avalon import paths
+
 
 class EventKind(enum.Enum):
     START = "start"
@@ -102,8 +104,8 @@ class EventLog:
         return "".join(dumps(e) + "\n" for e in self._events)
 
     def write(self, path: str | os.PathLike) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.jsonl())
+        """Writes the log to `path`, a local file or a gs:// object (`avalon.paths`)."""
+        paths.path(path).write_text(self.jsonl(), encoding="utf-8")
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

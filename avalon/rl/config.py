@@ -76,6 +76,12 @@ class RLConfig:
     logprob_chunk: int = 512  # positions per LM-head chunk (see logprobs.py for why positions)
     # Update step.
     micro_batches: int = 1  # gradient accumulation steps per update
+    # Expert-parallel capacity of the update step (ModelConfig.moe_capacity_factor: rows per
+    # destination chip = this x the mean load); choices past it are dropped and counted in the
+    # metric `moe_dropped_choices`. 1.25 keeps the routed-expert matmuls at 1.25x their exact
+    # work at any expert-axis size (dropless buffers are ep times); None: dropless. With one
+    # expert shard (no `expert` mesh axis) nothing is ever dropped.
+    moe_capacity_factor: float | None = 1.25
     freeze_router: bool = True  # SPEC §4: router weight and correction bias never change
     lr: float = 4e-6  # constant (SPEC §4)
     weight_decay: float = 0.01  # our reading
@@ -156,5 +162,10 @@ def _validate(c: RLConfig):
         v = getattr(c, f)
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             _fail(f, v, "must be a positive integer")
+    f = c.moe_capacity_factor
+    if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))
+                          or not math.isfinite(f) or f < 1.0):
+        _fail("moe_capacity_factor", f, "must be a finite number >= 1 (below 1 drops choices "
+              "even under a balanced load) or None (dropless)")
     if not isinstance(c.freeze_router, bool):
         _fail("freeze_router", c.freeze_router, "must be a bool")

@@ -70,11 +70,12 @@ def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: Mod
 
 def sequence_logprobs(params: dict, tokens: jax.Array, targets: jax.Array, cfg: ModelConfig, *,
                       segment_ids=None, routing=None, chunk: int, temperature: float = 1.0
-                      ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+                      ) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None]:
     """Forward (with routing replay when `routing` [m, b, s, k] is given) then chunked token
-    log-probs. Returns (logp [b, s], entropy [b, s], routing used [m, b, s, k] or None)."""
+    log-probs. Returns (logp [b, s], entropy [b, s], routing used [m, b, s, k] or None, choices
+    dropped per MoE layer [m] or None: `ForwardResult.moe_dropped`)."""
     r = M.forward(params, tokens, cfg, segment_ids=segment_ids, routing=routing,
                   return_logits=False)
     logp, entropy = token_logprobs(params, r.hidden, targets, cfg, chunk=chunk,
                                    temperature=temperature)
-    return logp, entropy, r.routing
+    return logp, entropy, r.routing, r.moe_dropped

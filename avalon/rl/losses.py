@@ -49,6 +49,9 @@ REDUCTIONS = {
     "clipped_low_frac": Reduce.MEAN,
     "nll": Reduce.MEAN,
     "entropy": Reduce.MEAN,
+    # MoE choices dropped at the expert-parallel capacity bound (RLConfig.moe_capacity_factor),
+    # over all MoE layers and tokens of the batch (padding included); 0 when dropless.
+    "moe_dropped_choices": Reduce.SUM,
 }
 
 

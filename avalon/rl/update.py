@@ -79,14 +79,16 @@ def make_optimizer(rl_cfg: RLConfig) -> optax.GradientTransformation:
 
 
 def training_model_config(model_cfg: ModelConfig, rl_cfg: RLConfig) -> ModelConfig:
-    """The model config the update step runs: router frozen when `rl_cfg.freeze_router`."""
+    """The model config the update step runs: router frozen when `rl_cfg.freeze_router`, the
+    expert-parallel capacity `rl_cfg.moe_capacity_factor`."""
     if model_cfg.param_dtype not in ("float32", "float64"):
         raise ValueError(
             f"ModelConfig.param_dtype={model_cfg.param_dtype!r}: the update step keeps the "
             "params it trains, and an AdamW step of lr ~4e-6 is below bfloat16/float16 "
             "resolution (it would round to no change); train with param_dtype='float32' and "
             "dtype='bfloat16' (fp32 master weights, bf16 compute)")
-    return model_cfg.replace(router_frozen=model_cfg.router_frozen or rl_cfg.freeze_router)
+    return model_cfg.replace(router_frozen=model_cfg.router_frozen or rl_cfg.freeze_router,
+                             moe_capacity_factor=rl_cfg.moe_capacity_factor)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,13 +164,19 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
     rules = (lambda: use_rules(mesh, TRAIN_RULES)) if mesh is not None else None
     p_shard = param_shardings(cfg, mesh, TRAIN_RULES) if mesh is not None else None
 
+    def forward_logprobs(params, mb: TrainBatch):
+        """(logp, entropy, MoE choices dropped at the expert-parallel capacity, all layers)."""
+        logp, entropy, _, dropped = sequence_logprobs(
+            params, mb.tokens, mb.targets, cfg, segment_ids=mb.segment_ids,
+            routing=mb.model_routing(), chunk=rl_cfg.logprob_chunk,
+            temperature=rl_cfg.temperature)
+        return logp, entropy, (jnp.zeros((), jnp.int32) if dropped is None else jnp.sum(dropped))
+
     def policy_logprobs(params, mb: TrainBatch):
-        return sequence_logprobs(params, mb.tokens, mb.targets, cfg, segment_ids=mb.segment_ids,
-                                 routing=mb.model_routing(), chunk=rl_cfg.logprob_chunk,
-                                 temperature=rl_cfg.temperature)[:2]
+        return forward_logprobs(params, mb)[:2]
 
     def loss_fn(params, mb: TrainBatch, num_tokens):
-        logp, entropy = policy_logprobs(params, mb)
+        logp, entropy, dropped = forward_logprobs(params, mb)
         if rl_cfg.loss == LossKind.CISPO:
             lo_hi = dict(eps_low=rl_cfg.eps_low, eps_high=rl_cfg.eps_high,
                          cap_mode=rl_cfg.cap_mode)
@@ -178,6 +186,7 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
             loss, metrics = sft_loss(logp, mb.loss_mask, num_tokens=num_tokens)
         count = jnp.maximum(metrics["loss_tokens"], 1)
         metrics["entropy"] = jnp.sum(jnp.where(mb.loss_mask, entropy, 0.0)) / count
+        metrics["moe_dropped_choices"] = dropped
         return loss, metrics
 
     def grads_and_metrics(params, batch: TrainBatch, num_tokens):

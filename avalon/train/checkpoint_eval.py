@@ -10,8 +10,7 @@ appended to metrics.jsonl: the metrics are returned.
 
 from __future__ import annotations
 
-import os
-
+from avalon import paths
 from avalon.analysis.logs import step_dir
 from avalon.inference.engine import Engine
 from avalon.org.engine_policy import EnginePolicy
@@ -22,7 +21,7 @@ from avalon.train.setup import engine_params
 
 def evaluate_latest(config, workdir: str) -> dict:
     """The evaluation (and baseline) metrics of `workdir`'s newest checkpoint under `config`."""
-    if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    if not paths.join(workdir, "checkpoints").is_dir():
         raise ValueError(f"{workdir}: no checkpoints/ to evaluate")
     run = loop.prepare(config, workdir)
     try:

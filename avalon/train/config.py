@@ -113,6 +113,9 @@ class EvalConfig:
 class CheckpointConfig:
     every: int = 10  # RL steps between checkpoints (SFT saves once at its end)
     keep: int = 3
+    # Arrays in one OCDBT database per step (orbax's default); False: one zarr store per array,
+    # for storage without conditional writes (a GCS emulator; tests/train/test_remote_workdir.py).
+    ocdbt: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,6 +40,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from avalon import paths
 from avalon.analysis.logs import IndexEntry, rollout_file, step_dir, write_index
 from avalon.checkpoint.train_state import TrainCheckpointer
 from avalon.envs.base import Split, group_seeds
@@ -99,8 +100,9 @@ class Run:
         self.progress = LearningProgressSampler(
             {e.name: e.task_ids(Split.TRAIN) for e in self.setup.envs}, cfg.progress,
             seed=cfg.seed + 3)
-        self.ckpt = TrainCheckpointer(os.path.join(workdir, "checkpoints"),
-                                      max_to_keep=cfg.checkpoint.keep)
+        self.ckpt = TrainCheckpointer(paths.join(workdir, "checkpoints"),
+                                      max_to_keep=cfg.checkpoint.keep,
+                                      ocdbt=cfg.checkpoint.ocdbt)
         skipped = self._restore()
         total = cfg.sft.steps + cfg.rollout.steps
         self.resumed_at = self.host.step
@@ -175,12 +177,12 @@ class Run:
             return summary
         say(self._start_line())
         if self.main:
-            with open(os.path.join(self.workdir, "config.json"), "w") as f:
-                json.dump(describe(cfg, self.env_section), f, indent=1, sort_keys=True)
+            paths.join(self.workdir, "config.json").write_text(
+                json.dumps(describe(cfg, self.env_section), indent=1, sort_keys=True))
             # The ids a word tokenizer gives depend on the run's environments: tools that
             # evaluate the run on others (experiments.safety.run --tokenizer=run) read them here.
-            with open(os.path.join(self.workdir, RECORD_FILE), "w") as f:
-                json.dump(tokenizer_record(self.setup.chat.tok, cfg.tokenizer_path), f)
+            paths.join(self.workdir, RECORD_FILE).write_text(
+                json.dumps(tokenizer_record(self.setup.chat.tok, cfg.tokenizer_path)))
         self.telemetry.progress.plan({"sft": cfg.sft.steps - self.host.sft_step,
                                       "eval": self._remaining_evals(),
                                       "rl": cfg.rollout.steps - self.host.rl_step})
@@ -208,19 +210,18 @@ class Run:
         if self.main:
             if cfg.plots:
                 summary["files"] += [os.path.basename(p) for p in plots.write_plots(self.workdir)]
-            with open(os.path.join(self.workdir, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=1, sort_keys=True)
+            paths.join(self.workdir, "summary.json").write_text(
+                json.dumps(summary, indent=1, sort_keys=True))
         say(f"avalon: done in {telemetry.fmt_seconds(summary['wall_s'])} "
             f"({summary['steps']} steps). {_eval_text(summary)}Wrote {self.workdir}/: "
             + ", ".join(summary["files"] + ["summary.json"]))
         return summary
 
     def _read_summary(self) -> dict:
-        path = os.path.join(self.workdir, "summary.json")
-        if not os.path.exists(path):
+        path = paths.join(self.workdir, "summary.json")
+        if not path.exists():
             return self._summary()
-        with open(path) as f:
-            return json.load(f)
+        return json.loads(path.read_text())
 
     def _engine_params(self) -> dict:
         return engine_params(self.state.params, self.cfg.model, self.setup.mesh,
@@ -408,7 +409,7 @@ class Run:
         records = read_metrics(self.telemetry.path) if self.main else []
         evals = [r for r in records if r.get("phase") == "eval"]
         files = [name for name in ("metrics.jsonl", "config.json", "tensorboard", "checkpoints",
-                                   "events") if os.path.exists(os.path.join(self.workdir, name))]
+                                   "events") if paths.join(self.workdir, name).exists()]
         return {
             "steps": self.host.step, "sft_steps": self.host.sft_step,
             "rl_steps": self.host.rl_step,
@@ -464,7 +465,7 @@ def prepare(config, workdir: str, *, config_name: str = "",
     `config_name` and `command` are recorded in summary.json."""
     cfg = from_config_dict(config, num_devices=jax.device_count(),
                            num_processes=jax.process_count())
-    os.makedirs(workdir, exist_ok=True)
+    paths.path(workdir).mkdir(parents=True, exist_ok=True)
     return Run(cfg, config.env, workdir, config_name=config_name, command=command)
 
 

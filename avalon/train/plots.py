@@ -22,6 +22,7 @@ matplotlib.use("Agg")  # files only; never a display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from avalon import paths  # noqa: E402
 from avalon.train.telemetry import read_metrics  # noqa: E402
 
 
@@ -123,18 +124,19 @@ def _panel(ax, records, panel: Panel) -> bool:
     return drawn
 
 
-def _figure(path: str, records: list[dict], panels: tuple[Panel, ...]) -> str:
+def _figure(path, records: list[dict], panels: tuple[Panel, ...]) -> str:
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     for ax, panel in zip(axes[0], panels):
         _panel(ax, records, panel)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    with paths.path(path).open("wb") as f:  # a local file or a gs:// object alike
+        fig.savefig(f, dpi=90, format="png")
     plt.close(fig)
-    return path
+    return os.fspath(path)
 
 
 def write_plots(workdir: str) -> list[str]:
     """Write the PNGs into `workdir`; returns the paths written."""
-    records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
-    return [_figure(os.path.join(workdir, "reward.png"), records, REWARD_PANELS),
-            _figure(os.path.join(workdir, "organisation.png"), records, ORG_PANELS)]
+    records = read_metrics(paths.join(workdir, "metrics.jsonl"))
+    return [_figure(paths.join(workdir, "reward.png"), records, REWARD_PANELS),
+            _figure(paths.join(workdir, "organisation.png"), records, ORG_PANELS)]

@@ -13,11 +13,13 @@ trained on a pod loads onto one host's devices); the optimizer state is read and
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import os
 
 import jax
+from etils import epath
 from jax.sharding import Mesh
 
+from avalon import paths
 from avalon.checkpoint import avalon_format
 from avalon.checkpoint.train_state import TrainCheckpointer
 from avalon.model.config import ModelConfig
@@ -30,10 +32,10 @@ from avalon.train.config import build_dataclass
 CHECKPOINTS = "checkpoints"
 
 
-def resolve(path: str | Path) -> tuple[Path, Path, int | None] | None:
+def resolve(path: str | os.PathLike) -> tuple[epath.Path, epath.Path, int | None] | None:
     """(run directory, checkpoints directory, step or None for the newest) when `path` is a
-    run directory or one of its checkpoint steps; None otherwise."""
-    path = Path(path).absolute()
+    run directory (local or a gs:// URL) or one of its checkpoint steps; None otherwise."""
+    path = paths.path(path)
     if path.name.isdigit() and path.parent.name == CHECKPOINTS:
         return path.parent.parent, path.parent, int(path.name)
     if (path / CHECKPOINTS).is_dir():
@@ -41,22 +43,21 @@ def resolve(path: str | Path) -> tuple[Path, Path, int | None] | None:
     return None
 
 
-def is_run(path: str | Path) -> bool:
+def is_run(path: str | os.PathLike) -> bool:
     return resolve(path) is not None
 
 
-def run_config(run: Path) -> dict:
+def run_config(run: epath.Path) -> dict:
     file = run / "config.json"
     if not file.is_file():
         raise ValueError(f"{run}: no config.json; not a run directory of avalon.main")
-    with open(file) as f:
-        d = json.load(f)
+    d = json.loads(file.read_text())
     if not isinstance(d.get("model"), dict) or not isinstance(d.get("rl"), dict):
         raise ValueError(f"{file}: no model and rl sections; not a run directory's config")
     return d
 
 
-def model_config(path: str | Path) -> ModelConfig:
+def model_config(path: str | os.PathLike) -> ModelConfig:
     """The run's ModelConfig (from its config.json)."""
     where = resolve(path)
     if where is None:
@@ -64,7 +65,7 @@ def model_config(path: str | Path) -> ModelConfig:
     return avalon_format.config_from_dict(run_config(where[0])["model"])
 
 
-def load_run_params(path: str | Path, mesh: Mesh) -> tuple[ModelConfig, dict, int]:
+def load_run_params(path: str | os.PathLike, mesh: Mesh) -> tuple[ModelConfig, dict, int]:
     """(model config, params on `mesh` per TRAIN_RULES, checkpoint step); see the module
     docstring."""
     where = resolve(path)

@@ -13,12 +13,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from avalon import paths
 from avalon.model.accounting import H200_PEAK_FLOPS
 
 
@@ -34,17 +37,17 @@ def _jsonable(v):
     return v
 
 
-def read_metrics(path: str) -> list[dict]:
-    """All records of a metrics.jsonl file (skipping a torn last line)."""
-    if not os.path.exists(path):
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """All records of a metrics.jsonl file, local or remote (skipping a torn last line)."""
+    path = paths.path(path)
+    if not path.exists():
         return []
     out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line torn by a kill mid-write: everything after it is suspect
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line torn by a kill mid-write: everything after it is suspect
     return out
 
 
@@ -52,27 +55,29 @@ class Telemetry:
     def __init__(self, workdir: str, *, resume_step: int = 0, enabled: bool = True,
                  total_steps: int = 0, stream=sys.stderr):
         self.enabled = enabled
-        self.path = os.path.join(workdir, "metrics.jsonl")
+        self.path = paths.join(workdir, "metrics.jsonl")
         self.progress = ProgressBar(total_steps, stream=stream, enabled=enabled)
         self._tb = None
         if not enabled:
             return
-        os.makedirs(workdir, exist_ok=True)
+        paths.path(workdir).mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_metrics(self.path) if r.get("step", -1) <= resume_step]
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            for r in kept:
-                f.write(json.dumps(r, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
-        self._tb = EventFileWriter(os.path.join(workdir, "tensorboard"))
+        paths.replace_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n"
+                                              for r in kept))
+        self._tb_dir = paths.join(workdir, "tensorboard")
+        self._tb_local = None
+        if paths.is_remote(workdir):
+            # TensorBoard appends to its event file at every flush, and its fsspec layer turns
+            # an append on an object store into an overwrite (gcsfs warns and keeps only the
+            # last flush). So the writer writes a local file that is uploaded whole each time.
+            self._tb_local = tempfile.mkdtemp(prefix="avalon-tensorboard-")
+        self._tb = EventFileWriter(self._tb_local or os.fspath(self._tb_dir))
 
     def log(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
         record = {"step": int(step), **_jsonable(metrics)}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
-            f.flush()
+        paths.append_text(self.path, json.dumps(record, sort_keys=True) + "\n")
         values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v))
                   for k, v in record.items()
                   if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
@@ -80,10 +85,22 @@ class Telemetry:
             self._tb.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
                                                summary=summary_pb2.Summary(value=values)))
             self._tb.flush()
+            self._upload_events()
+
+    def _upload_events(self) -> None:
+        if self._tb_local is None:
+            return
+        self._tb_dir.mkdir(parents=True, exist_ok=True)
+        for name in os.listdir(self._tb_local):
+            with open(os.path.join(self._tb_local, name), "rb") as f:
+                (self._tb_dir / name).write_bytes(f.read())
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+            self._upload_events()
+            if self._tb_local is not None:
+                shutil.rmtree(self._tb_local, ignore_errors=True)
         self.progress.close()
 
 

@@ -63,8 +63,8 @@ def test_router_matches_numpy_reference(layer_params, x):
 
 @pytest.mark.parametrize("backend", [MoeBackend.RAGGED_DOT, MoeBackend.CAPACITY_BUCKETS])
 def test_sparse_equals_dense(layer_params, x, backend):
-    y_dense, idx_dense = moe_layer(layer_params, x, CFG, backend=MoeBackend.DENSE)
-    y, idx = jax.jit(lambda p, x: moe_layer(p, x, CFG, backend=backend))(layer_params, x)
+    y_dense, idx_dense, _ = moe_layer(layer_params, x, CFG, backend=MoeBackend.DENSE)
+    y, idx, _ = jax.jit(lambda p, x: moe_layer(p, x, CFG, backend=backend))(layer_params, x)
     np.testing.assert_array_equal(idx, idx_dense)
     np.testing.assert_allclose(y, y_dense, atol=1e-5, rtol=1e-5)
 
@@ -80,7 +80,7 @@ def test_capacity_buckets_gradients_equal_dense(layer_params, x, forced):
     probe = jax.random.normal(jax.random.key(3), x.shape)
 
     def loss(p, x, backend):
-        y, _ = moe_layer(p, x, CFG, routing=routing, backend=backend)
+        y, _, _ = moe_layer(p, x, CFG, routing=routing, backend=backend)
         return jnp.sum(y * probe)
 
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=2)
@@ -99,20 +99,20 @@ def test_capacity_buckets_survive_a_hot_expert(layer_params, x):
     """All tokens on the same experts: the largest bucket holds them, nothing dropped."""
     n = x.shape[0] * x.shape[1]
     forced = jnp.broadcast_to(jnp.array([4, 5], jnp.int32), (x.shape[0], x.shape[1], 2))
-    y_dense, _ = moe_layer(layer_params, x, CFG, routing=forced, backend=MoeBackend.DENSE)
-    y, _ = moe_layer(layer_params, x, CFG, routing=forced, backend=MoeBackend.CAPACITY_BUCKETS)
+    y_dense, _, _ = moe_layer(layer_params, x, CFG, routing=forced, backend=MoeBackend.DENSE)
+    y, _, _ = moe_layer(layer_params, x, CFG, routing=forced, backend=MoeBackend.CAPACITY_BUCKETS)
     np.testing.assert_allclose(y, y_dense, atol=1e-5, rtol=1e-5)
     assert capacity_ladder(n, 2, 8)[-1] == n
 
 
 def test_replay_reproduces_output(layer_params, x):
-    y, idx = moe_layer(layer_params, x, CFG)
+    y, idx, _ = moe_layer(layer_params, x, CFG)
     # Replay with a perturbed router: the choices are replayed, weights recomputed live.
-    y_replay, idx_replay = moe_layer(layer_params, x, CFG, routing=idx)
+    y_replay, idx_replay, _ = moe_layer(layer_params, x, CFG, routing=idx)
     np.testing.assert_array_equal(idx_replay, idx)
     np.testing.assert_allclose(y_replay, y, atol=1e-6)
     other = (idx + 1) % CFG.n_routed_experts
-    y_other, idx_other = moe_layer(layer_params, x, CFG, routing=other)
+    y_other, idx_other, _ = moe_layer(layer_params, x, CFG, routing=other)
     np.testing.assert_array_equal(idx_other, other)
     assert not np.allclose(y_other, y, atol=1e-4)
 

@@ -125,7 +125,7 @@ def test_packed_rows_match_the_same_sequences_unpacked(sampled, params):
     batch, stats = build_rl_batch([_group(sampled)], rl_cfg, seq_len=SEQ, min_seqs=4)
     assert stats.packing.sequences == 4 and batch.segment_ids.max() >= 2  # rows share sequences
     fn = jax.jit(functools.partial(sequence_logprobs, cfg=CFG, chunk=8))
-    logp, _, route = fn(params, batch.tokens, batch.targets, segment_ids=batch.segment_ids)
+    logp, _, route, _ = fn(params, batch.tokens, batch.targets, segment_ids=batch.segment_ids)
     for i, (n, got) in enumerate(zip(LENGTHS, _unpack(batch, logp))):
         want = final_lsm[i, np.arange(n - 1), tokens[i, 1:n]]
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)

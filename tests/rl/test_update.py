@@ -191,3 +191,32 @@ def test_full_tiny_mesh_step_matches_single_device():
         np.testing.assert_allclose(m[key], ref_m[key], rtol=2e-5, atol=1e-6, err_msg=key)
     for a, b in zip(jax.tree.leaves(_host(ref_state.params)), jax.tree.leaves(_host(state.params))):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
+
+
+def _expected_drops(routing, chips: int, ep: int, e_local: int, cap: int) -> int:
+    """Choices past `cap` rows per destination, counted on the host: the batch's replayed
+    routing [B, S, m, k], rows split evenly over `chips`, one dispatch chunk per chip and layer
+    (a chip's tokens are fewer than moe_dispatch_chunk), destination = expert // e_local."""
+    r = np.asarray(routing).astype(np.int64)
+    per_chip = r.reshape(chips, -1, *r.shape[2:])  # [chips, tokens, m, k]
+    total = 0
+    for chip in per_chip:
+        for layer in range(chip.shape[1]):
+            counts = np.bincount((chip[:, layer] // e_local).reshape(-1), minlength=ep)
+            total += int(np.maximum(counts - cap, 0).sum())
+    return total
+
+
+def test_expert_parallel_step_reports_dropped_choices(params, batch):
+    """On expert 4 x tensor 2, the step's `moe_dropped_choices` is the host count of choices
+    past the capacity (factor 1: C = tokens x k / 4 rows per destination); None drops none."""
+    mesh = make_mesh({"expert": 4, "tensor": 2})
+    rows, seq = batch.tokens.shape
+    assert rows % 4 == 0
+    n, k = rows // 4 * seq, CFG.num_experts_per_tok
+    want = _expected_drops(batch.routing, 4, 4, CFG.n_routed_experts // 4, n * k // 4)
+    assert want > 0
+    for factor, expect in ((1.0, want), (None, 0)):
+        step = make_update_step(CFG, RL.replace(moe_capacity_factor=factor), mesh=mesh)
+        _, m = step(step.init_state(params), batch)
+        assert int(m["moe_dropped_choices"]) == expect, factor

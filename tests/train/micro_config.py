@@ -58,7 +58,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                           "prefill_chunk": 128})
     c.eval = ml_collections.ConfigDict({"every": 10, "tasks": 1, "seeds": 1, "budget": 1,
                                         "clock_s": 240.0})
-    c.checkpoint = ml_collections.ConfigDict({"every": 1, "keep": 2})
+    c.checkpoint = ml_collections.ConfigDict({"every": 1, "keep": 2, "ocdbt": True})
     c.plots = False
     c.keep_event_logs = False
     return c
