@@ -34,6 +34,19 @@ def setup():
     return lp, x, mesh
 
 
+WEIGHTS = ("experts_up", "experts_down", "latent_in", "latent_out", "shared_up")
+
+
+def _assert_same(y, loss, g, ref_y, ref_loss, ref_g, names):
+    """Outputs, loss, the named parameter gradients and the input gradient equal the reference."""
+    np.testing.assert_allclose(y, ref_y, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(loss, ref_loss, rtol=2e-5)
+    for name in names:
+        np.testing.assert_allclose(g[0][name], ref_g[0][name], rtol=2e-4, atol=2e-5,
+                                   err_msg=name)
+    np.testing.assert_allclose(g[1], ref_g[1], rtol=2e-4, atol=2e-5)
+
+
 def _loss(p, x, backend, cfg=CFG):
     y, _, _ = moe_layer(p, x, cfg, backend=backend)
     return jnp.sum(jnp.sin(y) * y), y
@@ -58,13 +71,7 @@ def test_expert_parallel_equals_dense(setup, local, remat):
     x_sh = NamedSharding(mesh, PartitionSpec(("fsdp", "expert")))
     fn = jax.jit(sharded, in_shardings=(p_sh, x_sh))
     (loss, y), g = fn(lp, x)
-    np.testing.assert_allclose(y, ref_y, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(loss, ref_loss, rtol=2e-5)
-    for name in ("experts_up", "experts_down", "latent_in", "latent_out", "shared_up",
-                 "router"):
-        np.testing.assert_allclose(g[0][name], ref_g[0][name], rtol=2e-4, atol=2e-5,
-                                   err_msg=name)
-    np.testing.assert_allclose(g[1], ref_g[1], rtol=2e-4, atol=2e-5)
+    _assert_same(y, loss, g, ref_y, ref_loss, ref_g, WEIGHTS + ("router",))
 
     # Only weights are all-gathered: no all-gather result holds a row per token.
     text = fn.lower(lp, x).compile().as_text()
@@ -118,12 +125,7 @@ def test_capacity_at_the_worst_case_equals_dense(setup):
         lp, x, routing)
     (loss, (y, dropped)), g = _sharded_fn(mesh, cfg, MoeBackend.DENSE, routing)(lp, x)
     assert int(dropped) == 0
-    np.testing.assert_allclose(y, ref_y, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(loss, ref_loss, rtol=2e-5)
-    for name in ("experts_up", "experts_down", "latent_in", "latent_out", "shared_up"):
-        np.testing.assert_allclose(g[0][name], ref_g[0][name], rtol=2e-4, atol=2e-5,
-                                   err_msg=name)
-    np.testing.assert_allclose(g[1], ref_g[1], rtol=2e-4, atol=2e-5)
+    _assert_same(y, loss, g, ref_y, ref_loss, ref_g, WEIGHTS)
 
 
 def _loss_routed(p, x, routing):
@@ -169,12 +171,7 @@ def test_small_capacity_drops_the_hand_computed_choices(setup):
     # The drop is real: the output differs from the dropless layer's by far more than rounding.
     y_dropless, _, _ = moe_layer(lp, x, CFG, routing=routing, backend=MoeBackend.DENSE)
     assert np.max(np.abs(np.asarray(y) - np.asarray(y_dropless))) > 1e-2
-    np.testing.assert_allclose(y, ref_y, rtol=2e-5, atol=2e-5)
-    np.testing.assert_allclose(loss, ref_loss, rtol=2e-5)
-    for name in ("experts_up", "experts_down", "latent_in", "latent_out", "shared_up"):
-        np.testing.assert_allclose(g[0][name], ref_g[0][name], rtol=2e-4, atol=2e-5,
-                                   err_msg=name)
-    np.testing.assert_allclose(g[1], ref_g[1], rtol=2e-4, atol=2e-5)
+    _assert_same(y, loss, g, ref_y, ref_loss, ref_g, WEIGHTS)
 
 
 def test_capacity_rows():
