@@ -147,6 +147,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.engine.slots = 128  # groups x K x (1 + max budget) = 4 x 8 x 4
     c.engine.steps_per_dispatch = 8
     c.engine.prefill_chunk = 256
+    # The whole KV pool up front (slots x window / 16 positions a page; ~8 KB a page per
+    # attention layer here, 64 MB each): a pool grown from 16 pages passes through 10 sizes,
+    # and each compiles its own prefill / decode programs (~10 s and ~500 JIT memory maps each
+    # on CPU; a 100-step run grown that way reached the kernel's 65,530-map limit).
+    c.engine.kv_pages = 128 * 1024 // 16
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 2 if smoke else 16  # after SFT and at the end
     c.eval.tasks = 1 if smoke else 24  # per environment

@@ -229,6 +229,12 @@ def _grow(state: SlotState, *, setup: Setup, num_pages: int) -> SlotState:
         return _pin(state.replace(cache=C.grow_pool(state.cache, num_pages)), setup.cfg)
 
 
+def release_programs() -> None:
+    """Drop every compiled prefill and decode program (they recompile on their next call)."""
+    prefill.clear_cache()
+    decode.clear_cache()
+
+
 def grow(state: SlotState, *, setup: Setup, num_pages: int) -> SlotState:
     """The pool grown to `num_pages` pages. The state is donated: per-slot leaves are reused in
     place; the pool leaves change shape, so JAX's notice that their donation went unused is

@@ -109,7 +109,7 @@ class Engine:
                  max_context: int | None = None, mesh: Mesh | None = None,
                  steps_per_dispatch: int = 8, prefill_chunk: int = 256, page_size: int = 16,
                  detokenize: Callable[[list[int]], str] | None = None,
-                 unstack_layers: bool | None = None):
+                 unstack_layers: bool | None = None, kv_pages: int = MIN_PAGES):
         if not isinstance(cfg, ModelConfig):
             raise ValueError(f"Engine: cfg must be a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
@@ -136,8 +136,12 @@ class Engine:
         self._setup = dev.Setup(cfg=run_cfg, mesh=mesh, max_context=self.max_context,
                                 steps=self.steps_per_dispatch, page_size=self.page_size)
         self.set_params(params)
-        self._pool = PagePool(self.page_size, MIN_PAGES, self.num_slots)
-        self._state = dev.init_state(self._setup, self.num_slots, MIN_PAGES)
+        # The pool's size is in every program's shapes: each size it grows through compiles
+        # its own prefill and decode buckets (on CPU ~10 s and ~500 memory maps of JIT code
+        # each), so a run that knows its need starts at it (`kv_pages`).
+        kv_pages = _positive_int("kv_pages", kv_pages)
+        self._pool = PagePool(self.page_size, kv_pages, self.num_slots)
+        self._state = dev.init_state(self._setup, self.num_slots, kv_pages)
         self._lengths = np.zeros(self.num_slots, np.int64)  # host mirror of the context lengths
         self._allocated = np.zeros(self.num_slots, bool)
         self._to_reset: set[int] = set()
@@ -259,6 +263,10 @@ class Engine:
             self._state = dev.grow(self._state, setup=self._setup, num_pages=target)
             self._pool.grow(target)
             self.stats.state_ops += 1
+            # The pool never shrinks, so the programs compiled for its old size are dead for
+            # this engine; left cached they hold their JIT code (memory maps) for the process's
+            # life, and a long run reaches the kernel's map limit (vm.max_map_count, 65,530).
+            dev.release_programs()
 
     def _page_table(self, slots: list[int], rows: int, needs: dict[int, int]) -> np.ndarray:
         """Give each slot s pages for needs[s] tokens; the rows' page tables [rows, W]."""

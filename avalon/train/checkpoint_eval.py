@@ -32,7 +32,8 @@ def evaluate_latest(config, workdir: str) -> dict:
                                                  setup.local_mesh),
                         num_slots=cfg.engine.slots, max_context=cfg.org.window,
                         mesh=setup.local_mesh, steps_per_dispatch=cfg.engine.steps_per_dispatch,
-                        prefill_chunk=cfg.engine.prefill_chunk, detokenize=setup.chat.tok.decode)
+                        prefill_chunk=cfg.engine.prefill_chunk, kv_pages=cfg.engine.kv_pages,
+                        detokenize=setup.chat.tok.decode)
         log_dir = step_dir(workdir, "eval", run.host.step)
         m = evaluate(setup, engine, log_dir=log_dir, at_step=run.host.step,
                      at_rl_step=run.host.rl_step)

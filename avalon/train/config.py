@@ -92,6 +92,10 @@ class EngineConfig:
     slots: int = 256  # engine slots (>= rollouts alive at once x (1 + max budget))
     steps_per_dispatch: int = 8
     prefill_chunk: int = 256
+    # KV pool pages (16 positions each) at start; the pool doubles when short. Every size it
+    # passes through compiles its own programs, so a config that knows its need starts there
+    # (the toy: slots x window / 16, all of it).
+    kv_pages: int = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,6 +348,8 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
     if cfg.engine.slots < alive:
         _fail("engine.slots", cfg.engine.slots, f"must be >= this process's rollouts alive at "
               f"once x (1 + max budget) = {alive}")
+    if cfg.engine.kv_pages < 1:
+        _fail("engine.kv_pages", cfg.engine.kv_pages, "must be >= 1")
     eval_alive = cfg.eval.seeds * (2 + cfg.eval.budget)  # one task, both arms
     if cfg.engine.slots < eval_alive:
         _fail("engine.slots", cfg.engine.slots, f"must be >= {eval_alive} for evaluation")

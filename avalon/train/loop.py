@@ -192,7 +192,7 @@ class Run:
         self.engine = Engine(cfg.model, self._engine_params(), num_slots=cfg.engine.slots,
                              max_context=cfg.org.window, mesh=self.setup.local_mesh,
                              steps_per_dispatch=cfg.engine.steps_per_dispatch,
-                             prefill_chunk=cfg.engine.prefill_chunk,
+                             prefill_chunk=cfg.engine.prefill_chunk, kv_pages=cfg.engine.kv_pages,
                              detokenize=self.setup.chat.tok.decode)
         if self.host.rl_step == 0 and not self._logged_eval_at(self.host.step):
             self._evaluate()
