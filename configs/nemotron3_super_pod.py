@@ -99,9 +99,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rl = ml_collections.ConfigDict({"lr": 4e-6, "temperature": 1.0, "eps_high": 5.0,
                                       "cap_mode": "delta", "freeze_router": True,
                                       "micro_batches": 16})  # see the module doc
-    # Per host: its 25 of the 800 groups x 16 rollouts x 9 agents alive at once. KV memory is
-    # bucketed (slots x the longest live context), so at 131K contexts this many slots only
-    # fit while most contexts are short; a paged KV cache is what the full recipe needs.
+    # Per host: its 25 of the 800 groups x 16 rollouts x 9 agents alive at once. This does NOT
+    # fit (python -m experiments.scale.aot --config=this --step=decode; RESULTS.md, issue 16):
+    # KV is paged (memory follows tokens held), but each slot's fixed Mamba state is 170 MB, so
+    # 3,600 slots are 613 GB per host beside 72 GB of bf16 weights per chip; 64 slots already
+    # peak at 91.9 GB per chip. The recipe needs its rollouts in waves of far fewer slots.
     c.engine = ml_collections.ConfigDict({"slots": 3600, "steps_per_dispatch": 32,
                                           "prefill_chunk": 4096, "decode_dtype": "bfloat16"})
     c.eval = ml_collections.ConfigDict({"every": 25, "tasks": 64, "seeds": 4, "budget": 8,
