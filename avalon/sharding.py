@@ -77,6 +77,11 @@ TRAIN_RULES: Rules = {
 DECODE_RULES: Rules = {
     **_WEIGHT_RULES, **_ACTIVATION_RULES,
     "embed": None, "expert_in": None, "mtp_in": None,
+    # A dispatch's rows over the slot axes too: each chip runs the dense layers for its own
+    # rows (the routed experts expert-parallel, as in training). Rows over data/fsdp only ran
+    # every row on every chip of a host, with its working Mamba state replicated: the pod's
+    # decode compiled to 23 GB of temporaries per chip at 64 rows (RESULTS.md, issue 16).
+    "batch": ("data", "fsdp", "expert"),
     # Slot state over every axis its leaves are not split on otherwise: a host's chips differ
     # only in expert/tensor (data/fsdp are size 1 per host), and replicating slots over expert
     # would put every slot's state on every chip.

@@ -6,7 +6,8 @@ The organisation plays all five environments (parallel subtasks, hidden profile,
 wealth, collective verification) with a byte-level tokenizer (the model's 131,072-entry
 vocabulary covers it) and real windows (16K tokens per agent here, to fit 256+ agents' caches
 on one card). Weights are fp32 masters (AdamW steps at RL learning rates are below bf16
-resolution; the forward computes in bf16); MoE dispatch uses the batched-matmul capacity path
+resolution; the forward computes in bf16) and the engine decodes a bf16 view of them
+(`engine.decode_dtype`); MoE dispatch uses the batched-matmul capacity path
 (never `ragged_dot` on GPU). The SFT teacher plays its environments' best strategies (the
 verification teacher hires a verifier in half the teams). `get_config("smoke")` shrinks the run.
 """
@@ -73,7 +74,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                            "seq_bucket": 8, "temperature": 1.0, "top_p": 1.0})
     c.rl = ml_collections.ConfigDict({"lr": 4e-6, "temperature": 1.0, "micro_batches": 8})
     c.engine = ml_collections.ConfigDict({"slots": 1152, "steps_per_dispatch": 16,
-                                          "prefill_chunk": 1024})
+                                          "prefill_chunk": 1024, "decode_dtype": "bfloat16"})
     c.eval = ml_collections.ConfigDict({"every": 20, "tasks": 8, "seeds": 2, "budget": 8,
                                         "clock_s": 1200.0})
     c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})

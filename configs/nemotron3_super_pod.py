@@ -17,9 +17,9 @@ activations split along embed), expert 4 within each host (512 experts, 128 per 
 update step the batch is split over all 128 chips (TRAIN_RULES: data x fsdp x expert) and the
 routed experts are reached by all-to-all over `expert` (avalon/model/moe_ep.py); the MoE
 backend is `auto` (megablox on TPU: `lax.ragged_dot`'s weight gradient compiles to a dense
-masked product over the experts there). The engine of each host decodes from a
-bf16-equivalent re-layout of the same params (DECODE_RULES: whole along embed, experts over
-the host's 4 chips); that switch is timed every step.
+masked product over the experts there). The engine of each host decodes from a bf16
+view of the same params (`engine.decode_dtype`), re-laid out for decoding (DECODE_RULES: whole
+along embed, experts over the host's 4 chips); that switch is timed every step.
 
 Global batch of one update call: micro_batches x 128 chips rows of 131,072 tokens = 16 x 128 =
 2,048 rows (268M token positions); the recipe's 200-800 groups x K 16 x (1 + up to 8 agents)
@@ -99,11 +99,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rl = ml_collections.ConfigDict({"lr": 4e-6, "temperature": 1.0, "eps_high": 5.0,
                                       "cap_mode": "delta", "freeze_router": True,
                                       "micro_batches": 16})  # see the module doc
-    # Per host: its 25 of the 800 groups x 16 rollouts x 9 agents alive at once. KV memory is
-    # bucketed (slots x the longest live context), so at 131K contexts this many slots only
-    # fit while most contexts are short; a paged KV cache is what the full recipe needs.
+    # Per host: its 25 of the 800 groups x 16 rollouts x 9 agents alive at once. This does NOT
+    # fit (python -m experiments.scale.aot --config=this --step=decode; RESULTS.md, issue 16):
+    # KV is paged (memory follows tokens held), but each slot's fixed Mamba state is 170 MB, so
+    # 3,600 slots are 613 GB per host beside 72 GB of bf16 weights per chip; 64 slots already
+    # peak at 91.9 GB per chip. The recipe needs its rollouts in waves of far fewer slots.
     c.engine = ml_collections.ConfigDict({"slots": 3600, "steps_per_dispatch": 32,
-                                          "prefill_chunk": 4096})
+                                          "prefill_chunk": 4096, "decode_dtype": "bfloat16"})
     c.eval = ml_collections.ConfigDict({"every": 25, "tasks": 64, "seeds": 4, "budget": 8,
                                         "clock_s": 7200.0})
     c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})

@@ -152,6 +152,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # and each compiles its own prefill / decode programs (~10 s and ~500 JIT memory maps each
     # on CPU; a 100-step run grown that way reached the kernel's 65,530-map limit).
     c.engine.kv_pages = 128 * 1024 // 16
+    # The master itself. The toy computes in fp32, so a bf16 view would be cast back to fp32
+    # before every matmul of every decode step: slower on CPU (decode.py --config=this, 64
+    # slots x 512, two interleaved pairs: 20.2 vs 24.6 and 57 vs 100 ms/step, fp32 vs bf16;
+    # RESULTS.md) and a sampler/trainer mismatch besides. The accelerator configs use bf16.
+    c.engine.decode_dtype = "float32"
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 2 if smoke else 16  # after SFT and at the end
     c.eval.tasks = 1 if smoke else 24  # per environment

@@ -210,9 +210,21 @@ def _take(a, idx):
     return jnp.take(a, idx, axis=0, mode="fill", fill_value=0)
 
 
-def _gather(state: SlotState, idx, pages) -> _Rows:
-    return _Rows(cache=C.take_rows(state.cache, idx, pages), hidden=_take(state.hidden, idx),
+def _gather(state: SlotState, idx, pages, cfg: ModelConfig | None = None) -> _Rows:
+    rows = _Rows(cache=C.take_rows(state.cache, idx, pages), hidden=_take(state.hidden, idx),
                  live=_take(state.live, idx), remaining=_take(state.remaining, idx))
+    return rows if cfg is None else _pin_rows(rows, cfg)
+
+
+def _pin_rows(rows: _Rows, cfg: ModelConfig) -> _Rows:
+    """The gathered rows split like the slots they came from (rows over the slot axes, heads
+    over tensor). Left to itself XLA may keep a gathered copy whole on every chip: the working
+    Mamba state of a dispatch, replicated (RESULTS.md, the pod's decode AOT)."""
+    axes = state_axes(cfg)
+    pin = lambda ax, a: constrain(a, ax)
+    cache = jax.tree.map(pin, axes.cache, rows.cache.replace(pages=None), is_leaf=_is_axes)
+    return _Rows(cache=cache.replace(pages=rows.cache.pages), hidden=pin(axes.hidden, rows.hidden),
+                 live=pin(axes.live, rows.live), remaining=pin(axes.remaining, rows.remaining))
 
 
 def _scatter(state: SlotState, idx, rows: _Rows, cfg: ModelConfig) -> SlotState:
@@ -312,7 +324,7 @@ def prefill(params: dict, state: SlotState, idx: jax.Array, pages: jax.Array, to
     [m, R, T, k] `routing_dtype`, or None)."""
     cfg = setup.cfg
     with _rules(setup):
-        rows = _gather(state, idx, pages)
+        rows = _gather(state, idx, pages, cfg)
         r = forward(params, tokens, cfg, cache=rows.cache, num_new=num_new, routing=routing,
                     return_logits=False)
         last = jnp.maximum(num_new - 1, 0)
@@ -356,7 +368,7 @@ def decode(params: dict, state: SlotState, idx: jax.Array, pages: jax.Array,
     --count_copies`), a cost on every step against a saving only at the end of a turn.
     Returns (state, DecodeOut stacked over steps)."""
     with _rules(setup):
-        rows = _gather(state, idx, pages)
+        rows = _gather(state, idx, pages, setup.cfg)
 
         def step(rows, _):
             return _decode_step(params, rows, knobs, stop_tokens, setup)

@@ -150,9 +150,10 @@ class Engine:
         self._ready: list[TurnResult] = []  # finished, not yet returned by `step`
         self._inflight: collections.deque = collections.deque()
         # Row buckets divisible by the slot-sharding axes, so working rows stay sharded.
-        self._min_rows = MIN_ROWS if mesh is None else \
-            max(MIN_ROWS, mesh.shape["data"] * mesh.shape["fsdp"])
-        self._min_prefill_rows = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+        split = 1 if mesh is None else \
+            mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"]
+        self._min_rows = max(MIN_ROWS, split)
+        self._min_prefill_rows = split
         self._max_width = pow2_at_least(self._pool.pages_for(self.max_context))
         self.stats = EngineStats()
 

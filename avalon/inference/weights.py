@@ -44,11 +44,17 @@ class DecodeView:
     """`view(params)` -> the engine's params: cast, and re-laid out when a mesh is given.
 
     One jitted program (compiled on first use). The master is not donated: it stays the
-    trainer's. `last_seconds` is the wall time of the last call (blocked until ready)."""
+    trainer's. With `dtype` the master's own and no mesh there is nothing to do (`casts` is
+    False): the view is the master's arrays themselves, no copy. `last_seconds` is the wall
+    time of the last call (blocked until ready)."""
 
     def __init__(self, cfg: ModelConfig, mesh: Mesh | None = None, dtype=DECODE_DTYPE):
         self.cfg = cfg
+        self.dtype = jnp.dtype(dtype)
         self.dtypes = decode_dtypes(cfg, dtype)
+        self.casts = any(a.dtype != d for a, d in zip(jax.tree.leaves(abstract_params(cfg)),
+                                                      jax.tree.leaves(self.dtypes)))
+        self.identity = mesh is None and not self.casts
         out = None if mesh is None else sharding.param_shardings(cfg, mesh,
                                                                  sharding.DECODE_RULES)
         self._fn = jax.jit(lambda p: _cast(p, self.dtypes), out_shardings=out)
@@ -56,12 +62,13 @@ class DecodeView:
 
     def __call__(self, params: dict) -> dict:
         t0 = time.perf_counter()
-        view = jax.block_until_ready(self._fn(params))
+        view = params if self.identity else jax.block_until_ready(self._fn(params))
         self.last_seconds = time.perf_counter() - t0
         return view
 
     def nbytes(self) -> int:
-        """Bytes of the view (what the switch writes; it reads the master's fp32 bytes)."""
+        """Bytes of the view (what the switch writes unless it is the master itself; it reads
+        the master's fp32 bytes)."""
         shapes = abstract_params(self.cfg)
         return int(sum(np.prod(a.shape) * jnp.dtype(d).itemsize
                        for a, d in zip(jax.tree.leaves(shapes), jax.tree.leaves(self.dtypes))))

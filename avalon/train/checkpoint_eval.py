@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from avalon import paths
 from avalon.analysis.logs import step_dir
-from avalon.inference.engine import Engine
 from avalon.org.engine_policy import EnginePolicy
 from avalon.train import baselines, loop
 from avalon.train.evaluation import EVAL_SEED, evaluate
-from avalon.train.setup import engine_params
 
 
 def evaluate_latest(config, workdir: str) -> dict:
@@ -28,12 +26,7 @@ def evaluate_latest(config, workdir: str) -> dict:
         if run.ckpt.latest_step() is None:
             raise ValueError(f"{workdir}: no checkpoint to evaluate")
         cfg, setup = run.cfg, run.setup
-        engine = Engine(cfg.model, engine_params(run.state.params, cfg.model, setup.mesh,
-                                                 setup.local_mesh),
-                        num_slots=cfg.engine.slots, max_context=cfg.org.window,
-                        mesh=setup.local_mesh, steps_per_dispatch=cfg.engine.steps_per_dispatch,
-                        prefill_chunk=cfg.engine.prefill_chunk, kv_pages=cfg.engine.kv_pages,
-                        detokenize=setup.chat.tok.decode)
+        engine = run.make_engine()  # decodes as the run did (engine.decode_dtype)
         log_dir = step_dir(workdir, "eval", run.host.step)
         m = evaluate(setup, engine, log_dir=log_dir, at_step=run.host.step,
                      at_rl_step=run.host.rl_step)

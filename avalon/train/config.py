@@ -87,6 +87,9 @@ def groups_at(rollout: RolloutConfig, rl_step: int) -> int:
                      + frac * (rollout.groups_per_step_end - rollout.groups_per_step)))
 
 
+DECODE_DTYPES = ("float32", "bfloat16")
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     slots: int = 256  # engine slots (>= rollouts alive at once x (1 + max budget))
@@ -96,6 +99,16 @@ class EngineConfig:
     # passes through compiles its own programs, so a config that knows its need starts there
     # (the toy: slots x window / 16, all of it).
     kv_pages: int = 16
+    # The weights the engine decodes with, made from the trainer's master at every switch
+    # (avalon/inference/weights.py DecodeView): "float32" reads the master itself (no copy);
+    # "bfloat16" a bf16 view of its matrices (half the bytes per decoded token; the sampler /
+    # trainer mismatch shows in train/ratio_*). On the accelerators bf16; see the configs.
+    decode_dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.decode_dtype not in DECODE_DTYPES:
+            raise ValueError(f"decode_dtype={self.decode_dtype!r}: must be one of "
+                             f"{list(DECODE_DTYPES)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +243,28 @@ def org_config(section) -> OrgConfig:
         raise ValueError(f"config.org: {e}") from None
 
 
+def model_config(section) -> ModelConfig:
+    """The ModelConfig of a config's `model` section (`preset` + `overrides`), checked."""
+    model_section = dict(section.items())
+    if set(model_section) - {"preset", "overrides"}:
+        raise ValueError(f"config.model: unknown key(s) "
+                         f"{sorted(set(model_section) - {'preset', 'overrides'})}; "
+                         "use model.preset and model.overrides")
+    preset = model_section.get("preset")
+    if preset not in presets.NAMES:
+        _fail("model.preset", preset, f"must be one of {list(presets.NAMES)}")
+    overrides = dict(model_section.get("overrides", {}).items())
+    hints = typing.get_type_hints(ModelConfig)
+    for k, v in overrides.items():
+        if k not in hints:
+            raise ValueError(f"config.model.overrides: unknown ModelConfig field {k!r}")
+        overrides[k] = _coerce(f"model.overrides.{k}", v, hints[k])
+    try:
+        return presets.get(preset, **overrides)
+    except ValueError as e:
+        raise ValueError(f"config.model: {e}") from None
+
+
 def build_dataclass(cls, section, path: str):
     """`cls(**section)` with every key checked against `cls`'s fields."""
     if isinstance(section, cls):
@@ -266,25 +301,7 @@ def from_config_dict(config: ml_collections.ConfigDict, *, num_devices: int,
     if missing:
         raise ValueError(f"config: missing key(s) {missing}")
 
-    model_section = dict(items["model"].items())
-    if set(model_section) - {"preset", "overrides"}:
-        raise ValueError(f"config.model: unknown key(s) "
-                         f"{sorted(set(model_section) - {'preset', 'overrides'})}; "
-                         "use model.preset and model.overrides")
-    preset = model_section.get("preset")
-    if preset not in presets.NAMES:
-        _fail("model.preset", preset, f"must be one of {list(presets.NAMES)}")
-    overrides = dict(model_section.get("overrides", {}).items())
-    hints = typing.get_type_hints(ModelConfig)
-    for k, v in overrides.items():
-        if k not in hints:
-            raise ValueError(f"config.model.overrides: unknown ModelConfig field {k!r}")
-        overrides[k] = _coerce(f"model.overrides.{k}", v, hints[k])
-    try:
-        model = presets.get(preset, **overrides)
-    except ValueError as e:
-        raise ValueError(f"config.model: {e}") from None
-
+    model = model_config(items["model"])
     mesh = {k: v for k, v in dict(items["mesh"].items()).items()}
     for k, v in mesh.items():
         if k not in MESH_AXES:

@@ -16,7 +16,8 @@ There is no separate log-prob pass: the engine returns the sampler's log-probs (
 every token, and the trainer's log-probs are computed inside the update's own forward (routing
 replayed), whose ratio statistics (`train/ratio_*`, before the parameter change) are the
 train/inference agreement check. The time split is rollout / build (advantages, packing) /
-update (log-probs, loss, gradients, AdamW) / switch (pointing the engine at the new params).
+update (log-probs, loss, gradients, AdamW) / switch (the engine's decode view of the new params,
+`engine.decode_dtype`: its time, bytes and share of the step are `time/switch_s`, `switch/*`).
 
 Checkpoints (orbax, async, atomic) hold the train state and the host state: phase, counters,
 the samplers' generators and statistics. A killed run (even SIGKILL) rerun with the same
@@ -58,7 +59,7 @@ from avalon.train import baselines, org_metrics, plots, telemetry
 from avalon.train.config import TrainConfig, describe, from_config_dict, groups_at
 from avalon.train.distributed import host_shard
 from avalon.train.evaluation import EVAL_SEED, evaluate
-from avalon.train.setup import Setup, build, engine_params, global_batch, initial_params
+from avalon.train.setup import Setup, Switch, build, global_batch, initial_params
 from avalon.train.sft import SFTBatches, teacher_traces
 from avalon.train.telemetry import Telemetry
 
@@ -113,6 +114,7 @@ class Run:
                                                 "skipped_checkpoints": [
                                                     {"step": s, "why": why} for s, why in skipped]})
         self.engine: Engine | None = None
+        self.switch = Switch(cfg, self.setup.mesh, self.setup.local_mesh)
         self.peak_flops = telemetry.peak_flops(jax.devices()[0].device_kind)
 
     # ---- checkpoints -----------------------------------------------------------------------
@@ -189,11 +191,7 @@ class Run:
         if self.host.sft_step < cfg.sft.steps:
             self._sft()
             self._save()
-        self.engine = Engine(cfg.model, self._engine_params(), num_slots=cfg.engine.slots,
-                             max_context=cfg.org.window, mesh=self.setup.local_mesh,
-                             steps_per_dispatch=cfg.engine.steps_per_dispatch,
-                             prefill_chunk=cfg.engine.prefill_chunk, kv_pages=cfg.engine.kv_pages,
-                             detokenize=self.setup.chat.tok.decode)
+        self.engine = self.make_engine()
         if self.host.rl_step == 0 and not self._logged_eval_at(self.host.step):
             self._evaluate()
         while self.host.rl_step < cfg.rollout.steps:
@@ -223,9 +221,20 @@ class Run:
             return self._summary()
         return json.loads(path.read_text())
 
-    def _engine_params(self) -> dict:
-        return engine_params(self.state.params, self.cfg.model, self.setup.mesh,
-                             self.setup.local_mesh)
+    def make_engine(self) -> Engine:
+        """The engine of this process, decoding the current params' view (`Switch`)."""
+        cfg = self.cfg
+        return Engine(cfg.model, self.switch(self.state.params), num_slots=cfg.engine.slots,
+                      max_context=cfg.org.window, mesh=self.setup.local_mesh,
+                      steps_per_dispatch=cfg.engine.steps_per_dispatch,
+                      prefill_chunk=cfg.engine.prefill_chunk, kv_pages=cfg.engine.kv_pages,
+                      detokenize=self.setup.chat.tok.decode)
+
+    def switch_engine(self) -> dict:
+        """Point the engine at the updated params' view; returns the switch's metrics."""
+        t0 = time.perf_counter()
+        self.engine.set_params(self.switch(self.state.params))
+        return {"time/switch_s": time.perf_counter() - t0, **self.switch.metrics}
 
     def _logged_eval_at(self, step: int) -> bool:
         from avalon.train.telemetry import read_metrics
@@ -345,9 +354,7 @@ class Run:
         m = {k: float(v) for k, v in m.items()} | roles
         t_update = time.perf_counter() - t3
 
-        t4 = time.perf_counter()
-        self.engine.set_params(self._engine_params())
-        t_switch = time.perf_counter() - t4
+        switch = self.switch_engine()
         self.host.rl_step += 1
 
         total = time.perf_counter() - t0
@@ -362,7 +369,8 @@ class Run:
                for k, v in bstats.as_metrics().items()},
             **_reduced(org_metrics.rollout_metrics(groups)),
             "time/rollout_s": t_rollout, "time/build_s": t_build,
-            "time/update_s": t_update, "time/switch_s": t_switch, "time/step_s": total,
+            "time/update_s": t_update, "time/step_s": total, **switch,
+            "switch/step_share": switch["time/switch_s"] / max(total, 1e-9),
             "perf/generated_tokens_per_s": (engine_stats.decode_tokens
                                             - stats0.decode_tokens) / max(t_rollout, 1e-9),
             "perf/train_tokens_per_s": tokens_model / max(t_update, 1e-9),

@@ -1,7 +1,10 @@
 """Everything a run builds once from its config: tokenizer, environments, mesh, params, steps.
 
 The params exist once. The SFT and RLCR update steps donate and replace them; the engine reads
-them through `engine_params`, the trainer-to-engine "switch" (timed as `time/switch_s`):
+them through `Switch` (timed as `time/switch_s`): the decode view in `engine.decode_dtype`
+(`avalon/inference/weights.py`: bf16 matrices on the accelerators, the fp32 master itself on
+the CPU toy), cast on the training layout so that any re-layout moves the narrow bytes, then
+`engine_params`:
 - training and decode layouts agree (no `fsdp` axis) on one process: the very same arrays,
   nothing moves;
 - otherwise the params are re-laid out for decoding (`DECODE_RULES`: weights whole along
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import jax
 import numpy as np
@@ -22,6 +26,7 @@ from jax.sharding import Mesh, NamedSharding
 from avalon import sharding
 from avalon.checkpoint import avalon_format, hf
 from avalon.envs.base import Environment, Split
+from avalon.inference.weights import DecodeView
 from avalon.model import init_params
 from avalon.model.config import ModelConfig
 from avalon.org.vocabulary import org_vocabulary
@@ -171,6 +176,26 @@ def engine_params(params: dict, cfg: ModelConfig, mesh: Mesh, local_mesh: Mesh) 
         return jax.make_array_from_single_device_arrays(a.shape, target, arrays)
 
     return jax.tree.map(local, params, local_decode)
+
+
+class Switch:
+    """`switch(master)` -> the engine's params (see the module docstring); `metrics` then holds
+    its cost: `switch/cast_s` (the cast alone), `switch/bytes` (what the cast wrote: 0 when the
+    engine reads the master itself) and `switch/s` (cast + re-layout, blocked until ready)."""
+
+    def __init__(self, cfg: TrainConfig, mesh: Mesh, local_mesh: Mesh):
+        self.model, self.mesh, self.local_mesh = cfg.model, mesh, local_mesh
+        self.view = DecodeView(cfg.model, dtype=cfg.engine.decode_dtype)
+        self.metrics: dict[str, float] = {}
+
+    def __call__(self, params: dict) -> dict:
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(engine_params(self.view(params), self.model, self.mesh,
+                                                  self.local_mesh))
+        self.metrics = {"switch/s": time.perf_counter() - t0,
+                        "switch/cast_s": self.view.last_seconds,
+                        "switch/bytes": 0 if self.view.identity else self.view.nbytes()}
+        return out
 
 
 def global_batch(local_batch, batch_sharding: NamedSharding):

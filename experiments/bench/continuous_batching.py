@@ -1,7 +1,7 @@
 """Useful generated tokens/s: continuous batching against tick batching, side by side.
 
-    python experiments/bench/continuous_batching.py                       # toy model, CPU
-    python experiments/bench/continuous_batching.py --agents=32 --repeats=5
+    python -m experiments.bench.continuous_batching                       # toy model, CPU
+    python -m experiments.bench.continuous_batching --agents=32 --repeats=5
 
 The workload is an organisation's: `--agents` agents each play `--turns` turns; a turn appends
 an observation of 8-64 tokens and samples a reply whose length is drawn log-uniformly from
@@ -22,6 +22,7 @@ object: tokens/s per repeat and mode, medians, and their ratio.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 
@@ -32,6 +33,7 @@ from absl import app, flags
 from avalon import model as M
 from avalon.inference.api import SamplingParams, TurnRequest
 from avalon.inference.engine import Engine
+from avalon.model.config import MoeBackend
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "toy", "model preset (avalon.model.presets)")
@@ -43,6 +45,12 @@ flags.DEFINE_integer("steps", 8, "tokens per decode dispatch")
 flags.DEFINE_integer("max_context", 4096, "engine context window")
 flags.DEFINE_integer("repeats", 3, "timed repeats per mode (interleaved)")
 flags.DEFINE_integer("seed", 0, "workload seed")
+flags.DEFINE_list("modes", ["tick", "continuous"], "modes to time (tick needs only "
+                  "Engine.generate, so this file also drives the pre-issue-16 engine: "
+                  "continuous_vs_pre16.py)")
+flags.DEFINE_integer("warmups", 2, "untimed runs of each mode first")
+flags.DEFINE_string("moe_backend", "capacity_buckets", "the model's MoE backend, pinned so "
+                    "engines of different commits run the same model")
 
 
 def workload(cfg, agents: int, turns: int, lo: int, hi: int, seed: int):
@@ -98,13 +106,18 @@ def run_continuous(engine: Engine, work) -> tuple[int, float]:
 def main(argv):
     del argv
     cfg = M.presets.get(FLAGS.preset)
-    cfg = cfg.replace(max_context=max(cfg.max_context, FLAGS.max_context))
+    cfg = cfg.replace(max_context=max(cfg.max_context, FLAGS.max_context),
+                      moe_backend=MoeBackend(FLAGS.moe_backend))
     params = M.init_params(jax.random.key(0), cfg)
     engine = Engine(cfg, params, num_slots=FLAGS.agents, max_context=FLAGS.max_context,
                     steps_per_dispatch=FLAGS.steps)
     work = workload(cfg, FLAGS.agents, FLAGS.turns, FLAGS.min_len, FLAGS.max_len, FLAGS.seed)
-    modes = {"tick": run_tick, "continuous": run_continuous}
-    for _ in range(2):  # warm-up: grow the KV pool, then compile every bucket both modes use
+    known = {"tick": run_tick, "continuous": run_continuous}
+    for m in FLAGS.modes:
+        if m not in known:
+            raise ValueError(f"--modes: {m!r} is not one of {list(known)}")
+    modes = {m: known[m] for m in FLAGS.modes}
+    for _ in range(FLAGS.warmups):  # grow the KV pool, then compile every bucket the modes use
         for run in modes.values():
             run(engine, work)
     rates = {m: [] for m in modes}
@@ -123,7 +136,9 @@ def main(argv):
         "device": jax.devices()[0].device_kind,
         "tokens_per_s": rates, "decode_dispatches": dispatches,
         "median_tokens_per_s": median,
-        "continuous_over_tick": median["continuous"] / median["tick"],
+        "continuous_over_tick": median["continuous"] / median["tick"]
+        if {"tick", "continuous"} <= set(median) else None,
+        "avalon": os.path.dirname(M.__file__),
     }, indent=1))
 
 

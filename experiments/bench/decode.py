@@ -1,7 +1,9 @@
 """Batched decode throughput of the engine against its byte roofline.
 
-    python experiments/bench/decode.py --preset=tiny --slots=8 --context=256          # CPU
-    python experiments/bench/decode.py --preset=hybrid_2b_a06b --slots=256 --context=8192
+    python -m experiments.bench.decode --config=configs/toy_org.py --slots=64 --context=512
+    python -m experiments.bench.decode --config=configs/gpu_hybrid_2b.py --slots=256 \
+        --context=8192
+    python -m experiments.bench.decode --preset=tiny --slots=8 --context=256          # CPU
 
 Every slot starts at context - (tokens this script decodes) with a random cache (KV pages, conv
 and fp32 SSM state), so it ends exactly at --context; each slot holds context / page_size pages
@@ -9,10 +11,12 @@ of the paged pool and its page table covers exactly --context positions. Attenti
 page of the table each step (masked, not skipped), so the KV term of the byte count is the one
 the device moves. Params are random (`init_params`); speed does not depend on their values.
 
-Weights. By default the benchmark decodes with what the RL run decodes with: an fp32 master
-(the trainer's, `param_dtype=float32` as in the RL configs) turned into the engine's bf16 decode
-view by `avalon.inference.weights.DecodeView` (the per-step "switch"), whose time and bytes are
-reported too. `--weights=preset` decodes the preset's own param dtype instead.
+Weights: what the RL run decodes with. With `--config=` the model is the config's and the
+weights are its fp32 master turned into the engine's decode view in the config's
+`engine.decode_dtype` (`avalon.inference.weights.DecodeView`, what the run's `Switch` does
+every step: bf16 matrices on the accelerator configs, the master itself on the CPU toy), and
+the switch's time and bytes are reported too; `--config.engine.decode_dtype=...` overrides it.
+Without `--config`, `--preset` and `--decode_dtype` (default bfloat16) say the same by hand.
 
 Two measurements:
   device  `--dispatches` back-to-back decode dispatches (each `--steps` tokens for every slot,
@@ -35,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
+from ml_collections import config_flags
 
 from avalon import model as M
 from avalon.inference import device as dev
@@ -43,9 +48,14 @@ from avalon.inference.engine import Engine
 from avalon.inference.sampling import SamplingKnobs
 from avalon.inference.weights import DecodeView
 from avalon.model import accounting
+from avalon.train.config import DECODE_DTYPES, EngineConfig, build_dataclass, model_config
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("preset", "tiny", "model preset (avalon.model.presets)")
+config_flags.DEFINE_config_file("config", None, "a run config (configs/*.py): its model and "
+                                "engine.decode_dtype (then --preset/--decode_dtype are unused)")
+flags.DEFINE_string("preset", "tiny", "model preset (avalon.model.presets), without --config")
+flags.DEFINE_enum("decode_dtype", None, list(DECODE_DTYPES), "decode weights, without --config "
+                  "(default bfloat16)")
 flags.DEFINE_integer("slots", 8, "decode slots (all active)")
 flags.DEFINE_integer("context", 256, "context length each slot reaches (= KV capacity)")
 flags.DEFINE_integer("steps", 8, "tokens per slot per dispatch (the scan length)")
@@ -53,9 +63,6 @@ flags.DEFINE_integer("dispatches", 8, "timed dispatches per measurement")
 flags.DEFINE_integer("warmup", 2, "untimed dispatches first (compilation)")
 flags.DEFINE_bool("engine", True, "also time the decode through Engine.generate")
 flags.DEFINE_integer("page_size", 16, "KV positions per pool page")
-flags.DEFINE_enum("weights", "decode_view", ["decode_view", "preset"],
-                  "decode_view: an fp32 master cast to the engine's bf16 view (the RL run's "
-                  "decode weights); preset: the preset's param dtype as is")
 flags.DEFINE_bool("count_copies", False, "compile the decode program once more and count the "
                   "copy ops of whole state leaves in it (each one is extra HBM traffic)")
 
@@ -144,9 +151,23 @@ def time_engine(cfg, params, state, slots: int, context: int, steps: int, n: int
             "host_fraction": host / wall}
 
 
+def model_and_dtype():
+    """(model config, decode dtype, what they came from) per --config or --preset."""
+    if FLAGS.config is None:
+        dtype = FLAGS.decode_dtype or "bfloat16"
+        return M.presets.get(FLAGS.preset), dtype, {"preset": FLAGS.preset}
+    if FLAGS["decode_dtype"].present or FLAGS["preset"].present:
+        raise ValueError("--preset/--decode_dtype are for runs without --config; override the "
+                         "config instead (--config.engine.decode_dtype=float32)")
+    engine = build_dataclass(EngineConfig, FLAGS.config.engine, "engine")
+    return model_config(FLAGS.config.model), engine.decode_dtype, \
+        {"config": config_flags.get_config_filename(FLAGS["config"]),
+         "preset": FLAGS.config.model.preset}
+
+
 def main(argv):
     del argv
-    cfg = M.presets.get(FLAGS.preset)
+    cfg, decode_dtype, source = model_and_dtype()
     slots, context, steps = FLAGS.slots, FLAGS.context, FLAGS.steps
     n, warmup = FLAGS.dispatches, FLAGS.warmup
     runs = (2 if FLAGS.engine else 1) * (n + warmup)
@@ -156,17 +177,16 @@ def main(argv):
                          f"{steps} tokens")
     if context % FLAGS.page_size:
         raise ValueError(f"--context={context} must be a multiple of --page_size")
-    switch = None
-    if FLAGS.weights == "decode_view":
-        master = M.init_params(jax.random.key(0), cfg.replace(param_dtype="float32"))
-        view = DecodeView(cfg)
-        view(master)  # compile
-        params = view(master)
-        switch = {"switch_s": view.last_seconds, "decode_view_bytes": view.nbytes(),
-                  "master_bytes": int(sum(x.nbytes for x in jax.tree.leaves(master)))}
-        del master
-    else:
-        params = M.init_params(jax.random.key(0), cfg)
+    # The trainer's master (fp32, as the RL configs keep it) and the view the engine decodes.
+    cfg = cfg.replace(param_dtype="float32")
+    master = M.init_params(jax.random.key(0), cfg)
+    view = DecodeView(cfg, dtype=decode_dtype)
+    view(master)  # compile
+    params = view(master)
+    switch = {"switch_s": view.last_seconds,
+              "switch_bytes_written": 0 if view.identity else view.nbytes(),
+              "master_bytes": int(sum(x.nbytes for x in jax.tree.leaves(master)))}
+    del master
     setup = dev.Setup(cfg=cfg, mesh=None, max_context=context, steps=steps,
                       page_size=FLAGS.page_size)
     state = random_state(setup, slots, context, start)
@@ -174,11 +194,12 @@ def main(argv):
     copies = state_copies(params, setup, state, slots, context) if FLAGS.count_copies else None
     per_dispatch, state = time_device(params, setup, state, slots, context, n, warmup)
     step_s = per_dispatch / steps
-    nbytes = accounting.decode_step_bytes(cfg, slots, context)
-    roofline_s = accounting.decode_roofline_s(cfg, slots, context)
+    decoded = cfg.replace(param_dtype=decode_dtype)  # the weights streamed per step
+    nbytes = accounting.decode_step_bytes(decoded, slots, context)
+    roofline_s = accounting.decode_roofline_s(decoded, slots, context)
     on_gpu = jax.default_backend() == "gpu"
     out = {
-        "preset": FLAGS.preset, "slots": slots, "context": context, "steps_per_dispatch": steps,
+        **source, "slots": slots, "context": context, "steps_per_dispatch": steps,
         "dispatches": n, "device": jax.devices()[0].device_kind,
         "step_ms": 1e3 * step_s, "tokens_per_s": slots / step_s,
         "bytes_per_step": nbytes,
@@ -187,8 +208,8 @@ def main(argv):
         "achieved_bytes_per_s": nbytes["total"] / step_s,
         "roofline_fraction": roofline_s / step_s if on_gpu else None,
         "state_leaf_copies": copies,
-        "weights": FLAGS.weights, "weight_dtypes": sorted({str(x.dtype) for x in
-                                                           jax.tree.leaves(params)}),
+        "decode_dtype": decode_dtype,
+        "weight_dtypes": sorted({str(x.dtype) for x in jax.tree.leaves(params)}),
         "switch": switch,
         "note": None if on_gpu else "not a GPU: the H200 roofline fraction is not meaningful",
     }

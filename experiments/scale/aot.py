@@ -23,6 +23,15 @@ The batch is one update step's: `--rows` packed sequences of `--seq` tokens (def
 config's `rl.micro_batches` x data-parallel chips rows of `rollout.seq_len`), with replayed
 routing in the narrowest integer type of the expert count, as the trainer packs it.
 The config's checkpoint and tokenizer are not read (shapes come from the model preset).
+
+`--step=decode` compiles one host's decode dispatch instead (`inference.device.decode`, what
+the engine runs: `engine.steps_per_dispatch` tokens for `--rows` rows of `--slots` slots, KV in
+a page pool of `--kv_tokens` positions), on the engine's mesh: the host's chips of the config's
+mesh (`train.setup.make_local_mesh`), params as the decode view in `engine.decode_dtype`.
+The JSON has the same memory fields, and what the weights, the slot state and the pool hold.
+
+    python -m experiments.scale.aot --config=configs/nemotron3_super_pod.py \
+        --topology=v5p-256 --step=decode --slots=256 --kv_tokens=4194304
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import sys
 import time
 
 import ml_collections
+import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -149,6 +159,124 @@ def report(compiled, model_cfg, rows: int, seq: int, chips: int, compile_s: floa
     }
 
 
+def compile_decode_step(cfg, devices, slots: int, rows: int, kv_tokens: int, width: int,
+                        page_size: int):
+    """Lower and compile one host's decode dispatch (`inference.device.decode`, the program
+    the engine runs) on abstract inputs: the decode view of the params in
+    `engine.decode_dtype` laid out by DECODE_RULES on the host's mesh (`make_local_mesh` of
+    the config's mesh: the engine runs per host), a slot state of `slots` slots whose KV pool
+    holds `kv_tokens` positions, a dispatch of `rows` rows with page tables `width` pages
+    wide. Returns (compiled, seconds, the host mesh's shape, pool pages)."""
+    from avalon import sharding
+    from avalon.inference import device as dev
+    from avalon.inference.pages import pow2_at_least
+    from avalon.inference.weights import abstract_decode_view
+
+    # The engine's mesh of one host (as `make_local_mesh` cuts it from the run's mesh): the
+    # chips of process 0, data x expert x tensor. Built from the host's devices directly:
+    # `jax.make_mesh` over the whole v5p-256 lays the expert axis across hosts' chips, which
+    # `make_local_mesh` refuses (measured here; see RESULTS.md).
+    host = [d for d in devices if d.process_index == devices[0].process_index]
+    e, t = cfg.mesh.get("expert", 1), cfg.mesh.get("tensor", 1)
+    if len(host) % (e * t):
+        raise AotError(f"config.mesh: expert x tensor = {e * t} does not divide the "
+                       f"{len(host)} chips of a host")
+    local = sharding.make_mesh({"data": len(host) // (e * t), "expert": e, "tensor": t},
+                               devices=host)
+    setup = dev.Setup(cfg=cfg.model, mesh=local, max_context=cfg.org.window,
+                      steps=cfg.engine.steps_per_dispatch, page_size=page_size)
+    params = abstract_decode_view(cfg.model, local, dtype=cfg.engine.decode_dtype)
+    # The engine's pool is a power of two of pages, at least one page per slot's share.
+    num_pages = pow2_at_least(max(-(-kv_tokens // page_size), 1))
+    args = dev.abstract_decode_inputs(setup, slots, num_pages, rows, width)
+    start = time.perf_counter()
+    compiled = dev.decode.lower(params, *args, setup=setup).compile()
+    return compiled, time.perf_counter() - start, dict(local.shape), num_pages
+
+
+def decode_report(compiled, cfg, slots: int, rows: int, num_pages: int, page_size: int,
+                  chips: int, compile_s: float) -> dict:
+    """--step=decode's JSON: the memory of --step=train, plus what the arguments hold."""
+    import jax
+    import numpy as np
+
+    from avalon.inference import device as dev
+    from avalon.inference.weights import abstract_decode_view
+    from avalon.model.cache import PagedKV
+    from experiments.scale import hlo_stats
+
+    mem = compiled.memory_analysis()
+    stats = hlo_stats.analyse(compiled.as_text())
+    peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+            + mem.temp_size_in_bytes)
+    nbytes = lambda tree: int(sum(np.prod(a.shape) * a.dtype.itemsize
+                                  for a in jax.tree.leaves(tree)))
+    setup = dev.Setup(cfg=cfg.model, mesh=None, max_context=cfg.org.window,
+                      steps=cfg.engine.steps_per_dispatch, page_size=page_size)
+    state = dev.abstract_state(setup, slots, num_pages)
+    kv = [e for blk in state.cache.blocks for e in blk.values() if isinstance(e, PagedKV)]
+    kv_bytes = nbytes(kv)
+    return {
+        "chips": chips, "slots": slots, "rows": rows, "steps_per_dispatch": setup.steps,
+        "kv_pool_pages": num_pages, "kv_pool_tokens": num_pages * page_size,
+        "page_size": page_size,
+        # Totals over the host (each sharded over its chips by DECODE_RULES):
+        "decode_weights_bytes": nbytes(abstract_decode_view(cfg.model,
+                                                            dtype=cfg.engine.decode_dtype)),
+        "slot_state_bytes": nbytes(state), "kv_pool_bytes": kv_bytes,
+        "per_slot_state_bytes": (nbytes(state) - kv_bytes) // slots,
+        "argument_bytes_per_chip": mem.argument_size_in_bytes,
+        "output_bytes_per_chip": mem.output_size_in_bytes,
+        "alias_bytes_per_chip": mem.alias_size_in_bytes,
+        "temp_bytes_per_chip": mem.temp_size_in_bytes,
+        "peak_bytes_per_chip": peak,
+        "hbm_bytes_per_chip": V5P_HBM_BYTES,
+        "peak_fraction_of_hbm": round(peak / V5P_HBM_BYTES, 4),
+        "flops_per_chip": stats.flops,
+        "collectives": stats.collectives,
+        "unknown_trip_loops": stats.unknown_trip_loops,
+        "compile_s": round(compile_s, 1),
+    }
+
+
+def run_decode(config, topology: str, slots: int | None, rows: int | None,
+               kv_tokens: int | None, page_size: int = 16, dump_hlo: str | None = None) -> dict:
+    """--step=decode: one host's decode dispatch of `config` (see `compile_decode_step`).
+    Defaults: the config's engine.slots, a dispatch over every slot, a pool holding each slot
+    a full window (slots x org.window tokens: the worst case), page tables a window wide."""
+    from avalon.train.config import from_config_dict
+
+    devices = tpu_devices(topology)
+    chips = len(devices)
+    config = config.copy_and_resolve_references()
+    with config.unlocked():
+        config.init_from = ""
+        config.tokenizer, config.tokenizer_path = "byte", ""
+    cfg = from_config_dict(config, num_devices=chips, num_processes=max(1, chips // 4))
+    slots = slots or cfg.engine.slots
+    rows = rows or slots
+    kv_tokens = cfg.org.window * slots if kv_tokens is None else kv_tokens
+    width = -(-cfg.org.window // page_size)
+    out = {"topology": topology, "step": "decode", "mesh": cfg.mesh,
+           "decode_dtype": cfg.engine.decode_dtype, "window": cfg.org.window}
+    try:
+        compiled, compile_s, host_mesh, num_pages = compile_decode_step(
+            cfg, devices, slots, rows, kv_tokens, width, page_size)
+    except Exception as e:  # over HBM: the answer, reported
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        out.update({"fits": False, "slots": slots, "rows": rows, "kv_tokens": kv_tokens,
+                    "error": str(e).splitlines()[0][:400]})
+        return out
+    if dump_hlo:
+        with open(dump_hlo, "w") as f:
+            f.write(compiled.as_text())
+    out.update({"fits": True, "host_mesh": host_mesh})
+    out.update(decode_report(compiled, cfg, slots, rows, num_pages, page_size,
+                             int(np.prod(list(host_mesh.values()))), compile_s))
+    return out
+
+
 def parse_mesh(text: str) -> dict[str, int]:
     """'fsdp=4,expert=2' -> {'fsdp': 4, 'expert': 2}."""
     out = {}
@@ -206,9 +334,14 @@ def _define_flags():
     config_flags.DEFINE_config_file("config", None, "Experiment config file.")
     flags.DEFINE_string("topology", "v5p-8", "TPU slice: v5p-N (N TensorCores) or "
                         "v5p:AxBxC (chips per dimension).")
-    flags.DEFINE_enum("step", "train", ["train"], "Which jitted step to compile.")
-    flags.DEFINE_integer("rows", None, "Packed sequences in the batch (default: "
-                         "rl.micro_batches x data-parallel chips).")
+    flags.DEFINE_enum("step", "train", ["train", "decode"], "Which jitted step to compile: "
+                      "the update step, or one host's decode dispatch.")
+    flags.DEFINE_integer("rows", None, "train: packed sequences in the batch (default: "
+                         "rl.micro_batches x data-parallel chips); decode: rows of the "
+                         "dispatch (default: every slot).")
+    flags.DEFINE_integer("slots", None, "decode: engine slots (default: engine.slots).")
+    flags.DEFINE_integer("kv_tokens", None, "decode: positions the KV page pool holds "
+                         "(default: slots x org.window, every slot a full window).")
     flags.DEFINE_integer("seq", None, "Sequence length (default: rollout.seq_len).")
     flags.DEFINE_enum("loss", "cispo", ["cispo", "sft"], "Which update step (RL or SFT).")
     flags.DEFINE_string("mesh", None, "Replace the config's mesh, e.g. 'fsdp=4,expert=2'.")
@@ -220,7 +353,11 @@ def main(argv):
     del argv
     f = flags.FLAGS
     try:
-        out = run(f.config, f.topology, f.rows, f.seq, f.loss, f.mesh, f.dump_hlo)
+        if f.step == "decode":
+            out = run_decode(f.config, f.topology, f.slots, f.rows, f.kv_tokens,
+                             dump_hlo=f.dump_hlo)
+        else:
+            out = run(f.config, f.topology, f.rows, f.seq, f.loss, f.mesh, f.dump_hlo)
     except (AotError, ValueError) as e:
         sys.exit(f"experiments.scale.aot: {e}")
     print(json.dumps(out, indent=2))

@@ -294,8 +294,13 @@ def test_set_params_swaps_the_arrays_the_engine_reads(engines, params):
         eng.set_params(params)
 
 
-def test_sharded_engine_equals_unsharded(engines, params):
-    mesh = make_mesh({"data": 2, "tensor": 4})
+@pytest.mark.parametrize("shape,slot_axes", [({"data": 2, "tensor": 4}, "data"),
+                                              ({"data": 2, "expert": 2, "tensor": 2},
+                                               ("data", "expert"))])
+def test_sharded_engine_equals_unsharded(engines, params, shape, slot_axes):
+    """With an expert axis, a dispatch's rows are split over it too (each chip runs its own
+    rows' dense layers; routed experts expert-parallel): the same tokens as one device."""
+    mesh = make_mesh(shape)
     sharded_params = jax.device_put(params, param_shardings(CFG, mesh, DECODE_RULES))
     sharded = make_engine(sharded_params, 8, mesh=mesh)
     plain = engines["whole"]
@@ -312,9 +317,9 @@ def test_sharded_engine_equals_unsharded(engines, params):
         np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
         np.testing.assert_array_equal(x.routing, y.routing)
         assert x.stop_reason == y.stop_reason and x.context_length == y.context_length
-    # Slots over data, Mamba heads over tensor: [repeats, slots, heads, P, N].
+    # Slots over data (and expert), Mamba heads over tensor: [repeats, slots, heads, P, N].
     ssm = sharded._state.cache.blocks[0]["0_mamba"].ssm
-    assert tuple(ssm.sharding.spec)[:3] == (None, "data", "tensor")
+    assert tuple(ssm.sharding.spec)[:3] == (None, slot_axes, "tensor")
 
 
 @pytest.mark.parametrize("field,request_kw,match", [

@@ -55,7 +55,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                            "seq_bucket": 16, "temperature": 1.0, "top_p": 1.0})
     c.rl = ml_collections.ConfigDict({"lr": 1e-3, "temperature": 1.0})
     c.engine = ml_collections.ConfigDict({"slots": 16, "steps_per_dispatch": 8,
-                                          "prefill_chunk": 128})
+                                          "prefill_chunk": 128, "decode_dtype": "float32"})
     c.eval = ml_collections.ConfigDict({"every": 10, "tasks": 1, "seeds": 1, "budget": 1,
                                         "clock_s": 240.0})
     c.checkpoint = ml_collections.ConfigDict({"every": 1, "keep": 2, "ocdbt": True})

@@ -38,6 +38,8 @@ def test_micro_config_is_valid():
     ({"rl.cap_mode": "sideways"}, r"config\.rl\.cap_mode='sideways': must be one of"),
     ({"rl.temperature": 0.7}, r"config\.rl\.temperature=0\.7: must equal rollout\.temperature"),
     ({"engine.slots": 2}, r"config\.engine\.slots=2: must be >="),
+    ({"engine.decode_dtype": "float16"},
+     r"config\.engine: decode_dtype='float16': must be one of \['float32', 'bfloat16'\]"),
     ({"model.preset": "huge"}, r"config\.model\.preset='huge'"),
     ({"budget.max_budget": -1}, r"config\.budget"),
     ({"rollout.seq_len": 100}, r"config\.rollout\.seq_len=100: must be >= org\.window"),
