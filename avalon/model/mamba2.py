@@ -79,13 +79,14 @@ def _in_proj(x, p: dict, *, merged: bool):
     ws = [p[f"in_{n}"] for n in _IN]
     flat = jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1).astype(x.dtype)
     y = dense(x, flat)
-    out, start = [], 0
-    for n, w in zip(_IN, ws):
-        width = math.prod(w.shape[1:])
-        part = y[..., start:start + width].reshape(*x.shape[:-1], *w.shape[1:])
+    # One split (its gradient is one concatenate; five slices' gradients were five padded
+    # copies of the whole [tokens, width] gradient, summed).
+    parts = jax.lax.split(y, [math.prod(w.shape[1:]) for w in ws], axis=-1)
+    out = []
+    for n, w, part in zip(_IN, ws, parts):
+        part = part.reshape(*x.shape[:-1], *w.shape[1:])
         bias = p.get(f"in_bias_{n}")
         out.append(part if bias is None else part + bias.astype(part.dtype))
-        start += width
     return tuple(out)
 
 
