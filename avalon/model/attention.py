@@ -28,6 +28,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from avalon.model.config import AttentionImpl, ModelConfig
+from avalon.model.dense import dense
 from avalon.sharding import constrain
 
 _MASKED = -1e30
@@ -280,9 +281,9 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     g = nh // nkv
     dtype = x.dtype
-    q = jnp.einsum("btd,dhk->bthk", x, p["q"].astype(dtype))
-    k = jnp.einsum("btd,dhk->bthk", x, p["k"].astype(dtype))
-    v = jnp.einsum("btd,dhk->bthk", x, p["v"].astype(dtype))
+    q = dense(x, p["q"].astype(dtype))
+    k = dense(x, p["k"].astype(dtype))
+    v = dense(x, p["v"].astype(dtype))
     q = constrain(q, ("batch", "act_seq", "act_heads", None))
     k = constrain(k, ("batch", "act_seq", "act_kv_heads", None))
     v = constrain(v, ("batch", "act_seq", "act_kv_heads", None))
@@ -308,5 +309,5 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
         out = _scores_to_out(q, new_cache.k, new_cache.v, mask[:, None, None], scale)
 
     out = out.reshape(b, t, nh, hd)
-    y = jnp.einsum("bthk,hkd->btd", out, p["o"].astype(dtype))
+    y = dense(out, p["o"].astype(dtype), 2)
     return y, new_cache

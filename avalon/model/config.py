@@ -27,7 +27,8 @@ class MoeBackend(enum.Enum):
     """How routed experts are dispatched (all dropless, all equal to `DENSE` up to float error).
 
     `AUTO` picks per platform when the layer is traced (`moe.resolve_backend`): TPU megablox,
-    GPU and CPU capacity buckets. Known-slow pairs are refused at that point: `RAGGED_DOT` on
+    GPU capacity buckets, CPU grouped tiles once each expert averages a tile of rows (training)
+    and capacity buckets below (decode). Known-slow pairs are refused at that point: `RAGGED_DOT` on
     GPU (it densifies: 6 TFLOP/s against 509 for a batched matmul on an H200) and `MEGABLOX`
     off TPU (a Mosaic TPU kernel)."""
 
@@ -35,6 +36,7 @@ class MoeBackend(enum.Enum):
     DENSE = "dense"  # every expert on every token, then masked: the readable reference
     RAGGED_DOT = "ragged_dot"  # sort by expert + `lax.ragged_dot` (CPU lowers it densely)
     CAPACITY_BUCKETS = "capacity_buckets"  # sort + batched matmul at a bucketed capacity
+    GROUPED = "grouped"  # sort + per-expert tiles, a batched matmul over tiles (CPU)
     MEGABLOX = "megablox"  # sort + the Pallas megablox grouped matmul (TPU; gmm/tgmm backward)
 
 

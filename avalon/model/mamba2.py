@@ -26,6 +26,7 @@ from flax import struct
 
 from avalon import sharding
 from avalon.model.config import ModelConfig
+from avalon.model.dense import dense
 from avalon.model.norms import gated_group_rms_norm
 from avalon.model.ssd import ssd_chunked, ssd_step
 from avalon.sharding import constrain
@@ -58,7 +59,7 @@ MAMBA_CACHE_AXES = MambaCache(
 
 def _proj(x, w, bias=None):
     """x [b, t, D] @ w [D, ...] -> [b, t, ...]."""
-    y = jnp.einsum("btd,d...->bt...", x, w.astype(x.dtype))
+    y = dense(x, w)
     return y if bias is None else y + bias.astype(y.dtype)
 
 
@@ -77,14 +78,15 @@ def _in_proj(x, p: dict, *, merged: bool):
         return tuple(_proj(x, p[f"in_{n}"], p.get(f"in_bias_{n}")) for n in _IN)
     ws = [p[f"in_{n}"] for n in _IN]
     flat = jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1).astype(x.dtype)
-    y = x @ flat
-    out, start = [], 0
-    for n, w in zip(_IN, ws):
-        width = math.prod(w.shape[1:])
-        part = y[..., start:start + width].reshape(*x.shape[:-1], *w.shape[1:])
+    y = dense(x, flat)
+    # One split (its gradient is one concatenate; five slices' gradients were five padded
+    # copies of the whole [tokens, width] gradient, summed).
+    parts = jax.lax.split(y, [math.prod(w.shape[1:]) for w in ws], axis=-1)
+    out = []
+    for n, w, part in zip(_IN, ws, parts):
+        part = part.reshape(*x.shape[:-1], *w.shape[1:])
         bias = p.get(f"in_bias_{n}")
         out.append(part if bias is None else part + bias.astype(part.dtype))
-        start += width
     return tuple(out)
 
 
@@ -171,7 +173,7 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
 
     y = gated_group_rms_norm(y, z, p["gate_norm"], cfg.n_groups, cfg.layer_norm_epsilon)
     y = y.astype(dtype)
-    out = jnp.einsum("bthp,hpd->btd", y, p["out"].astype(dtype))
+    out = dense(y, p["out"].astype(dtype), 2)
     if "out_bias" in p:
         out = out + p["out_bias"].astype(dtype)
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from avalon.model.config import ModelConfig
+from avalon.model.dense import dense
 from avalon.model.moe import relu2
 from avalon.sharding import constrain
 
@@ -13,11 +13,11 @@ from avalon.sharding import constrain
 def mlp(p: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
     del cfg
     dtype = x.dtype
-    h = jnp.einsum("btd,df->btf", x, p["up"].astype(dtype))
+    h = dense(x, p["up"].astype(dtype))
     if "up_bias" in p:
         h = h + p["up_bias"].astype(dtype)
     h = constrain(relu2(h), ("batch", "act_seq", "act_mlp"))
-    y = jnp.einsum("btf,fd->btd", h, p["down"].astype(dtype))
+    y = dense(h, p["down"].astype(dtype))
     if "down_bias" in p:
         y = y + p["down_bias"].astype(dtype)
     return y

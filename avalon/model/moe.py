@@ -23,6 +23,10 @@ Dispatch backends (`cfg.moe_backend`), all equal to the dense reference:
                     smallest of a few static capacities that holds the busiest expert (chosen
                     on device by `lax.switch`, so nothing is dropped); a custom VJP moves the
                     gradients with gathers too (`_bucketed_experts`)
+  GROUPED           sort by expert, pad each expert's rows to whole tiles (`group_tile`, <= 256
+                    rows) and run a batched matmul over tiles, each tile against its expert's
+                    gathered weights: padding under one tile per expert instead of every expert
+                    padded to the busiest; custom VJP with gathers (`_grouped_experts`)
   MEGABLOX          (expert-parallel path, TPU) the Pallas grouped matmul, gmm forward and
                     gmm/tgmm backward
   AUTO              per platform, resolved when traced (`resolve_backend`)
@@ -57,12 +61,19 @@ _SLOW = {("gpu", MoeBackend.RAGGED_DOT): "lax.ragged_dot densifies on GPU (6 TFL
          ("cuda", MoeBackend.RAGGED_DOT): "lax.ragged_dot densifies on GPU; use capacity_buckets"}
 
 
-def resolve_backend(backend: MoeBackend, platform: str) -> MoeBackend:
+def resolve_backend(backend: MoeBackend, platform: str,
+                    mean_load: float | None = None) -> MoeBackend:
     """The concrete backend for `platform` ('cpu', 'gpu', 'tpu'); AUTO picks the platform's
-    default. Raises for a known-slow or impossible pair."""
+    default. Raises for a known-slow or impossible pair. `mean_load` (choices per expert, when
+    known): on CPU, AUTO takes GROUPED once experts average a whole tile of GROUP_TILE rows
+    (the update step, long prefills: issue-22 update step 0.71x -> 0.81x transformers, one
+    shared core), and keeps capacity buckets below (decode, where a weight copy per tile costs
+    more than the padding)."""
     if platform not in PLATFORM_DEFAULT:
         raise ValueError(f"ModelConfig.moe_backend: unknown platform {platform!r}")
     if backend == MoeBackend.AUTO:
+        if platform == "cpu" and mean_load is not None and mean_load >= GROUP_TILE:
+            return MoeBackend.GROUPED
         return PLATFORM_DEFAULT[platform]
     if (platform, backend) in _SLOW:
         raise ValueError(f"ModelConfig.moe_backend={backend.value!r} on {platform}: "
@@ -252,10 +263,100 @@ def _bucketed_bwd(res, g):
 _bucketed_experts.defvjp(_bucketed_fwd, _bucketed_bwd)
 
 
+# Rows per tile of the grouped backend at most; fewer when the choices are few (decode).
+GROUP_TILE = 256
+
+
+def group_tile(nk: int, e: int) -> int:
+    """Tile rows for `nk` choices over `e` experts: the largest power of two <= nk / e, within
+    [8, GROUP_TILE], so a tile is about one expert's mean load at most."""
+    t = 8
+    while t * 2 <= min(GROUP_TILE, nk // e):
+        t *= 2
+    return t
+
+
+def _experts_grouped(xl, idx, up, down):
+    """Sort by expert, pad each expert's rows to whole tiles of `group_tile` rows, and run each
+    tile against its own expert's weights: a batched matmul over tiles ([tiles, tile, w] with
+    the tiles' gathered weights). Padding is under one tile per expert, whatever the load; the
+    capacity buffer pads every expert to the busiest one (here 1.6-2x the mean)."""
+    n, k = idx.shape
+    e = up.shape[0]
+    tile = group_tile(n * k, e)
+    flat, order, counts = _sort_choices(idx, e)
+    starts = jnp.cumsum(counts) - counts
+    sorted_e = flat[order]
+    rank = jnp.arange(n * k) - starts[sorted_e]
+    tiles_of = (counts + tile - 1) // tile
+    first_tile = jnp.cumsum(tiles_of) - tiles_of
+    slot_sorted = first_tile[sorted_e] * tile + rank  # buffer row of sorted choice j
+    num_tiles = (n * k + e * (tile - 1)) // tile  # >= sum(tiles_of) for any routing
+    # Tile i belongs to the expert whose tiles span it; tiles past the last are empty (zero
+    # rows) and take the last expert.
+    tile_expert = jnp.minimum(jnp.searchsorted(jnp.cumsum(tiles_of), jnp.arange(num_tiles),
+                                               side="right"), e - 1)
+    i32 = lambda a: a.astype(jnp.int32)  # noqa: E731
+    return _grouped_experts(xl, up, down, i32(order), i32(slot_sorted), i32(tile_expert))
+
+
+def _grouped_maps(order, slot_sorted, rows: int):
+    """slot [n*k]: buffer row of choice c; src [rows]: the choice in each row (n*k: empty)."""
+    nk = order.shape[0]
+    slot = jnp.zeros(nk, jnp.int32).at[order].set(slot_sorted)
+    src = jnp.full(rows, nk, jnp.int32).at[slot_sorted].set(order)
+    return slot, src
+
+
+@jax.custom_vjp
+def _grouped_experts(xl, up, down, order, slot_sorted, tile_expert):
+    """x_l [n, w] -> per-choice outputs [n, k, w] through [tiles, tile, w] buffers; rows move
+    by gathers only in both directions (as `_bucketed_experts`), and the weight gradients of
+    the tiles are summed per expert by a one-hot product (no scatter-add)."""
+    return _grouped_fwd(xl, up, down, order, slot_sorted, tile_expert)[0]
+
+
+def _grouped_fwd(xl, up, down, order, slot_sorted, tile_expert):
+    n, w = xl.shape
+    k = order.shape[0] // n
+    tiles = tile_expert.shape[0]
+    tile = group_tile(n * k, up.shape[0])
+    slot, src = _grouped_maps(order, slot_sorted, tiles * tile)
+    buf = jnp.take(_with_zero_row(xl), src // k, axis=0).reshape(tiles, tile, w)
+    pre = jnp.einsum("tcw,twf->tcf", buf, jnp.take(up, tile_expert, axis=0))
+    y = jnp.einsum("tcf,tfw->tcw", relu2(pre), jnp.take(down, tile_expert, axis=0))
+    out = jnp.take(y.reshape(tiles * tile, w), slot, axis=0).reshape(n, k, w)
+    return out, (xl, up, down, order, slot_sorted, tile_expert, pre)
+
+
+def _grouped_bwd(res, g):
+    xl, up, down, order, slot_sorted, tile_expert, pre = res
+    n, k, w = g.shape
+    e = up.shape[0]
+    tiles, tile = pre.shape[:2]
+    slot, src = _grouped_maps(order, slot_sorted, tiles * tile)
+    buf = jnp.take(_with_zero_row(xl), src // k, axis=0).reshape(tiles, tile, w)
+    g_y = jnp.take(_with_zero_row(g.reshape(n * k, w)), src, axis=0).reshape(tiles, tile, w)
+    g_down_t = jnp.einsum("tcf,tcw->tfw", relu2(pre), g_y)
+    g_pre = jnp.einsum("tcw,tfw->tcf", g_y, jnp.take(down, tile_expert, axis=0))
+    g_pre = g_pre * (2 * jax.nn.relu(pre))
+    g_up_t = jnp.einsum("tcw,tcf->twf", buf, g_pre)
+    g_buf = jnp.einsum("tcf,twf->tcw", g_pre, jnp.take(up, tile_expert, axis=0))
+    g_x = jnp.take(g_buf.reshape(tiles * tile, w), slot, axis=0).reshape(n, k, w).sum(axis=1)
+    owner = (tile_expert[:, None] == jnp.arange(e)[None, :]).astype(g_up_t.dtype)  # [tiles, e]
+    g_up = jnp.einsum("te,twf->ewf", owner, g_up_t)
+    g_down = jnp.einsum("te,tfw->efw", owner, g_down_t)
+    return g_x, g_up, g_down, None, None, None
+
+
+_grouped_experts.defvjp(_grouped_fwd, _grouped_bwd)
+
+
 _DISPATCH = {
     MoeBackend.DENSE: _experts_dense,
     MoeBackend.RAGGED_DOT: _experts_ragged,
     MoeBackend.CAPACITY_BUCKETS: _experts_capacity,
+    MoeBackend.GROUPED: _experts_grouped,
 }
 
 
@@ -283,7 +384,8 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
             xl = xl + p["latent_in_bias"].astype(dtype)
     up, down = p["experts_up"].astype(dtype), p["experts_down"].astype(dtype)
     platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-    chosen = resolve_backend(backend or cfg.moe_backend, platform)
+    chosen = resolve_backend(backend or cfg.moe_backend, platform,
+                             mean_load=b * t * cfg.num_experts_per_tok / up.shape[0])
     if mesh is not None:
         per_choice, dropped = moe_ep.expert_parallel(
             xl, idx, up, down, mesh=mesh, batch_axes=axes, backend=chosen,

@@ -64,8 +64,8 @@ def _grouped(xs, counts, w, backend: MoeBackend):
                             tiling=tiling)
     if backend == MoeBackend.RAGGED_DOT:
         return jax.lax.ragged_dot(xs, w, counts.astype(jnp.int32))
-    # DENSE / CAPACITY_BUCKETS: every row through every local expert, then the row's own one
-    # (the readable reference; CPU tests).
+    # DENSE / CAPACITY_BUCKETS / GROUPED: every row through every local expert, then the row's
+    # own one (the readable reference; CPU tests).
     g = w.shape[0]
     ends = jnp.cumsum(counts)
     group = jnp.searchsorted(ends, jnp.arange(xs.shape[0]), side="right")  # g = past the end

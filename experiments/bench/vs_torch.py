@@ -17,6 +17,9 @@
    prefill included: `Engine.generate` against `model.generate`) and the update step
    (`--train_batch` x `--train_seq` tokens, SFT, clip + AdamW; jitted and donated on Avalon's
    side). Each measurement is repeated `--repeats` times after one warm-up; medians reported.
+   Then the update step once more with both libraries in one process, alternating a step of
+   each (`update_paired`: the median of the per-round ratios), since the load of a shared
+   machine moves between the separate processes' measurements.
 4. Prints one JSON object: the agreement numbers, tokens/s per side and Avalon / transformers
    ratios. `--count_copies` adds the copies of whole decode-state leaves and of per-layer
    weight slices in the compiled decode program (`copies.py`).
@@ -54,10 +57,14 @@ flags.DEFINE_float("lr", 1e-3, "AdamW learning rate (agreement and timing)")
 flags.DEFINE_string("moe_backend", None, "Avalon: override the MoE backend (default: auto)")
 flags.DEFINE_string("attention_impl", "flash", "Avalon: the full-sequence attention kernel "
                     "(AttentionImpl; '' keeps the config's default, naive)")
-flags.DEFINE_bool("scan_layers", True, "Avalon: scan repeated layer runs")
+flags.DEFINE_bool("scan_layers", False, "Avalon: scan repeated layer runs (off: on CPU the "
+                  "unrolled update step is faster; the engine decodes per-layer blocks "
+                  "either way)")
+flags.DEFINE_integer("chunk_size", 64, "Avalon: the SSD chunk (0 keeps the checkpoint's "
+                     "128); any chunk computes the same scan, 64 is faster on CPU")
 flags.DEFINE_bool("count_copies", False, "count state / weight copies in the decode program")
 flags.DEFINE_bool("timing", True, "run the timing processes (False: agreement only)")
-flags.DEFINE_enum("role", "driver", ["driver", "torch", "avalon"],
+flags.DEFINE_enum("role", "driver", ["driver", "torch", "avalon", "paired"],
                   "internal: a timing worker for one library")
 flags.DEFINE_string("ckpt", None, "internal/optional: an existing checkpoint directory")
 
@@ -135,6 +142,8 @@ def avalon_overrides() -> dict:
     from avalon.model.config import AttentionImpl, MoeBackend
 
     out = {"param_dtype": "float32", "scan_layers": FLAGS.scan_layers}
+    if FLAGS.chunk_size:
+        out["chunk_size"] = FLAGS.chunk_size
     if FLAGS.moe_backend:
         out["moe_backend"] = MoeBackend(FLAGS.moe_backend)
     if FLAGS.attention_impl:
@@ -316,7 +325,7 @@ def time_avalon(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> di
     cfg, params = load_avalon(path, overrides)
     rng = np.random.default_rng(seed)
     out = {"moe_backend": cfg.moe_backend.value, "attention_impl": cfg.attention_impl.value,
-           "scan_layers": cfg.scan_layers, "decode": {}}
+           "scan_layers": cfg.scan_layers, "chunk_size": cfg.chunk_size, "decode": {}}
     for b in shapes.batches:
         prompts = random_ids(rng, cfg.vocab_size, (b, shapes.prompt))
         engine = make_engine(cfg, params, b, shapes.prompt + shapes.new_tokens)
@@ -335,6 +344,45 @@ def time_avalon(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> di
     s = _median_time(one, shapes.repeats)
     out["update_tokens_per_s"] = shapes.train_batch * shapes.train_seq / s
     return out
+
+
+def time_update_paired(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict:
+    """The update step of both libraries in one process, alternating one step each for
+    `repeats` rounds after a warm-up of each: on a machine whose load moves by 2x within
+    minutes, each pair shares the same load. Returns both medians and the median of the
+    per-round ratios."""
+    import jax
+    import torch
+
+    model = load_torch(path)
+    cfg, params = load_avalon(path, overrides)
+    ids = random_ids(np.random.default_rng(seed), cfg.vocab_size,
+                     (shapes.train_batch, shapes.train_seq))
+    opt, tparams, clip = torch_optimizer(model.train(), shapes.lr)
+    tids = torch.as_tensor(ids).long()
+    step = avalon_update(cfg, shapes.lr)
+    holder = {"state": step.init_state(params)}
+    batch = step.put_batch(avalon_batch(ids))
+
+    def avalon_one():
+        holder["state"], metrics = step.step_fn(holder["state"], batch)
+        jax.block_until_ready(metrics)
+
+    runs = {"transformers": lambda: torch_train_step(model, opt, tparams, clip, tids),
+            "avalon": avalon_one}
+    times = {k: [] for k in runs}
+    for fn in runs.values():
+        fn()  # warm-up (compilation on Avalon's side)
+    for _ in range(shapes.repeats):
+        for k, fn in runs.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    tokens = shapes.train_batch * shapes.train_seq
+    ratios = [t / a for t, a in zip(times["transformers"], times["avalon"])]
+    return {**{f"{k}_tokens_per_s": tokens / statistics.median(v) for k, v in times.items()},
+            "ratio_median_of_pairs": statistics.median(ratios),
+            "seconds": {k: [round(t, 3) for t in v] for k, v in times.items()}}
 
 
 def _run_worker(role: str, path: str) -> dict:
@@ -364,6 +412,9 @@ def main(argv):
     if FLAGS.role == "avalon":
         print(json.dumps(time_avalon(FLAGS.ckpt, shapes, avalon_overrides())))
         return
+    if FLAGS.role == "paired":
+        print(json.dumps(time_update_paired(FLAGS.ckpt, shapes, avalon_overrides())))
+        return
     tmp = None
     path = FLAGS.ckpt
     if path is None:
@@ -389,6 +440,8 @@ def main(argv):
         result["ratio"] = {
             **{f"decode_b{b}": a["decode"][b] / t["decode"][b] for b in t["decode"]},
             "update": a["update_tokens_per_s"] / t["update_tokens_per_s"]}
+        result["update_paired"] = _run_worker("paired", path)
+        result["ratio"]["update_paired"] = result["update_paired"]["ratio_median_of_pairs"]
     result["load_avg_1m_after"] = os.getloadavg()[0]
     print(json.dumps(result, indent=1))
     if tmp is not None:

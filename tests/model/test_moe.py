@@ -7,7 +7,7 @@ import pytest
 
 from avalon.model import init_params, presets
 from avalon.model.config import MoeBackend
-from avalon.model.moe import capacity_ladder, moe_layer, route
+from avalon.model.moe import capacity_ladder, group_tile, moe_layer, route
 
 CFG = presets.get("tiny")  # latent MoE, 8 experts, top-2, 2 groups keep 1
 
@@ -61,7 +61,8 @@ def test_router_matches_numpy_reference(layer_params, x):
     assert np.all(groups == groups[:, :1])
 
 
-@pytest.mark.parametrize("backend", [MoeBackend.RAGGED_DOT, MoeBackend.CAPACITY_BUCKETS])
+@pytest.mark.parametrize("backend", [MoeBackend.RAGGED_DOT, MoeBackend.CAPACITY_BUCKETS,
+                                     MoeBackend.GROUPED])
 def test_sparse_equals_dense(layer_params, x, backend):
     y_dense, idx_dense, _ = moe_layer(layer_params, x, CFG, backend=MoeBackend.DENSE)
     y, idx, _ = jax.jit(lambda p, x: moe_layer(p, x, CFG, backend=backend))(layer_params, x)
@@ -69,11 +70,12 @@ def test_sparse_equals_dense(layer_params, x, backend):
     np.testing.assert_allclose(y, y_dense, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", [MoeBackend.CAPACITY_BUCKETS, MoeBackend.GROUPED])
 @pytest.mark.parametrize("forced", [False, True], ids=["routed", "hot_expert"])
-def test_capacity_buckets_gradients_equal_dense(layer_params, x, forced):
-    """The capacity path's custom VJP (gathers both ways) against autodiff of the dense
-    reference: gradients of every param and of the input, live routing and a hot expert
-    (the largest bucket)."""
+def test_sparse_gradients_equal_dense(layer_params, x, forced, backend):
+    """The capacity and grouped paths' custom VJPs (gathers both ways) against autodiff of the
+    dense reference: gradients of every param and of the input, live routing and a hot expert
+    (the largest bucket; for GROUPED, several tiles of one expert)."""
     routing = None
     if forced:
         routing = jnp.broadcast_to(jnp.array([4, 5], jnp.int32), (*x.shape[:2], 2))
@@ -85,7 +87,7 @@ def test_capacity_buckets_gradients_equal_dense(layer_params, x, forced):
 
     grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), static_argnums=2)
     v_dense, (gp_dense, gx_dense) = grad(layer_params, x, MoeBackend.DENSE)
-    v, (gp, gx) = grad(layer_params, x, MoeBackend.CAPACITY_BUCKETS)
+    v, (gp, gx) = grad(layer_params, x, backend)
     np.testing.assert_allclose(v, v_dense, rtol=1e-5)
     np.testing.assert_allclose(gx, gx_dense, atol=1e-5, rtol=1e-5)
     for key in ("experts_up", "experts_down", "router", "latent_in", "latent_out", "shared_up"):
@@ -128,3 +130,10 @@ def test_frozen_router_gets_no_gradient(layer_params, x):
     assert float(jnp.abs(g_frozen["router_bias"]).max()) == 0
     # The experts and the input path still learn.
     assert float(jnp.abs(g_frozen["experts_up"]).max()) > 0
+
+
+def test_group_tile_follows_the_mean_load():
+    assert group_tile(66, 8) == 8  # the tests' 33 tokens: several tiles per expert
+    assert group_tile(16, 8) == 8  # decode: the smallest tile
+    assert group_tile(8192, 8) == 256  # 8 x 512 tokens, top-2: GROUP_TILE
+    assert group_tile(1000, 8) == 64  # a power of two <= the mean load (125)

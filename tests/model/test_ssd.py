@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from avalon.model.ssd import ssd_chunked, ssd_sequential, ssd_step
+from avalon.model.ssd import segsum, segsum_cumsum, ssd_chunked, ssd_sequential, ssd_step
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -85,3 +85,20 @@ def test_gradient_is_finite_and_matches_sequential():
     g_ref = jax.grad(lambda x: loss(ssd_sequential, x))(kw["x"])
     assert bool(jnp.all(jnp.isfinite(g)))
     np.testing.assert_allclose(g, g_ref, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_segsum_matmul_equals_masked_cumsum(dtype):
+    """The triangular-matmul segment sum equals the masked cumulative sum it replaced: values
+    (the same -inf above the diagonal) and gradients, in float64 and float32."""
+    a = -jnp.asarray(np.random.default_rng(5).uniform(0.0, 2.0, size=(3, 2, 16)), dtype)
+    got, want = jax.jit(segsum)(a), segsum_cumsum(a)
+    np.testing.assert_array_equal(jnp.isneginf(got), jnp.isneginf(want))
+    tol = 1e-12 if dtype == jnp.float64 else 1e-5
+    np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
+
+    def loss(fn, a):
+        return jnp.sum(jnp.exp(fn(a)) * jnp.arange(16, dtype=dtype))
+
+    np.testing.assert_allclose(jax.grad(lambda a: loss(segsum, a))(a),
+                               jax.grad(lambda a: loss(segsum_cumsum, a))(a), atol=tol, rtol=tol)
