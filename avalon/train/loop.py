@@ -17,7 +17,8 @@ every token, and the trainer's log-probs are computed inside the update's own fo
 replayed), whose ratio statistics (`train/ratio_*`, before the parameter change) are the
 train/inference agreement check. The time split is rollout / build (advantages, packing) /
 update (log-probs, loss, gradients, AdamW) / switch (the engine's decode view of the new params,
-`engine.decode_dtype`: its time, bytes and share of the step are `time/switch_s`, `switch/*`).
+`engine.decode_dtype`: its time, bytes and share of the step are `time/switch_*`, `switch/bytes`,
+`perf/switch_step_share`).
 
 Checkpoints (orbax, async, atomic) hold the train state and the host state: phase, counters,
 the samplers' generators and statistics. A killed run (even SIGKILL) rerun with the same
@@ -370,7 +371,7 @@ class Run:
             **_reduced(org_metrics.rollout_metrics(groups)),
             "time/rollout_s": t_rollout, "time/build_s": t_build,
             "time/update_s": t_update, "time/step_s": total, **switch,
-            "switch/step_share": switch["time/switch_s"] / max(total, 1e-9),
+            "perf/switch_step_share": switch["time/switch_s"] / max(total, 1e-9),
             "perf/generated_tokens_per_s": (engine_stats.decode_tokens
                                             - stats0.decode_tokens) / max(t_rollout, 1e-9),
             "perf/train_tokens_per_s": tokens_model / max(t_update, 1e-9),

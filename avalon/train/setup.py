@@ -180,8 +180,10 @@ def engine_params(params: dict, cfg: ModelConfig, mesh: Mesh, local_mesh: Mesh) 
 
 class Switch:
     """`switch(master)` -> the engine's params (see the module docstring); `metrics` then holds
-    its cost: `switch/cast_s` (the cast alone), `switch/bytes` (what the cast wrote: 0 when the
-    engine reads the master itself) and `switch/s` (cast + re-layout, blocked until ready)."""
+    its cost: `time/switch_cast_s` (the cast alone), `switch/bytes` (what the cast wrote: 0
+    when the engine reads the master itself) and `time/switch_view_s` (cast + re-layout,
+    blocked until ready). Timings sit under time/ with the run's other timings, so a resumed
+    run's metrics compare equal without them (tests/train/runner.py `deterministic`)."""
 
     def __init__(self, cfg: TrainConfig, mesh: Mesh, local_mesh: Mesh):
         self.model, self.mesh, self.local_mesh = cfg.model, mesh, local_mesh
@@ -192,8 +194,8 @@ class Switch:
         t0 = time.perf_counter()
         out = jax.block_until_ready(engine_params(self.view(params), self.model, self.mesh,
                                                   self.local_mesh))
-        self.metrics = {"switch/s": time.perf_counter() - t0,
-                        "switch/cast_s": self.view.last_seconds,
+        self.metrics = {"time/switch_view_s": time.perf_counter() - t0,
+                        "time/switch_cast_s": self.view.last_seconds,
                         "switch/bytes": 0 if self.view.identity else self.view.nbytes()}
         return out
 

@@ -75,7 +75,7 @@ def test_bf16_switch_casts_matrices_and_relays_them(host_params):
         np.testing.assert_array_equal(np.asarray(a, np.float32),
                                       np.asarray(b.astype(a.dtype), np.float32))
     assert switch.metrics["switch/bytes"] == sum(x.nbytes for x in jax.tree.leaves(out))
-    assert 0 < switch.metrics["switch/cast_s"] <= switch.metrics["switch/s"]
+    assert 0 < switch.metrics["time/switch_cast_s"] <= switch.metrics["time/switch_view_s"]
 
 
 def test_fp32_switch_on_the_same_layout_is_the_master_itself(host_params):
@@ -113,4 +113,4 @@ def test_the_runs_engine_decodes_with_the_configured_dtype(tmp_path, decode_dtyp
     np.testing.assert_array_equal(np.asarray(embed, np.float32),
                                   np.asarray(run.state.params["embed"].astype(want), np.float32))
     assert (m["switch/bytes"] > 0) == (decode_dtype == "bfloat16")
-    assert m["time/switch_s"] >= m["switch/s"] > 0
+    assert m["time/switch_s"] >= m["time/switch_view_s"] > 0
