@@ -320,7 +320,6 @@ def time_torch(path: str, shapes: Shapes, seed: int = 0) -> dict:
 
 
 def time_avalon(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict:
-    import jax
 
     cfg, params = load_avalon(path, overrides)
     rng = np.random.default_rng(seed)
@@ -333,17 +332,25 @@ def time_avalon(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> di
                          shapes.repeats)
         out["decode"][str(b)] = b * shapes.new_tokens / s
     ids = random_ids(rng, cfg.vocab_size, (shapes.train_batch, shapes.train_seq))
-    step = avalon_update(cfg, shapes.lr)
+    s = _median_time(avalon_update_once(cfg, params, ids, shapes.lr), shapes.repeats)
+    out["update_tokens_per_s"] = shapes.train_batch * shapes.train_seq / s
+    return out
+
+
+def avalon_update_once(cfg, params, ids: np.ndarray, lr: float):
+    """A callable that runs one Avalon update step on `ids` (its state carried from call to
+    call) and waits for it."""
+    import jax
+
+    step = avalon_update(cfg, lr)
     holder = {"state": step.init_state(params)}
     batch = step.put_batch(avalon_batch(ids))
 
-    def one():
+    def once():
         holder["state"], metrics = step.step_fn(holder["state"], batch)
         jax.block_until_ready(metrics)
 
-    s = _median_time(one, shapes.repeats)
-    out["update_tokens_per_s"] = shapes.train_batch * shapes.train_seq / s
-    return out
+    return once
 
 
 def time_update_paired(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict:
@@ -351,7 +358,6 @@ def time_update_paired(path: str, shapes: Shapes, overrides: dict, seed: int = 0
     `repeats` rounds after a warm-up of each: on a machine whose load moves by 2x within
     minutes, each pair shares the same load. Returns both medians and the median of the
     per-round ratios."""
-    import jax
     import torch
 
     model = load_torch(path)
@@ -360,16 +366,8 @@ def time_update_paired(path: str, shapes: Shapes, overrides: dict, seed: int = 0
                      (shapes.train_batch, shapes.train_seq))
     opt, tparams, clip = torch_optimizer(model.train(), shapes.lr)
     tids = torch.as_tensor(ids).long()
-    step = avalon_update(cfg, shapes.lr)
-    holder = {"state": step.init_state(params)}
-    batch = step.put_batch(avalon_batch(ids))
-
-    def avalon_one():
-        holder["state"], metrics = step.step_fn(holder["state"], batch)
-        jax.block_until_ready(metrics)
-
     runs = {"transformers": lambda: torch_train_step(model, opt, tparams, clip, tids),
-            "avalon": avalon_one}
+            "avalon": avalon_update_once(cfg, params, ids, shapes.lr)}
     times = {k: [] for k in runs}
     for fn in runs.values():
         fn()  # warm-up (compilation on Avalon's side)

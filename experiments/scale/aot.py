@@ -130,18 +130,32 @@ def compile_train_step(model_cfg, rl_cfg, mesh_shape: dict, devices, rows: int, 
 
 def report(compiled, model_cfg, rows: int, seq: int, chips: int, compile_s: float) -> dict:
     from avalon.model.accounting import train_flops_per_token
-    from experiments.scale import hlo_stats
 
-    mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    stats = hlo_stats.analyse(compiled.as_text())
-    peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-            + mem.temp_size_in_bytes)
+    compiled_part = compiled_report(compiled, compile_s)
     model_flops = train_flops_per_token(model_cfg, seq) * rows * seq / chips
+    flops = compiled_part["flops_per_chip"]
     return {
         "chips": chips,
         "rows": rows, "seq": seq, "tokens": rows * seq,
+        **compiled_part,
+        "model_flops_per_chip": model_flops,
+        "flops_ratio": round(flops / model_flops, 4) if model_flops else None,
+        "cost_analysis_flops_per_chip": float(cost.get("flops", math.nan)),
+    }
+
+
+def compiled_report(compiled, compile_s: float) -> dict:
+    """What both steps report of a compiled program: XLA's per-chip memory, the peak against
+    a v5p chip's HBM, matmul FLOPs and collectives from the HLO (`hlo_stats`)."""
+    from experiments.scale import hlo_stats
+
+    mem = compiled.memory_analysis()
+    stats = hlo_stats.analyse(compiled.as_text())
+    peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+            + mem.temp_size_in_bytes)
+    return {
         "argument_bytes_per_chip": mem.argument_size_in_bytes,
         "output_bytes_per_chip": mem.output_size_in_bytes,
         "alias_bytes_per_chip": mem.alias_size_in_bytes,
@@ -150,9 +164,6 @@ def report(compiled, model_cfg, rows: int, seq: int, chips: int, compile_s: floa
         "hbm_bytes_per_chip": V5P_HBM_BYTES,
         "peak_fraction_of_hbm": round(peak / V5P_HBM_BYTES, 4),
         "flops_per_chip": stats.flops,
-        "model_flops_per_chip": model_flops,
-        "flops_ratio": round(stats.flops / model_flops, 4) if model_flops else None,
-        "cost_analysis_flops_per_chip": float(cost.get("flops", math.nan)),
         "collectives": stats.collectives,
         "unknown_trip_loops": stats.unknown_trip_loops,
         "compile_s": round(compile_s, 1),
@@ -203,12 +214,7 @@ def decode_report(compiled, cfg, slots: int, rows: int, num_pages: int, page_siz
     from avalon.inference import device as dev
     from avalon.inference.weights import abstract_decode_view
     from avalon.model.cache import PagedKV
-    from experiments.scale import hlo_stats
 
-    mem = compiled.memory_analysis()
-    stats = hlo_stats.analyse(compiled.as_text())
-    peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-            + mem.temp_size_in_bytes)
     nbytes = lambda tree: int(sum(np.prod(a.shape) * a.dtype.itemsize
                                   for a in jax.tree.leaves(tree)))
     setup = dev.Setup(cfg=cfg.model, mesh=None, max_context=cfg.org.window,
@@ -225,17 +231,7 @@ def decode_report(compiled, cfg, slots: int, rows: int, num_pages: int, page_siz
                                                             dtype=cfg.engine.decode_dtype)),
         "slot_state_bytes": nbytes(state), "kv_pool_bytes": kv_bytes,
         "per_slot_state_bytes": (nbytes(state) - kv_bytes) // slots,
-        "argument_bytes_per_chip": mem.argument_size_in_bytes,
-        "output_bytes_per_chip": mem.output_size_in_bytes,
-        "alias_bytes_per_chip": mem.alias_size_in_bytes,
-        "temp_bytes_per_chip": mem.temp_size_in_bytes,
-        "peak_bytes_per_chip": peak,
-        "hbm_bytes_per_chip": V5P_HBM_BYTES,
-        "peak_fraction_of_hbm": round(peak / V5P_HBM_BYTES, 4),
-        "flops_per_chip": stats.flops,
-        "collectives": stats.collectives,
-        "unknown_trip_loops": stats.unknown_trip_loops,
-        "compile_s": round(compile_s, 1),
+        **compiled_report(compiled, compile_s),
     }
 
 
