@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import warnings
 
 import jax
@@ -49,7 +50,14 @@ from avalon.inference.sampling import SamplingKnobs, sample
 from avalon.model import cache as C
 from avalon.model.config import ModelConfig
 from avalon.model.model import forward, lm_logits
-from avalon.sharding import DECODE_RULES, constrain, logical_to_spec, tree_shardings, use_rules
+from avalon.sharding import (
+    DECODE_RULES,
+    batch_axes,
+    constrain,
+    logical_to_spec,
+    tree_shardings,
+    use_rules,
+)
 
 # Decode step codes (0 = keep going); the host maps them to `StopReason`.
 CODE_STOP, CODE_LENGTH, CODE_CONTEXT_FULL = 1, 2, 3
@@ -75,6 +83,22 @@ class Setup:
     @property
     def routing_dtype(self):
         return routing_dtype(self.cfg.n_routed_experts)
+
+    @property
+    def pool_shards(self) -> int:
+        """Chips the KV pool's pages are split over (DECODE_RULES' `kv_pages` axes); the
+        engine keeps its pool a multiple of it (`pages.py`)."""
+        if self.mesh is None:
+            return 1
+        rule = DECODE_RULES["kv_pages"]
+        axes = (rule,) if isinstance(rule, str) else tuple(rule or ())
+        return math.prod(self.mesh.shape[a] for a in axes)
+
+    @property
+    def row_split(self) -> int:
+        """Chips a dispatch's rows are split over (DECODE_RULES' `batch` axes)."""
+        return 1 if self.mesh is None else \
+            math.prod(self.mesh.shape[a] for a in batch_axes(self.mesh, DECODE_RULES))
 
 
 @struct.dataclass
@@ -238,7 +262,8 @@ def _scatter(state: SlotState, idx, rows: _Rows, cfg: ModelConfig) -> SlotState:
 @functools.partial(jax.jit, static_argnames=("setup", "num_pages"), donate_argnames=("state",))
 def _grow(state: SlotState, *, setup: Setup, num_pages: int) -> SlotState:
     with _rules(setup):
-        return _pin(state.replace(cache=C.grow_pool(state.cache, num_pages)), setup.cfg)
+        return _pin(state.replace(cache=C.grow_pool(state.cache, num_pages, setup.pool_shards)),
+                    setup.cfg)
 
 
 def release_programs() -> None:

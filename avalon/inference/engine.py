@@ -139,8 +139,8 @@ class Engine:
         # The pool's size is in every program's shapes: each size it grows through compiles
         # its own prefill and decode buckets (on CPU ~10 s and ~500 memory maps of JIT code
         # each), so a run that knows its need starts at it (`kv_pages`).
-        kv_pages = _positive_int("kv_pages", kv_pages)
-        self._pool = PagePool(self.page_size, kv_pages, self.num_slots)
+        kv_pages = self._pool_size(_positive_int("kv_pages", kv_pages))
+        self._pool = PagePool(self.page_size, kv_pages, self.num_slots, self._setup.pool_shards)
         self._state = dev.init_state(self._setup, self.num_slots, kv_pages)
         self._lengths = np.zeros(self.num_slots, np.int64)  # host mirror of the context lengths
         self._allocated = np.zeros(self.num_slots, bool)
@@ -149,12 +149,14 @@ class Engine:
         self._active: dict[int, ActiveTurn] = {}  # slot -> its turn in progress
         self._ready: list[TurnResult] = []  # finished, not yet returned by `step`
         self._inflight: collections.deque = collections.deque()
-        # Row buckets divisible by the slot-sharding axes, so working rows stay sharded.
-        split = 1 if mesh is None else \
-            mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"]
+        # Row buckets divisible by the axes rows are split over, so working rows stay sharded.
+        split = self._setup.row_split
         self._min_rows = max(MIN_ROWS, split)
         self._min_prefill_rows = split
-        self._max_width = pow2_at_least(self._pool.pages_for(self.max_context))
+        # Page tables at least one column per chip of a split pool (each scans its columns).
+        self._min_width = self._setup.pool_shards
+        self._max_width = max(self._min_width,
+                              pow2_at_least(self._pool.pages_for(self.max_context)))
         self.stats = EngineStats()
 
     # ---- slots ---------------------------------------------------------------------------
@@ -211,8 +213,8 @@ class Engine:
         self._flush_resets()  # the source may be a fresh slot that was never emptied
         new = [int(s) for s in free[:k]]
         length = int(self._lengths[slot])
-        if length % self.page_size and len(self._pool.free) < k:
-            self._grow_pool(self._pool.pages_in_use + k)
+        if not self._pool.can_fork(length, k):
+            self._grow_pool(self._pool.num_pages + k * self._pool.shards)
         src_pages, dst_pages = self._pool.fork(slot, new, length)
         dst = np.full(pow2_at_least(k), self.num_slots, np.int32)
         dst[:k] = new
@@ -258,8 +260,14 @@ class Engine:
         idx[:len(slots)] = slots
         return idx
 
+    def _pool_size(self, pages: int) -> int:
+        """A pool size for at least `pages` pages: a power of two, a multiple of the chips the
+        pool is split over."""
+        shards = self._setup.pool_shards
+        return -(-pow2_at_least(pages) // shards) * shards
+
     def _grow_pool(self, pages: int) -> None:
-        target = max(self._pool.num_pages, pow2_at_least(pages))
+        target = max(self._pool.num_pages, self._pool_size(pages))
         if target > self._pool.num_pages:
             self._state = dev.grow(self._state, setup=self._setup, num_pages=target)
             self._pool.grow(target)
@@ -273,10 +281,10 @@ class Engine:
         """Give each slot s pages for needs[s] tokens; the rows' page tables [rows, W]."""
         short = self._pool.shortfall(needs)
         if short:
-            self._grow_pool(self._pool.pages_in_use + short + len(self._pool.free))
+            self._grow_pool(self._pool.num_pages + short)
         for s, n in needs.items():
             self._pool.ensure(s, n)
-        width = min(self._max_width, pow2_at_least(max(1, max(
+        width = min(self._max_width, pow2_at_least(max(self._min_width, max(
             self._pool.pages_for(n) for n in needs.values()))))
         padded = list(slots) + [-1] * (rows - len(slots))
         return self._pool.table(padded, width)
@@ -285,11 +293,13 @@ class Engine:
         """Benchmarks only: adopt a synthesized device state (every slot allocated, contexts of
         `lengths` tokens, slot s holding pool pages [s * w, (s + 1) * w) for w = pages /
         slots) instead of prefilling it."""
+        if self._pool.shards > 1:
+            raise ValueError("_install_state: the synthesized layout is for an unsplit pool")
         pages = state.cache.num_pages or self.num_slots
         w = pages // self.num_slots
         self._state = state
         self._pool = PagePool(self.page_size, pages, self.num_slots)
-        self._pool.free = []
+        self._pool.free_by_shard = [[]]
         self._pool.refs[:] = 1
         self._pool.held = [list(range(s * w, (s + 1) * w)) for s in range(self.num_slots)]
         self._allocated[:] = True
