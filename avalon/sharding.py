@@ -113,7 +113,36 @@ def make_mesh(shape: Mapping[str, int] | None = None, devices: Sequence | None =
         raise ValueError(f"mesh shape {shape} needs {int(np.prod(sizes))} devices, "
                          f"{len(devices)} are available")
     axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-    return jax.make_mesh(sizes, MESH_AXES, axis_types=axis_types, devices=devices)
+    mesh = jax.make_mesh(sizes, MESH_AXES, axis_types=axis_types, devices=devices)
+    if _model_axes_cross_processes(mesh.devices):
+        mesh = Mesh(_host_major(devices, sizes), MESH_AXES, axis_types=axis_types)
+    return mesh
+
+
+def _model_axes_cross_processes(devices: np.ndarray) -> bool:
+    """Whether some (data, fsdp) position's expert x tensor devices span several processes."""
+    proc = np.vectorize(lambda d: d.process_index)(devices)
+    rows = proc.reshape(-1, proc.shape[2] * proc.shape[3])
+    return bool(np.any(rows != rows[:, :1]))
+
+
+def _host_major(devices: Sequence, sizes: tuple[int, ...]) -> np.ndarray:
+    """The devices as a [data, fsdp, expert, tensor] array whose model axes (expert x tensor,
+    the fastest-varying) lie within one process: processes in index order, each process's
+    devices in their physical order. The engine runs per host on its expert x tensor devices
+    (`train.setup.make_local_mesh`); `jax.make_mesh` optimises ICI rings over the whole slice
+    and on a v5p-256 laid the expert axis (4 chips along x) over two hosts' 2x2 blocks."""
+    model = sizes[2] * sizes[3]
+    per: dict[int, list] = {}
+    for d in devices:
+        per.setdefault(d.process_index, []).append(d)
+    counts = {len(v) for v in per.values()}
+    if len(counts) != 1 or counts.pop() % model:
+        raise ValueError(f"mesh shape {dict(zip(MESH_AXES, sizes))}: expert x tensor = {model} "
+                         "must divide every process's device count (the engine runs per host)")
+    key = lambda d: (tuple(getattr(d, "coords", ())), getattr(d, "core_on_chip", 0), d.id)
+    order = [d for p in sorted(per) for d in sorted(per[p], key=key)]
+    return np.array(order, dtype=object).reshape(sizes)
 
 
 def _mesh_axes_of(rule) -> tuple[str, ...]:

@@ -103,3 +103,23 @@ def test_pod_decode_slot_state_is_split_over_the_hosts_chips(pod_decode):
                    "the bf16 weights; RESULTS.md, issue 16 decode AOT): not met yet")
 def test_pod_decode_fits_85_gb_per_chip(pod_decode):
     assert pod_decode["fits"] and pod_decode["peak_bytes_per_chip"] <= 85e9, pod_decode
+
+
+@_NEEDS_LIBTPU
+def test_pod_mesh_keeps_each_hosts_expert_axis_on_the_host():
+    """The pod config's mesh (fsdp 32 x expert 4) over the real v5p-256 devices: every
+    expert group lies within one process, so each host's engine mesh can be cut from it.
+    `jax.make_mesh` alone laid the expert axis along x over two hosts' 2x2 chip blocks
+    (processes 0, 0, 1, 1) and `make_local_mesh` refused it at start-up."""
+    import numpy as np
+
+    from avalon import sharding
+    from avalon.train.setup import make_local_mesh
+    devices = aot.tpu_devices("v5p-256")
+    mesh = sharding.make_mesh({"fsdp": 32, "expert": 4}, devices=devices)
+    proc = np.vectorize(lambda d: d.process_index)(mesh.devices).reshape(32, 4)
+    assert (proc == proc[:, :1]).all() and sorted(set(proc[:, 0])) == list(range(32))
+    assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
+    local = make_local_mesh(mesh)
+    assert dict(local.shape) == {"data": 1, "fsdp": 1, "expert": 4, "tensor": 1}
+    assert {d.process_index for d in local.devices.flat} == {0}
