@@ -19,8 +19,10 @@ leave between dispatches (continuous batching), and rows without work are not co
 
 Every program is a module-level `jax.jit` with the static `Setup`, so engines with the same
 setup share compiled code. Under a mesh each program traces inside
-`use_rules(mesh, DECODE_RULES)`: slots and pool pages over data/fsdp, KV and Mamba heads over
-tensor (never replicated state); params are used as given.
+`use_rules(mesh, DECODE_RULES)`: slots and a dispatch's rows over data/fsdp, Mamba heads over
+tensor x expert (the dense layers tensor-parallel), the KV pool's pages over every device
+(each attends over its own pages; `PagePool` puts page j of a slot on chip j % chips); params
+are used as given.
 
 Programs:
   grow(state, num_pages)        -> the pool grown to num_pages pages (contents kept; donates)
@@ -130,9 +132,9 @@ class DecodeOut:
 
 
 def state_axes(cfg: ModelConfig) -> SlotState:
-    """Logical axes of the stored state: the model's cache axes with the slot (and pool page)
-    axis named `slots`, which DECODE_RULES spreads over every mesh axis a slot's state is not
-    already split on (data, fsdp, expert), so no chip holds a replica of another's slots."""
+    """Logical axes of the stored state: the model's cache axes with the slot axis named
+    `slots` (DECODE_RULES: data/fsdp; a slot's Mamba state is split by heads over the other
+    axes) and the pool's page axis `kv_pages` (every axis)."""
     def slots(axes):
         return tuple("slots" if a == "batch" else a for a in axes)
     return jax.tree.map(slots, SlotState(cache=C.cache_axes(cfg, paged=True),

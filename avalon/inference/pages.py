@@ -24,6 +24,22 @@ def pow2_at_least(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def ladder(least: int, most: int, ratio: int) -> tuple[int, ...]:
+    """Bucket sizes least, least * ratio, ... up to and including `most`."""
+    out = [min(least, most)]
+    while out[-1] < most:
+        out.append(min(most, out[-1] * ratio))
+    return tuple(out)
+
+
+def bucket(n: int, sizes: tuple[int, ...]) -> int:
+    """The smallest bucket of `sizes` (ascending) holding n."""
+    for size in sizes:
+        if n <= size:
+            return size
+    raise ValueError(f"bucket: {n} exceeds the largest bucket {sizes[-1]}")
+
+
 class PagePool:
     def __init__(self, page_size: int, num_pages: int, num_slots: int, shards: int = 1):
         if num_pages % shards:

@@ -13,7 +13,9 @@ page_size, head_dim] shared by all slots, and `pages` [b, W] lists each row's pa
 >= the pool size are unallocated). Memory then follows the tokens held, not slots x the longest
 context. Attention over pages is an online softmax over blocks of pages (`_paged_attention`), so
 its memory is bounded by rows x queries x block, whatever the context. The contiguous
-`KVCache` path is the readable reference it is tested against.
+`KVCache` path is the readable reference it is tested against. Under a mesh whose rules split
+the pool's pages (`kv_pages`, the engine's decode rules), each device writes and attends over
+the pages it holds and the partial softmaxes are merged (`_paged_sharded`).
 
 Notation: b batch, q/k query/key positions, h kv heads, g query heads per kv head, d head dim,
 n pool pages, s page size, w pages per row.
@@ -30,7 +32,6 @@ from flax import struct
 from jax.sharding import PartitionSpec
 
 from avalon import sharding
-
 from avalon.model.config import AttentionImpl, ModelConfig
 from avalon.model.dense import dense
 from avalon.sharding import constrain
@@ -223,17 +224,30 @@ def _write_cache(cache_arr, new, start, num_new):
 
 def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new):
     """pool [n, h, s, d]; new [b, t, h, d] written at position start[b] + i (i < num_new[b])
-    through the page table pages [b, w]; positions past the row's pages are dropped."""
+    through the page table pages [b, w]; positions past the row's pages are dropped.
+
+    Whole pages are read, updated and written back (the m <= (t + s - 2) // s + 1 pages the
+    row's new tokens fall in), never single [h, d] windows: a scatter into one page offset
+    made the TPU compiler lay the pool out offset-major inside the decode loop and copy the
+    whole pool in and out of it (a pool-sized temporary; RESULTS.md, helper i16d)."""
     n, _, size, _ = pool.shape
-    t, w = new.shape[1], pages.shape[1]
-    pos = start[:, None] + jnp.arange(t)[None, :]  # [b, t]
-    slot = pos // size
-    page = jnp.take_along_axis(pages, jnp.clip(slot, 0, w - 1), axis=1)
-    keep = slot < w
-    if num_new is not None:
-        keep &= jnp.arange(t)[None, :] < num_new[:, None]
-    page = jnp.where(keep, page, n)  # n: out of range, dropped
-    return pool.at[page, :, pos % size].set(new.astype(pool.dtype), mode="drop")
+    b, t = new.shape[:2]
+    w = pages.shape[1]
+    m = (t + size - 2) // size + 1
+    nn = jnp.full((b,), t, jnp.int32) if num_new is None else num_new
+    col = start[:, None] // size + jnp.arange(m)[None, :]  # [b, m] table columns touched
+    pid = jnp.take_along_axis(pages, jnp.clip(col, 0, w - 1), axis=1)
+    pid = jnp.where(col < w, pid, n)
+    # Token i of the row lands at block position (page mm, offset o) = start + i.
+    pos = col[:, :, None] * size + jnp.arange(size)[None, None, :]  # [b, m, s]
+    i = pos - start[:, None, None]
+    hit = (i >= 0) & (i < nn[:, None, None]) & (i < t)
+    src = jnp.take_along_axis(new, jnp.clip(i, 0, t - 1).reshape(b, m * size, 1, 1), axis=1)
+    src = src.reshape(b, m, size, *new.shape[2:]).swapaxes(2, 3)  # [b, m, h, s, d]
+    pid = jnp.where(hit.any(axis=-1), pid, n)  # pages without a new token: not written
+    cur = jnp.take(pool, pid, axis=0, mode="fill", fill_value=0)  # [b, m, h, s, d]
+    upd = jnp.where(hit[:, :, None, :, None], src.astype(pool.dtype), cur)
+    return pool.at[pid].set(upd, mode="drop")
 
 
 def _paged_partial(q, pool: PagedKV, pages, page_index, q_pos, scale):
