@@ -61,7 +61,8 @@ _ACTIVATION_RULES = {
     "act_vocab": "tensor",
     "act_experts": "expert",
     "cache_seq": None,
-    "slots": ("data", "fsdp"),  # the engine's stored per-slot state and KV pool pages
+    "slots": ("data", "fsdp"),  # the engine's stored per-slot state
+    "kv_pages": ("data", "fsdp"),  # the engine's KV pool pages
 }
 
 # Training: the batch is split over every data-parallel axis *and* `expert`: the dense layers
@@ -74,18 +75,26 @@ TRAIN_RULES: Rules = {
     "embed": "fsdp", "expert_in": "fsdp", "mtp_in": None,
 }
 
+# Decode: tensor parallelism over every model axis of a host for the dense layers. The engine
+# runs per host, whose chips differ only in expert/tensor (data/fsdp are size 1 there): the
+# heads, MLP width and vocabulary of the dense layers (Mamba, attention, shared experts, LM
+# head) are split over tensor *and* expert, so a host holds one copy of them, not one per chip
+# (13.9 GB per chip for Super when whole); the routed experts stay split over expert. A
+# dispatch's rows are then whole on every chip (each computes its heads for every row), and
+# per-slot state splits by heads the same way (Mamba state over tensor x expert). The KV pool
+# splits by pages over every axis (`kv_pages`: each chip attends over the pages it holds and
+# the partial softmaxes are merged, `attention.paged_attention_sharded`): GQA models have too
+# few KV heads (Super: 2) to split them over 4 chips. RESULTS.md, issue 16 (helper i16d).
+_DECODE_TP = ("tensor", "expert")
 DECODE_RULES: Rules = {
     **_WEIGHT_RULES, **_ACTIVATION_RULES,
     "embed": None, "expert_in": None, "mtp_in": None,
-    # A dispatch's rows over the slot axes too: each chip runs the dense layers for its own
-    # rows (the routed experts expert-parallel, as in training). Rows over data/fsdp only ran
-    # every row on every chip of a host, with its working Mamba state replicated: the pod's
-    # decode compiled to 23 GB of temporaries per chip at 64 rows (RESULTS.md, issue 16).
-    "batch": ("data", "fsdp", "expert"),
-    # Slot state over every axis its leaves are not split on otherwise: a host's chips differ
-    # only in expert/tensor (data/fsdp are size 1 per host), and replicating slots over expert
-    # would put every slot's state on every chip.
-    "slots": ("data", "fsdp", "expert"),
+    "q_heads": _DECODE_TP, "mamba_heads": _DECODE_TP, "mlp": _DECODE_TP, "vocab": _DECODE_TP,
+    "act_heads": _DECODE_TP, "act_mamba_heads": _DECODE_TP, "act_mlp": _DECODE_TP,
+    "act_vocab": _DECODE_TP,
+    "batch": ("data", "fsdp"),
+    "slots": ("data", "fsdp"),
+    "kv_pages": ("data", "fsdp", "expert", "tensor"),
 }
 
 
@@ -104,7 +113,36 @@ def make_mesh(shape: Mapping[str, int] | None = None, devices: Sequence | None =
         raise ValueError(f"mesh shape {shape} needs {int(np.prod(sizes))} devices, "
                          f"{len(devices)} are available")
     axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-    return jax.make_mesh(sizes, MESH_AXES, axis_types=axis_types, devices=devices)
+    mesh = jax.make_mesh(sizes, MESH_AXES, axis_types=axis_types, devices=devices)
+    if _model_axes_cross_processes(mesh.devices):
+        mesh = Mesh(_host_major(devices, sizes), MESH_AXES, axis_types=axis_types)
+    return mesh
+
+
+def _model_axes_cross_processes(devices: np.ndarray) -> bool:
+    """Whether some (data, fsdp) position's expert x tensor devices span several processes."""
+    proc = np.vectorize(lambda d: d.process_index)(devices)
+    rows = proc.reshape(-1, proc.shape[2] * proc.shape[3])
+    return bool(np.any(rows != rows[:, :1]))
+
+
+def _host_major(devices: Sequence, sizes: tuple[int, ...]) -> np.ndarray:
+    """The devices as a [data, fsdp, expert, tensor] array whose model axes (expert x tensor,
+    the fastest-varying) lie within one process: processes in index order, each process's
+    devices in their physical order. The engine runs per host on its expert x tensor devices
+    (`train.setup.make_local_mesh`); `jax.make_mesh` optimises ICI rings over the whole slice
+    and on a v5p-256 laid the expert axis (4 chips along x) over two hosts' 2x2 blocks."""
+    model = sizes[2] * sizes[3]
+    per: dict[int, list] = {}
+    for d in devices:
+        per.setdefault(d.process_index, []).append(d)
+    counts = {len(v) for v in per.values()}
+    if len(counts) != 1 or counts.pop() % model:
+        raise ValueError(f"mesh shape {dict(zip(MESH_AXES, sizes))}: expert x tensor = {model} "
+                         "must divide every process's device count (the engine runs per host)")
+    key = lambda d: (tuple(getattr(d, "coords", ())), getattr(d, "core_on_chip", 0), d.id)
+    order = [d for p in sorted(per) for d in sorted(per[p], key=key)]
+    return np.array(order, dtype=object).reshape(sizes)
 
 
 def _mesh_axes_of(rule) -> tuple[str, ...]:

@@ -18,8 +18,9 @@ update step the batch is split over all 128 chips (TRAIN_RULES: data x fsdp x ex
 routed experts are reached by all-to-all over `expert` (avalon/model/moe_ep.py); the MoE
 backend is `auto` (megablox on TPU: `lax.ragged_dot`'s weight gradient compiles to a dense
 masked product over the experts there). The engine of each host decodes from a bf16
-view of the same params (`engine.decode_dtype`), re-laid out for decoding (DECODE_RULES: whole
-along embed, experts over the host's 4 chips); that switch is timed every step.
+view of the same params (`engine.decode_dtype`), re-laid out for decoding (DECODE_RULES: the
+dense layers tensor-parallel over the host's 4 chips, experts split over them, the KV pool split
+by pages); that switch is timed every step.
 
 Global batch of one update call: micro_batches x 128 chips rows of 131,072 tokens = 16 x 128 =
 2,048 rows (268M token positions); the recipe's 200-800 groups x K 16 x (1 + up to 8 agents)
@@ -99,13 +100,21 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rl = ml_collections.ConfigDict({"lr": 4e-6, "temperature": 1.0, "eps_high": 5.0,
                                       "cap_mode": "delta", "freeze_router": True,
                                       "micro_batches": 16})  # see the module doc
-    # Per host: its 25 of the 800 groups x 16 rollouts x 9 agents alive at once. This does NOT
-    # fit (python -m experiments.scale.aot --config=this --step=decode; RESULTS.md, issue 16):
-    # KV is paged (memory follows tokens held), but each slot's fixed Mamba state is 170 MB, so
-    # 3,600 slots are 613 GB per host beside 72 GB of bf16 weights per chip; 64 slots already
-    # peak at 91.9 GB per chip. The recipe needs its rollouts in waves of far fewer slots.
-    c.engine = ml_collections.ConfigDict({"slots": 3600, "steps_per_dispatch": 32,
-                                          "prefill_chunk": 4096, "decode_dtype": "bfloat16"})
+    # One host's engine (4 chips, 95 GB each; measured: python -m experiments.scale.aot
+    # --config=this --topology=v5p-256 --step=decode, RESULTS.md issue 16, helper i16d). Per
+    # chip: the bf16 decode view is 61.6 GB (routed experts split over the 4 chips, the dense
+    # layers tensor-parallel over them); a slot's Mamba state is 170 MB, 42.6 MB per chip;
+    # KV is 8 KB a token (8 layers x 2 heads x 128 x K,V in bf16), 2 KB per chip (pages split
+    # over the chips). 64 slots with a pool of 64 x 65,536 tokens: an agent's context grows
+    # from its <= 12,000-token summary to the 114,688-token compaction point and starts again,
+    # so over a long rollout it holds (12,000 + 114,688) / 2 ~ 63K tokens on average; any one
+    # context can still reach the 131,072 window (page tables span it). The recipe's agents
+    # alive at once (25 of 800 groups x 16 x up to 9 = 3,600 per host) cannot all be resident
+    # (613 GB of Mamba state alone): the driver admits rollouts as slots free up
+    # (RolloutDriver max_agents = slots), so a step plays its rollouts in waves.
+    c.engine = ml_collections.ConfigDict({"slots": 64, "kv_pages": 64 * 65536 // 16,
+                                          "steps_per_dispatch": 32, "prefill_chunk": 4096,
+                                          "decode_dtype": "bfloat16"})
     c.eval = ml_collections.ConfigDict({"every": 25, "tasks": 64, "seeds": 4, "budget": 8,
                                         "clock_s": 7200.0})
     c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})

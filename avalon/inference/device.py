@@ -19,8 +19,10 @@ leave between dispatches (continuous batching), and rows without work are not co
 
 Every program is a module-level `jax.jit` with the static `Setup`, so engines with the same
 setup share compiled code. Under a mesh each program traces inside
-`use_rules(mesh, DECODE_RULES)`: slots and pool pages over data/fsdp, KV and Mamba heads over
-tensor (never replicated state); params are used as given.
+`use_rules(mesh, DECODE_RULES)`: slots and a dispatch's rows over data/fsdp, Mamba heads over
+tensor x expert (the dense layers tensor-parallel), the KV pool's pages over every device
+(each attends over its own pages; `PagePool` puts page j of a slot on chip j % chips); params
+are used as given.
 
 Programs:
   grow(state, num_pages)        -> the pool grown to num_pages pages (contents kept; donates)
@@ -37,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import warnings
 
 import jax
@@ -49,7 +52,14 @@ from avalon.inference.sampling import SamplingKnobs, sample
 from avalon.model import cache as C
 from avalon.model.config import ModelConfig
 from avalon.model.model import forward, lm_logits
-from avalon.sharding import DECODE_RULES, constrain, logical_to_spec, tree_shardings, use_rules
+from avalon.sharding import (
+    DECODE_RULES,
+    batch_axes,
+    constrain,
+    logical_to_spec,
+    tree_shardings,
+    use_rules,
+)
 
 # Decode step codes (0 = keep going); the host maps them to `StopReason`.
 CODE_STOP, CODE_LENGTH, CODE_CONTEXT_FULL = 1, 2, 3
@@ -75,6 +85,22 @@ class Setup:
     @property
     def routing_dtype(self):
         return routing_dtype(self.cfg.n_routed_experts)
+
+    @property
+    def pool_shards(self) -> int:
+        """Chips the KV pool's pages are split over (DECODE_RULES' `kv_pages` axes); the
+        engine keeps its pool a multiple of it (`pages.py`)."""
+        if self.mesh is None:
+            return 1
+        rule = DECODE_RULES["kv_pages"]
+        axes = (rule,) if isinstance(rule, str) else tuple(rule or ())
+        return math.prod(self.mesh.shape[a] for a in axes)
+
+    @property
+    def row_split(self) -> int:
+        """Chips a dispatch's rows are split over (DECODE_RULES' `batch` axes)."""
+        return 1 if self.mesh is None else \
+            math.prod(self.mesh.shape[a] for a in batch_axes(self.mesh, DECODE_RULES))
 
 
 @struct.dataclass
@@ -106,9 +132,9 @@ class DecodeOut:
 
 
 def state_axes(cfg: ModelConfig) -> SlotState:
-    """Logical axes of the stored state: the model's cache axes with the slot (and pool page)
-    axis named `slots`, which DECODE_RULES spreads over every mesh axis a slot's state is not
-    already split on (data, fsdp, expert), so no chip holds a replica of another's slots."""
+    """Logical axes of the stored state: the model's cache axes with the slot axis named
+    `slots` (DECODE_RULES: data/fsdp; a slot's Mamba state is split by heads over the other
+    axes) and the pool's page axis `kv_pages` (every axis)."""
     def slots(axes):
         return tuple("slots" if a == "batch" else a for a in axes)
     return jax.tree.map(slots, SlotState(cache=C.cache_axes(cfg, paged=True),
@@ -238,7 +264,8 @@ def _scatter(state: SlotState, idx, rows: _Rows, cfg: ModelConfig) -> SlotState:
 @functools.partial(jax.jit, static_argnames=("setup", "num_pages"), donate_argnames=("state",))
 def _grow(state: SlotState, *, setup: Setup, num_pages: int) -> SlotState:
     with _rules(setup):
-        return _pin(state.replace(cache=C.grow_pool(state.cache, num_pages)), setup.cfg)
+        return _pin(state.replace(cache=C.grow_pool(state.cache, num_pages, setup.pool_shards)),
+                    setup.cfg)
 
 
 def release_programs() -> None:

@@ -36,8 +36,9 @@ Serving (`submit` + `step`; `generate` = submit, then step until those turns are
    that replays the experts they were decoded with (KV below the cut is untouched).
 5. A turn is finished (returned by `step`) once it ended and no dispatch in flight has its row.
 
-Buckets: rows, chunk lengths, page-table widths and pool sizes are powers of two, so a serving
-run compiles a handful of programs.
+Buckets: rows, chunk lengths and page-table widths are rungs of short fixed ladders
+(`Engine.buckets`: decode rows double, the rest grow 4x) and pool sizes powers of two, so a
+serving run compiles at most the product of the ladders' lengths per pool size.
 
 Params are read, not copied: `set_params` swaps the reference to new arrays; they may be the
 trainer's master params or their bf16 decode view (`inference/weights.py`). One exception,
@@ -64,7 +65,7 @@ from jax.sharding import Mesh
 
 from avalon.inference import device as dev
 from avalon.inference.api import EngineStats, StopReason, TurnRequest, TurnResult
-from avalon.inference.pages import PagePool, pow2_at_least
+from avalon.inference.pages import PagePool, bucket, ladder, pow2_at_least
 from avalon.inference.requests import Turn, find_stop_string, validate_requests
 from avalon.inference.sampling import SamplingKnobs
 from avalon.inference.turns import ActiveTurn, Record
@@ -72,6 +73,13 @@ from avalon.model.config import ModelConfig
 from avalon.model.params import abstract_params, unstack_params
 
 MIN_CHUNK = 8
+# Every shape bucket is a rung of a short ladder fixed by the engine's config: a decode row
+# count doubles (on a CPU a dispatch costs in proportion to its rows), every other bucket
+# (prefill rows, chunk lengths, page-table widths, state-op sizes) grows 4x. Each bucket
+# combination is one compiled program (on XLA:CPU ~500 memory maps of JIT code), so doubling
+# ladders everywhere let a long toy run compile hundreds of them (RESULTS.md).
+DECODE_ROW_RATIO = 2
+BUCKET_RATIO = 4
 MIN_ROWS = 8
 MIN_PAGES = 16
 PIPELINE_DEPTH = 2  # decode dispatches in flight
@@ -139,8 +147,8 @@ class Engine:
         # The pool's size is in every program's shapes: each size it grows through compiles
         # its own prefill and decode buckets (on CPU ~10 s and ~500 memory maps of JIT code
         # each), so a run that knows its need starts at it (`kv_pages`).
-        kv_pages = _positive_int("kv_pages", kv_pages)
-        self._pool = PagePool(self.page_size, kv_pages, self.num_slots)
+        kv_pages = self._pool_size(_positive_int("kv_pages", kv_pages))
+        self._pool = PagePool(self.page_size, kv_pages, self.num_slots, self._setup.pool_shards)
         self._state = dev.init_state(self._setup, self.num_slots, kv_pages)
         self._lengths = np.zeros(self.num_slots, np.int64)  # host mirror of the context lengths
         self._allocated = np.zeros(self.num_slots, bool)
@@ -149,12 +157,22 @@ class Engine:
         self._active: dict[int, ActiveTurn] = {}  # slot -> its turn in progress
         self._ready: list[TurnResult] = []  # finished, not yet returned by `step`
         self._inflight: collections.deque = collections.deque()
-        # Row buckets divisible by the slot-sharding axes, so working rows stay sharded.
-        split = 1 if mesh is None else \
-            mesh.shape["data"] * mesh.shape["fsdp"] * mesh.shape["expert"]
+        # Row buckets divisible by the axes rows are split over, so working rows stay sharded.
+        split = self._setup.row_split
         self._min_rows = max(MIN_ROWS, split)
         self._min_prefill_rows = split
-        self._max_width = pow2_at_least(self._pool.pages_for(self.max_context))
+        # Page tables at least one column per chip of a split pool (each scans its columns).
+        self._min_width = self._setup.pool_shards
+        self._max_width = max(self._min_width,
+                              pow2_at_least(self._pool.pages_for(self.max_context)))
+        n = self.num_slots
+        self.buckets = {
+            "decode_rows": ladder(self._min_rows, n, DECODE_ROW_RATIO),
+            "prefill_rows": ladder(self._min_prefill_rows, n, BUCKET_RATIO),
+            "chunk": ladder(MIN_CHUNK, self.prefill_chunk, BUCKET_RATIO),
+            "width": ladder(self._min_width, self._max_width, BUCKET_RATIO),
+            "state_rows": ladder(1, n, BUCKET_RATIO),
+        }
         self.stats = EngineStats()
 
     # ---- slots ---------------------------------------------------------------------------
@@ -211,12 +229,12 @@ class Engine:
         self._flush_resets()  # the source may be a fresh slot that was never emptied
         new = [int(s) for s in free[:k]]
         length = int(self._lengths[slot])
-        if length % self.page_size and len(self._pool.free) < k:
-            self._grow_pool(self._pool.pages_in_use + k)
+        if not self._pool.can_fork(length, k):
+            self._grow_pool(self._pool.num_pages + k * self._pool.shards)
         src_pages, dst_pages = self._pool.fork(slot, new, length)
-        dst = np.full(pow2_at_least(k), self.num_slots, np.int32)
+        dst = np.full(bucket(k, self.buckets["state_rows"]), self.num_slots, np.int32)
         dst[:k] = new
-        n = pow2_at_least(max(1, len(dst_pages)))
+        n = bucket(max(1, len(dst_pages)), self.buckets["state_rows"])
         page_src, page_dst = np.zeros(n, np.int32), np.full(n, self._pool.num_pages, np.int32)
         page_src[:len(src_pages)], page_dst[:len(dst_pages)] = src_pages, dst_pages
         self._state = dev.fork(self._state, np.int32(slot), dst, page_src, page_dst,
@@ -240,26 +258,28 @@ class Engine:
         if not self._to_reset:
             return
         ids = sorted(self._to_reset)
-        idx = np.full(pow2_at_least(len(ids)), self.num_slots, np.int32)
+        idx = np.full(bucket(len(ids), self.buckets["state_rows"]), self.num_slots, np.int32)
         idx[:len(ids)] = ids
         self._state = dev.reset(self._state, idx, setup=self._setup)
         self._to_reset.clear()
         self.stats.state_ops += 1
 
     # ---- buckets and pages ---------------------------------------------------------------
-    def _rows_for(self, n: int, least: int) -> int:
-        return min(self.num_slots, max(least, pow2_at_least(n)))
-
-    def _row_ids(self, slots: list[int], least: int | None = None) -> np.ndarray:
-        """Row ids for a dispatch over `slots`, padded to a power-of-two bucket of at least
-        `least` rows (default MIN_ROWS, which bounds the decode programs compiled)."""
-        least = self._min_rows if least is None else least
-        idx = np.full(self._rows_for(len(slots), least), self.num_slots, np.int32)
+    def _row_ids(self, slots: list[int], ladder_name: str = "decode_rows") -> np.ndarray:
+        """Row ids for a dispatch over `slots`, padded to a bucket of that ladder (padding
+        rows are slot id num_slots: empty, dropped)."""
+        idx = np.full(bucket(len(slots), self.buckets[ladder_name]), self.num_slots, np.int32)
         idx[:len(slots)] = slots
         return idx
 
+    def _pool_size(self, pages: int) -> int:
+        """A pool size for at least `pages` pages: a power of two, a multiple of the chips the
+        pool is split over."""
+        shards = self._setup.pool_shards
+        return -(-pow2_at_least(pages) // shards) * shards
+
     def _grow_pool(self, pages: int) -> None:
-        target = max(self._pool.num_pages, pow2_at_least(pages))
+        target = max(self._pool.num_pages, self._pool_size(pages))
         if target > self._pool.num_pages:
             self._state = dev.grow(self._state, setup=self._setup, num_pages=target)
             self._pool.grow(target)
@@ -273,11 +293,11 @@ class Engine:
         """Give each slot s pages for needs[s] tokens; the rows' page tables [rows, W]."""
         short = self._pool.shortfall(needs)
         if short:
-            self._grow_pool(self._pool.pages_in_use + short + len(self._pool.free))
+            self._grow_pool(self._pool.num_pages + short)
         for s, n in needs.items():
             self._pool.ensure(s, n)
-        width = min(self._max_width, pow2_at_least(max(1, max(
-            self._pool.pages_for(n) for n in needs.values()))))
+        width = bucket(min(self._max_width, max(self._pool.pages_for(n) for n in needs.values())),
+                       self.buckets["width"])
         padded = list(slots) + [-1] * (rows - len(slots))
         return self._pool.table(padded, width)
 
@@ -285,11 +305,13 @@ class Engine:
         """Benchmarks only: adopt a synthesized device state (every slot allocated, contexts of
         `lengths` tokens, slot s holding pool pages [s * w, (s + 1) * w) for w = pages /
         slots) instead of prefilling it."""
+        if self._pool.shards > 1:
+            raise ValueError("_install_state: the synthesized layout is for an unsplit pool")
         pages = state.cache.num_pages or self.num_slots
         w = pages // self.num_slots
         self._state = state
         self._pool = PagePool(self.page_size, pages, self.num_slots)
-        self._pool.free = []
+        self._pool.free_by_shard = [[]]
         self._pool.refs[:] = 1
         self._pool.held = [list(range(s * w, (s + 1) * w)) for s in range(self.num_slots)]
         self._allocated[:] = True
@@ -379,9 +401,9 @@ class Engine:
         slots = list(feed)
         # Prefill buckets start at one row (the slot axes under a mesh): a turn admitted alone
         # into a running generation is prefilled alone, not with 7 padding rows.
-        idx = self._row_ids(slots, self._min_prefill_rows)
+        idx = self._row_ids(slots, "prefill_rows")
         rows = len(idx)
-        T = min(self.prefill_chunk, max(MIN_CHUNK, pow2_at_least(max(map(len, feed.values())))))
+        T = bucket(max(map(len, feed.values())), self.buckets["chunk"])
         tokens = np.zeros((rows, T), np.int32)
         num_new = np.zeros(rows, np.int32)
         routing = None if replay is None else \

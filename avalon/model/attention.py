@@ -13,7 +13,9 @@ page_size, head_dim] shared by all slots, and `pages` [b, W] lists each row's pa
 >= the pool size are unallocated). Memory then follows the tokens held, not slots x the longest
 context. Attention over pages is an online softmax over blocks of pages (`_paged_attention`), so
 its memory is bounded by rows x queries x block, whatever the context. The contiguous
-`KVCache` path is the readable reference it is tested against.
+`KVCache` path is the readable reference it is tested against. Under a mesh whose rules split
+the pool's pages (`kv_pages`, the engine's decode rules), each device writes and attends over
+the pages it holds and the partial softmaxes are merged (`_paged_sharded`).
 
 Notation: b batch, q/k query/key positions, h kv heads, g query heads per kv head, d head dim,
 n pool pages, s page size, w pages per row.
@@ -22,11 +24,14 @@ n pool pages, s page size, w pages per row.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import PartitionSpec
 
+from avalon import sharding
 from avalon.model.config import AttentionImpl, ModelConfig
 from avalon.model.dense import dense
 from avalon.sharding import constrain
@@ -50,9 +55,10 @@ class PagedKV:
     v: jax.Array  # [pages, kv_heads, page_size, head_dim]
 
 
-# Pages are split over the slot axes (data/fsdp) like slots, heads over tensor.
-PAGED_KV_AXES = PagedKV(k=("batch", "act_kv_heads", None, None),
-                        v=("batch", "act_kv_heads", None, None))
+# Pages are split over `kv_pages` (in decode: every chip of the engine's mesh), heads are not:
+# GQA models have too few KV heads to split (Super: 2 over a host's 4 chips), and a chip holding
+# whole pages attends over them on its own (`_paged_sharded`).
+PAGED_KV_AXES = PagedKV(k=("kv_pages", None, None, None), v=("kv_pages", None, None, None))
 # Pages per block of the online softmax: the scores of one block are
 # [rows, heads, queries, PAGE_BLOCK * page_size] fp32.
 PAGE_BLOCK = 16
@@ -218,25 +224,40 @@ def _write_cache(cache_arr, new, start, num_new):
 
 def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new):
     """pool [n, h, s, d]; new [b, t, h, d] written at position start[b] + i (i < num_new[b])
-    through the page table pages [b, w]; positions past the row's pages are dropped."""
+    through the page table pages [b, w]; positions past the row's pages are dropped.
+
+    Whole pages are read, updated and written back (the m <= (t + s - 2) // s + 1 pages the
+    row's new tokens fall in), never single [h, d] windows: a scatter into one page offset
+    made the TPU compiler lay the pool out offset-major inside the decode loop and copy the
+    whole pool in and out of it (a pool-sized temporary; RESULTS.md, helper i16d)."""
     n, _, size, _ = pool.shape
-    t, w = new.shape[1], pages.shape[1]
-    pos = start[:, None] + jnp.arange(t)[None, :]  # [b, t]
-    slot = pos // size
-    page = jnp.take_along_axis(pages, jnp.clip(slot, 0, w - 1), axis=1)
-    keep = slot < w
-    if num_new is not None:
-        keep &= jnp.arange(t)[None, :] < num_new[:, None]
-    page = jnp.where(keep, page, n)  # n: out of range, dropped
-    return pool.at[page, :, pos % size].set(new.astype(pool.dtype), mode="drop")
+    b, t = new.shape[:2]
+    w = pages.shape[1]
+    m = (t + size - 2) // size + 1
+    nn = jnp.full((b,), t, jnp.int32) if num_new is None else num_new
+    col = start[:, None] // size + jnp.arange(m)[None, :]  # [b, m] table columns touched
+    pid = jnp.take_along_axis(pages, jnp.clip(col, 0, w - 1), axis=1)
+    pid = jnp.where(col < w, pid, n)
+    # Token i of the row lands at block position (page mm, offset o) = start + i.
+    pos = col[:, :, None] * size + jnp.arange(size)[None, None, :]  # [b, m, s]
+    i = pos - start[:, None, None]
+    hit = (i >= 0) & (i < nn[:, None, None]) & (i < t)
+    src = jnp.take_along_axis(new, jnp.clip(i, 0, t - 1).reshape(b, m * size, 1, 1), axis=1)
+    src = src.reshape(b, m, size, *new.shape[2:]).swapaxes(2, 3)  # [b, m, h, s, d]
+    pid = jnp.where(hit.any(axis=-1), pid, n)  # pages without a new token: not written
+    cur = jnp.take(pool, pid, axis=0, mode="fill", fill_value=0)  # [b, m, h, s, d]
+    upd = jnp.where(hit[:, :, None, :, None], src.astype(pool.dtype), cur)
+    return pool.at[pid].set(upd, mode="drop")
 
 
-def _paged_attention(q, pool: PagedKV, pages, q_pos, scale):
-    """q [b, Q, h, g, d]; pages [b, w]; q_pos [b, Q]: query i of row b sees positions <= q_pos.
+def _paged_partial(q, pool: PagedKV, pages, page_index, q_pos, scale):
+    """The unnormalised online softmax of q over the pages in `pages` [b, w] (column i holds
+    the row's page number page_index[i], i.e. positions page_index[i] * page_size + o):
+    returns (m, l, acc) [b, h, g, Q] x2 and [b, h, g, Q, d], fp32.
 
-    Online softmax over blocks of PAGE_BLOCK pages (a running max m, normaliser l and
-    unnormalised output acc, rescaled as each block raises the max): memory is one block's
-    scores, whatever the context. Returns [b, Q, h, g, d]."""
+    Blocks of PAGE_BLOCK pages (a running max m, normaliser l and unnormalised output acc,
+    rescaled as each block raises the max): memory is one block's scores, whatever the
+    context."""
     b, nq, h, g, d = q.shape
     w = pages.shape[1]
     size = pool.k.shape[2]
@@ -245,18 +266,19 @@ def _paged_attention(q, pool: PagedKV, pages, q_pos, scale):
         raise ValueError(f"paged attention: page table width {w} is not a multiple of the "
                          f"block of {per} pages")
     blocks = pages.reshape(b, w // per, per).swapaxes(0, 1)  # [w / per, b, per]
+    first = page_index.reshape(w // per, per) * size  # [w / per, per] first position of a page
     f32 = jnp.float32
 
     def block(carry, xs):
         m, l, acc = carry
-        idx, j = xs
+        idx, start = xs
 
         def gather(a):  # [b, per, h, s, d] -> [b, h, per * s, d]
             a = jnp.take(a, idx, axis=0, mode="fill", fill_value=0)
             return a.swapaxes(1, 2).reshape(b, h, per * size, d)
 
         k, v = gather(pool.k), gather(pool.v)
-        k_pos = j * per * size + jnp.arange(per * size)
+        k_pos = (start[:, None] + jnp.arange(size)[None, :]).reshape(per * size)
         mask = (k_pos[None, None, :] <= q_pos[:, :, None])[:, None, None]  # [b, 1, 1, Q, K]
         s = (jnp.einsum("bqhgd,bhkd->bhgqk", q, k) * jnp.asarray(scale, q.dtype)).astype(f32)
         s = jnp.where(mask, s, _MASKED)
@@ -269,10 +291,77 @@ def _paged_attention(q, pool: PagedKV, pages, q_pos, scale):
 
     init = (jnp.full((b, h, g, nq), _MASKED, f32), jnp.zeros((b, h, g, nq), f32),
             jnp.zeros((b, h, g, nq, d), f32))
-    (_, l, acc), _ = jax.lax.scan(block, init, (blocks, jnp.arange(w // per)))
-    # A query with nothing visible (a padding row) has l = 0: keep it finite.
-    out = acc / jnp.maximum(l, jnp.finfo(f32).tiny)[..., None]
-    return out.transpose(0, 3, 1, 2, 4).astype(q.dtype)
+    return jax.lax.scan(block, init, (blocks, first))[0]
+
+
+def _normalise(l, acc, dtype):
+    """[b, h, g, Q(, d)] -> [b, Q, h, g, d]. A query with nothing visible (a padding row) has
+    l = 0: keep it finite."""
+    out = acc / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]
+    return out.transpose(0, 3, 1, 2, 4).astype(dtype)
+
+
+def _paged_attention(q, pool: PagedKV, pages, q_pos, scale):
+    """q [b, Q, h, g, d]; pages [b, w]; q_pos [b, Q]: query i of row b sees positions <= q_pos.
+    Online softmax over blocks of pages (`_paged_partial`). Returns [b, Q, h, g, d]."""
+    _, l, acc = _paged_partial(q, pool, pages, jnp.arange(pages.shape[1]), q_pos, scale)
+    return _normalise(l, acc, q.dtype)
+
+
+def pool_split(num_pages: int):
+    """(mesh, mesh axes) the KV pool's pages are split over under the active rules (logical
+    axis `kv_pages`), or None when the pool is whole on every device."""
+    active = sharding.active()
+    if active is None:
+        return None
+    mesh, rules = active
+    spec = sharding.logical_to_spec(("kv_pages",), rules, mesh, (num_pages,))
+    if not spec:
+        return None
+    axes = spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+    return mesh, axes
+
+
+def _paged_sharded(q, k_new, v_new, pool: PagedKV, pages, lengths, num_new, scale, mesh, axes):
+    """Paged attention with the pool split by pages over mesh `axes` in blocks (chip c holds
+    pages [c n / P, (c + 1) n / P)), as the engine lays it out: page j of every row lives on
+    chip j % P (`inference/pages.py`). Each chip writes the new K/V that fall in its pages and
+    runs the online softmax over its own table columns j = c, c + P, ..., and the chips'
+    partial softmaxes are merged (max, then rescaled sums over `axes`): what crosses chips is
+    [b, h, g, Q, d] per layer, never KV. q, k_new, v_new, pages and lengths are taken whole
+    (small). Returns (new pool, out [b, Q, h, g, d])."""
+    n = pool.k.shape[0]
+    b, w = pages.shape
+    shards = math.prod(mesh.shape[a] for a in axes)
+    if w % shards:
+        raise ValueError(f"paged attention: page table width {w} is not a multiple of the "
+                         f"{shards} chips the pool is split over")
+    per_chip = n // shards
+    t = q.shape[1]
+    nn = jnp.full((b,), t, jnp.int32) if num_new is None else num_new
+
+    def body(q, k_new, v_new, pk, pv, pages, lengths, nn):
+        c = jax.lax.axis_index(axes)
+        local = pages - c * per_chip
+        local = jnp.where((local >= 0) & (local < per_chip), local, per_chip)  # else: dropped
+        pk = _write_pages(pk, k_new, local, lengths, nn)
+        pv = _write_pages(pv, v_new, local, lengths, nn)
+        mine = jnp.take(local.reshape(b, w // shards, shards), c, axis=2)
+        page_index = jnp.arange(w // shards) * shards + c
+        q_pos = lengths[:, None] + jnp.arange(t)[None, :]
+        m, l, acc = _paged_partial(q, PagedKV(k=pk, v=pv), mine, page_index, q_pos, scale)
+        m_all = jax.lax.pmax(m, axes)
+        corr = jnp.exp(m - m_all)
+        l = jax.lax.psum(l * corr, axes)
+        acc = jax.lax.psum(acc * corr[..., None], axes)
+        return pk, pv, _normalise(l, acc, q.dtype)
+
+    whole, split = PartitionSpec(), PartitionSpec(axes)
+    pk, pv, out = jax.shard_map(
+        body, mesh=mesh, in_specs=(whole, whole, whole, split, split, whole, whole, whole),
+        out_specs=(split, split, whole), check_vma=False)(
+            q, k_new, v_new, pool.k, pool.v, pages, lengths, nn)
+    return PagedKV(k=pk, v=pv), out
 
 
 def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
@@ -296,10 +385,15 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     elif isinstance(cache, PagedKV):
         if pages is None:
             raise ValueError("attention: a PagedKV cache needs its page table (pages=)")
-        new_cache = PagedKV(k=_write_pages(cache.k, k, pages, lengths, num_new),
-                            v=_write_pages(cache.v, v, pages, lengths, num_new))
-        q_pos = lengths[:, None] + jnp.arange(t)[None, :]
-        out = _paged_attention(q, new_cache, pages, q_pos, scale)
+        split = pool_split(cache.k.shape[0])
+        if split is not None:
+            new_cache, out = _paged_sharded(q, k, v, cache, pages, lengths, num_new, scale,
+                                            *split)
+        else:
+            new_cache = PagedKV(k=_write_pages(cache.k, k, pages, lengths, num_new),
+                                v=_write_pages(cache.v, v, pages, lengths, num_new))
+            q_pos = lengths[:, None] + jnp.arange(t)[None, :]
+            out = _paged_attention(q, new_cache, pages, q_pos, scale)
     else:
         new_cache = KVCache(k=_write_cache(cache.k, k, lengths, num_new),
                             v=_write_cache(cache.v, v, lengths, num_new))

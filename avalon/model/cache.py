@@ -151,12 +151,17 @@ def put_rows(cache: Cache, idx: jax.Array, part: Cache) -> Cache:
     return Cache(blocks=blocks, lengths=cache.lengths.at[idx].set(part.lengths, mode="drop"))
 
 
-def grow_pool(cache: Cache, num_pages: int) -> Cache:
-    """A paged cache with `num_pages` pool pages (>= the current count; contents kept)."""
+def grow_pool(cache: Cache, num_pages: int, shards: int = 1) -> Cache:
+    """A paged cache with `num_pages` pool pages (>= the current count; contents kept). With
+    `shards` > 1 the pool is taken as `shards` blocks of pages (one per chip, the engine's
+    split pool): each block grows at its end, so a page keeps its chip and local offset."""
     def fix(entry):
-        pad = num_pages - entry.k.shape[1]
-        widths = [(0, 0), (0, pad)] + [(0, 0)] * (entry.k.ndim - 2)
-        return PagedKV(k=jnp.pad(entry.k, widths), v=jnp.pad(entry.v, widths))
+        def one(a):
+            r, n = a.shape[:2]
+            blocks = a.reshape(r, shards, n // shards, *a.shape[2:])
+            widths = [(0, 0), (0, 0), (0, (num_pages - n) // shards)] + [(0, 0)] * (a.ndim - 2)
+            return jnp.pad(blocks, widths).reshape(r, num_pages, *a.shape[2:])
+        return PagedKV(k=one(entry.k), v=one(entry.v))
     blocks = _per_slot(lambda a: a, fix, cache.blocks)
     return Cache(blocks=blocks, lengths=cache.lengths, pages=cache.pages)
 

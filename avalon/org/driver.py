@@ -15,6 +15,13 @@ An agent that will not act again is released from the policy (its engine slot fr
 end of the tick. When every rollout of a group starts with the same CEO system segment, the
 policy may prefill it once and share it (`Policy.prefill_shared`).
 
+Admission (`max_agents`, e.g. the engine's slots): when the specs hold more agents than the
+policy can keep alive, rollouts are admitted in spec order while the agents they may ever
+have (1 + budget each) fit, and each one that ends makes room for the next, admitted at the
+start of the following tick. Every rollout's simulated clock is its own, so admission changes
+when a rollout is played, never what happens in it. Prefix sharing then covers the rollouts
+of a group admitted together.
+
 Every rollout gets its own workspace directory under `workdir` (a fresh temporary directory by
 default, removed after the run unless `keep_workspaces`), and, with `log_dir`, its event log
 `group{G}_rollout{I}.jsonl`.
@@ -22,6 +29,7 @@ default, removed after the run unless `keep_workspaces`), and, with `log_dir`, i
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import shutil
@@ -79,7 +87,13 @@ class RolloutDriver:
 
     def __init__(self, policy: Policy, chat: ChatFormat, config: OrgConfig, *,
                  workdir: str | os.PathLike | None = None, log_dir: str | os.PathLike | None = None,
-                 share_prefix: bool = True, keep_workspaces: bool = False):
+                 share_prefix: bool = True, keep_workspaces: bool = False,
+                 max_agents: int | None = None):
+        if max_agents is not None and (isinstance(max_agents, bool)
+                                       or not isinstance(max_agents, int) or max_agents < 1):
+            raise ValueError(f"RolloutDriver: max_agents={max_agents!r} must be a positive int "
+                             "or None")
+        self.max_agents = max_agents
         self.policy, self.chat, self.config = policy, chat, config
         self.workdir = None if workdir is None else Path(workdir)
         self.log_dir = None if log_dir is None else paths.path(log_dir)
@@ -97,12 +111,13 @@ class RolloutDriver:
                 raise ValueError(f"group {g.group_id} mixes tasks {sorted(ids)}")
         root = Path(tempfile.mkdtemp(prefix="avalon-org-", dir=self.workdir))
         try:
+            most = max(r.budget for g in groups for r in g.rollouts)
+            if self.max_agents is not None and 1 + most > self.max_agents:
+                raise ValueError(f"RolloutDriver: max_agents={self.max_agents} cannot hold a "
+                                 f"rollout of budget {most} (1 + budget = {1 + most} agents)")
             orgs = [[self._organisation(root, g, i, r) for i, r in enumerate(g.rollouts)]
                     for g in groups]
-            if self.share_prefix:
-                for group in orgs:
-                    self._share(group)
-            ticks = self._loop([o for group in orgs for o in group])
+            ticks = self._loop([(gi, o) for gi, group in enumerate(orgs) for o in group])
             for o in (o for group in orgs for o in group):  # one source of truth (schedule.py)
                 verify_schedule(o.log.events, o.scheduled, clock_order=not o.lock_step)
             if self.log_dir is not None:
@@ -134,10 +149,29 @@ class RolloutDriver:
         if len(group) > 1 and all(np.array_equal(o.shared_prefix(), prefix) for o in group):
             self.policy.prefill_shared([o.key(o.first_agent()) for o in group], prefix)
 
-    def _loop(self, orgs: list[Organisation]) -> list[TickStat]:
+    def _admit(self, pending, active: list[Organisation], held: int) -> int:
+        """Move rollouts from `pending` ((group index, org), spec order) to `active` while
+        their agents fit `max_agents`; share prefixes within each group admitted. Returns the
+        agents now held."""
+        new: dict[int, list[Organisation]] = {}
+        while pending and (self.max_agents is None
+                           or held + 1 + pending[0][1].budget <= self.max_agents):
+            gi, o = pending.popleft()
+            held += 1 + o.budget
+            new.setdefault(gi, []).append(o)
+            active.append(o)
+        if self.share_prefix:
+            for group in new.values():
+                self._share(group)
+        return held
+
+    def _loop(self, orgs: list[tuple[int, Organisation]]) -> list[TickStat]:
         ticks = []
-        active = orgs
-        while active:
+        pending = collections.deque(orgs)
+        active: list[Organisation] = []
+        held = 0
+        while pending or active:
+            held = self._admit(pending, active, held)
             batches = [(o, o.begin_tick()) for o in active]
             flat = [t for _, turns in batches for t in turns]
             outputs = self.policy.act(flat) if flat else []
@@ -153,5 +187,6 @@ class RolloutDriver:
                     self.policy.release(key)
             if flat:  # a tick in which rollouts only ended made no policy call
                 ticks.append(TickStat(active_rollouts=len(active), turns=len(flat)))
-            active = [o for o in active if not o.done]
+            held -= sum(1 + o.budget for o in active if o.done)
+            active[:] = [o for o in active if not o.done]
         return ticks

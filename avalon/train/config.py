@@ -92,7 +92,7 @@ DECODE_DTYPES = ("float32", "bfloat16")
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    slots: int = 256  # engine slots (>= rollouts alive at once x (1 + max budget))
+    slots: int = 256  # engine slots: agents alive at once (rollouts beyond wait, RolloutDriver)
     steps_per_dispatch: int = 8
     prefill_chunk: int = 256
     # KV pool pages (16 positions each) at start; the pool doubles when short. Every size it
@@ -359,12 +359,11 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
         _fail("rl.temperature", cfg.rl.temperature,
               f"must equal rollout.temperature={cfg.rollout.temperature}: the trainer must "
               "recompute log-probs under the distribution the engine sampled from")
-    most_groups = max(cfg.rollout.groups_per_step, cfg.rollout.groups_per_step_end)
-    per_process = -(-most_groups // num_processes)  # each process's engine runs its share
-    alive = per_process * cfg.rollout.rollouts_per_group * (1 + cfg.budget.max_budget)
-    if cfg.engine.slots < alive:
-        _fail("engine.slots", cfg.engine.slots, f"must be >= this process's rollouts alive at "
-              f"once x (1 + max budget) = {alive}")
+    # Rollouts beyond the slots wait for room (the driver's admission), but one rollout at its
+    # largest must fit.
+    if cfg.engine.slots < 1 + cfg.budget.max_budget:
+        _fail("engine.slots", cfg.engine.slots, f"must be >= 1 + budget.max_budget = "
+              f"{1 + cfg.budget.max_budget} (one rollout's agents at once)")
     if cfg.engine.kv_pages < 1:
         _fail("engine.kv_pages", cfg.engine.kv_pages, "must be >= 1")
     eval_alive = cfg.eval.seeds * (2 + cfg.eval.budget)  # one task, both arms

@@ -307,7 +307,10 @@ class Run:
         every = cfg.rollout.log_every
         logged = cfg.keep_event_logs or (every > 0 and self.host.rl_step % every == 0)
         log_dir = step_dir(self.workdir, "rl", self.host.step) if logged else None
-        driver = RolloutDriver(policy, setup.chat, cfg.org, log_dir=log_dir)
+        # More agents than engine slots: rollouts are admitted as slots free up (the driver's
+        # `max_agents`), so a pod host plays its share in waves of what its HBM holds.
+        driver = RolloutDriver(policy, setup.chat, cfg.org, log_dir=log_dir,
+                               max_agents=cfg.engine.slots)
         stats0 = self.engine.stats.snapshot()
         result = driver.run(specs)
         t_rollout = time.perf_counter() - t0

@@ -31,7 +31,9 @@ mesh (`train.setup.make_local_mesh`), params as the decode view in `engine.decod
 The JSON has the same memory fields, and what the weights, the slot state and the pool hold.
 
     python -m experiments.scale.aot --config=configs/nemotron3_super_pod.py \
-        --topology=v5p-256 --step=decode --slots=256 --kv_tokens=4194304
+        --topology=v5p-256 --step=decode            # the config's slots and pool
+    python -m experiments.scale.aot --config=configs/nemotron3_super_pod.py \
+        --topology=v5p-256 --step=decode --slots=96 --kv_tokens=2097152
 """
 
 from __future__ import annotations
@@ -182,18 +184,12 @@ def compile_decode_step(cfg, devices, slots: int, rows: int, kv_tokens: int, wid
     from avalon.inference import device as dev
     from avalon.inference.pages import pow2_at_least
     from avalon.inference.weights import abstract_decode_view
+    from avalon.train.setup import make_local_mesh
 
-    # The engine's mesh of one host (as `make_local_mesh` cuts it from the run's mesh): the
-    # chips of process 0, data x expert x tensor. Built from the host's devices directly:
-    # `jax.make_mesh` over the whole v5p-256 lays the expert axis across hosts' chips, which
-    # `make_local_mesh` refuses (measured here; see RESULTS.md).
-    host = [d for d in devices if d.process_index == devices[0].process_index]
-    e, t = cfg.mesh.get("expert", 1), cfg.mesh.get("tensor", 1)
-    if len(host) % (e * t):
-        raise AotError(f"config.mesh: expert x tensor = {e * t} does not divide the "
-                       f"{len(host)} chips of a host")
-    local = sharding.make_mesh({"data": len(host) // (e * t), "expert": e, "tensor": t},
-                               devices=host)
+    # The engine's mesh of one host, as the run cuts it: the run's mesh over the whole slice
+    # (`sharding.make_mesh` keeps each host's expert x tensor chips on the host), then the
+    # chips of this process (process 0).
+    local = make_local_mesh(sharding.make_mesh(cfg.mesh, devices=devices))
     setup = dev.Setup(cfg=cfg.model, mesh=local, max_context=cfg.org.window,
                       steps=cfg.engine.steps_per_dispatch, page_size=page_size)
     params = abstract_decode_view(cfg.model, local, dtype=cfg.engine.decode_dtype)
@@ -238,8 +234,8 @@ def decode_report(compiled, cfg, slots: int, rows: int, num_pages: int, page_siz
 def run_decode(config, topology: str, slots: int | None, rows: int | None,
                kv_tokens: int | None, page_size: int = 16, dump_hlo: str | None = None) -> dict:
     """--step=decode: one host's decode dispatch of `config` (see `compile_decode_step`).
-    Defaults: the config's engine.slots, a dispatch over every slot, a pool holding each slot
-    a full window (slots x org.window tokens: the worst case), page tables a window wide."""
+    Defaults: the config's engine.slots, a dispatch over every slot, the config's pool
+    (engine.kv_pages pages), page tables a whole window wide (any one context may reach it)."""
     from avalon.train.config import from_config_dict
 
     devices = tpu_devices(topology)
@@ -251,7 +247,7 @@ def run_decode(config, topology: str, slots: int | None, rows: int | None,
     cfg = from_config_dict(config, num_devices=chips, num_processes=max(1, chips // 4))
     slots = slots or cfg.engine.slots
     rows = rows or slots
-    kv_tokens = cfg.org.window * slots if kv_tokens is None else kv_tokens
+    kv_tokens = cfg.engine.kv_pages * page_size if kv_tokens is None else kv_tokens
     width = -(-cfg.org.window // page_size)
     out = {"topology": topology, "step": "decode", "mesh": cfg.mesh,
            "decode_dtype": cfg.engine.decode_dtype, "window": cfg.org.window}
@@ -337,7 +333,7 @@ def _define_flags():
                          "dispatch (default: every slot).")
     flags.DEFINE_integer("slots", None, "decode: engine slots (default: engine.slots).")
     flags.DEFINE_integer("kv_tokens", None, "decode: positions the KV page pool holds "
-                         "(default: slots x org.window, every slot a full window).")
+                         "(default: the config's engine.kv_pages x 16).")
     flags.DEFINE_integer("seq", None, "Sequence length (default: rollout.seq_len).")
     flags.DEFINE_enum("loss", "cispo", ["cispo", "sft"], "Which update step (RL or SFT).")
     flags.DEFINE_string("mesh", None, "Replace the config's mesh, e.g. 'fsdp=4,expert=2'.")

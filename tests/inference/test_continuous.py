@@ -135,21 +135,25 @@ def test_kv_memory_tracks_tokens_held(params):
 
 
 def test_slot_state_is_sharded_never_replicated(params):
-    """On the 8-device mesh, every leaf of the engine's state (Mamba state, KV pool, lengths,
-    hidden) is split over devices: slots / pages over data x expert, heads over tensor."""
+    """On the 8-device mesh the engine's big state is split over every device: Mamba state by
+    slots over data and heads over tensor x expert, the KV pool by pages over all 8. Only the
+    small per-slot leaves (lengths, flags, the last hidden state, the B/C conv tails: under
+    0.4% of a Super slot's 170 MB) are split over the row axis (data) alone."""
     mesh = make_mesh({"data": 2, "expert": 2, "tensor": 2})
     eng = make_engine(jax.device_put(params, param_shardings(CFG, mesh, DECODE_RULES)),
                       num_slots=8, mesh=mesh)
     s = eng.allocate()
     eng.generate([TurnRequest(s, _prompt(70, 5), 3, GREEDY)])
+    small = {"lengths", "hidden", "live", "remaining", "conv_B", "conv_C"}
     for path, leaf in jax.tree_util.tree_leaves_with_path(eng._state):
-        assert not leaf.sharding.is_fully_replicated, jax.tree_util.keystr(path)
+        name = jax.tree_util.keystr(path)
         shard = leaf.addressable_shards[0].data
-        assert shard.size * 4 <= leaf.size, (jax.tree_util.keystr(path), leaf.sharding.spec)
+        split = 2 if any(f".{k}" in name for k in small) else 8
+        assert shard.size * split <= leaf.size, (name, leaf.sharding.spec)
     ssm = eng._state.cache.blocks[0]["0_mamba"].ssm
-    assert tuple(ssm.sharding.spec)[:3] == (None, ("data", "expert"), "tensor")
+    assert tuple(ssm.sharding.spec)[:3] == (None, "data", ("tensor", "expert"))
     pool = eng._state.cache.blocks[1]["0_attention"].k
-    assert tuple(pool.sharding.spec)[:3] == (None, ("data", "expert"), "tensor")
+    assert tuple(pool.sharding.spec) == (None, ("data", "expert", "tensor"))
 
 
 def test_decode_step_lowers_from_abstract_inputs():
@@ -159,8 +163,8 @@ def test_decode_step_lowers_from_abstract_inputs():
     from avalon.inference.weights import abstract_decode_view
     mesh = make_mesh({"data": 2, "expert": 2, "tensor": 2})
     setup = dev.Setup(cfg=CFG, mesh=mesh, max_context=WINDOW, steps=4, page_size=PAGE)
-    args = dev.abstract_decode_inputs(setup, slots=16, num_pages=64, rows=8, width=4)
+    args = dev.abstract_decode_inputs(setup, slots=16, num_pages=64, rows=8, width=8)
     lowered = dev.decode.lower(abstract_decode_view(CFG, mesh), *args, setup=setup)
     assert lowered.out_info[0].cache.blocks[0]["0_mamba"].ssm.shape[1] == 16
     ssm = args[0].cache.blocks[0]["0_mamba"].ssm
-    assert tuple(ssm.sharding.spec)[:3] == (None, ("data", "expert"), "tensor")
+    assert tuple(ssm.sharding.spec)[:3] == (None, "data", ("tensor", "expert"))

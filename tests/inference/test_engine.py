@@ -294,12 +294,15 @@ def test_set_params_swaps_the_arrays_the_engine_reads(engines, params):
         eng.set_params(params)
 
 
-@pytest.mark.parametrize("shape,slot_axes", [({"data": 2, "tensor": 4}, "data"),
-                                              ({"data": 2, "expert": 2, "tensor": 2},
-                                               ("data", "expert"))])
-def test_sharded_engine_equals_unsharded(engines, params, shape, slot_axes):
-    """With an expert axis, a dispatch's rows are split over it too (each chip runs its own
-    rows' dense layers; routed experts expert-parallel): the same tokens as one device."""
+@pytest.mark.parametrize("shape,slot_axes,head_axes,page_axes", [
+    ({"data": 2, "tensor": 4}, "data", "tensor", ("data", "tensor")),
+    ({"data": 2, "expert": 2, "tensor": 2}, "data", ("tensor", "expert"),
+     ("data", "expert", "tensor"))])
+def test_sharded_engine_equals_unsharded(engines, params, shape, slot_axes, head_axes,
+                                         page_axes):
+    """DECODE_RULES: the dense layers tensor-parallel over tensor x expert (rows over data),
+    routed experts over expert, the KV pool split by pages over every device (each attends
+    over its own pages, the partial softmaxes merged): the same tokens as one device."""
     mesh = make_mesh(shape)
     sharded_params = jax.device_put(params, param_shardings(CFG, mesh, DECODE_RULES))
     sharded = make_engine(sharded_params, 8, mesh=mesh)
@@ -317,9 +320,12 @@ def test_sharded_engine_equals_unsharded(engines, params, shape, slot_axes):
         np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
         np.testing.assert_array_equal(x.routing, y.routing)
         assert x.stop_reason == y.stop_reason and x.context_length == y.context_length
-    # Slots over data (and expert), Mamba heads over tensor: [repeats, slots, heads, P, N].
+    # Slots over data, Mamba heads over tensor (x expert): [repeats, slots, heads, P, N];
+    # pool pages over every device: [repeats, pages, kv_heads, page_size, head_dim].
     ssm = sharded._state.cache.blocks[0]["0_mamba"].ssm
-    assert tuple(ssm.sharding.spec)[:3] == (None, slot_axes, "tensor")
+    assert tuple(ssm.sharding.spec)[:3] == (None, slot_axes, head_axes)
+    pool = sharded._state.cache.blocks[1]["0_attention"].k
+    assert tuple(pool.sharding.spec) == (None, page_axes)
 
 
 @pytest.mark.parametrize("field,request_kw,match", [

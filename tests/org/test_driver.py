@@ -224,3 +224,51 @@ def test_bad_specs_are_refused():
     with pytest.raises(ValueError, match="cannot hold"):
         RolloutDriver(ScriptedPolicy(CHAT, Delegating()), CHAT,
                       OrgConfig.scaled(1024, compaction_ratio=0.9)).run(_groups((0,), 1))
+
+
+class AliveTracking(CountingPolicy):
+    """Records the most agents the policy held at once (seen, not yet released)."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.alive, self.most = set(), 0
+
+    def _hold(self, keys):
+        self.alive.update(keys)
+        self.most = max(self.most, len(self.alive))
+
+    def act(self, turns):
+        self._hold(t.key for t in turns)
+        return super().act(turns)
+
+    def release(self, key):
+        self.alive.discard(key)
+        super().release(key)
+
+    def prefill_shared(self, keys, prefix):
+        self._hold(keys)
+        super().prefill_shared(keys, prefix)
+
+
+def test_admission_holds_at_most_max_agents_and_changes_no_rollout(run):
+    """8 rollouts of up to 4 agents (20 in all) through a policy that may hold 5 at once: the
+    rollouts are played in turn as room frees up, and each one's event log is byte-identical
+    to the run that admitted all of them at once."""
+    result, unlimited = run
+    policy = AliveTracking(ScriptedPolicy(CHAT, Delegating()))
+    waves = RolloutDriver(policy, CHAT, CFG, max_agents=5).run(_groups())
+    assert policy.most <= 5 and max(unlimited.calls) > 5
+    assert len(policy.calls) > len(unlimited.calls)
+    for logs_a, logs_b in zip(result.logs, waves.logs):
+        for a, b in zip(logs_a, logs_b):
+            assert a.jsonl() == b.jsonl()
+    assert [[r.rewards for r in g.rollouts] for g in waves.groups] == \
+        [[r.rewards for r in g.rollouts] for g in result.groups]
+
+
+def test_admission_refuses_a_rollout_larger_than_max_agents():
+    with pytest.raises(ValueError, match="max_agents=3 cannot hold a rollout of budget 3"):
+        RolloutDriver(ScriptedPolicy(CHAT, Delegating()), CHAT, CFG, max_agents=3).run(
+            _groups())
+    with pytest.raises(ValueError, match="max_agents=0"):
+        RolloutDriver(ScriptedPolicy(CHAT, Delegating()), CHAT, CFG, max_agents=0)

@@ -91,7 +91,7 @@ def params():
     return M.init_params(jax.random.key(0), CFG)
 
 
-def _run(params, budgets, num_slots, first_wave, max_new):
+def _run(params, budgets, num_slots, first_wave, max_new, max_agents=None):
     engine = Engine(CFG, params, num_slots=num_slots, max_context=WINDOW, steps_per_dispatch=8,
                     prefill_chunk=8)
     model = Counted(EnginePolicy(engine, CHAT, SamplingParams(temperature=1.0),
@@ -101,7 +101,8 @@ def _run(params, budgets, num_slots, first_wave, max_new):
     envs = [PartsEnv(brief_pad=PAD) for _ in budgets]
     group = GroupSpec(0, tuple(RolloutSpec(e, b, seed=i) for i, (e, b) in
                                enumerate(zip(envs, budgets))))
-    return RolloutDriver(policy, CHAT, ORG).run([group]), model.ticks, engine
+    driver = RolloutDriver(policy, CHAT, ORG, max_agents=max_agents)
+    return driver.run([group]), model.ticks, engine
 
 
 def _check(result, ticks, engine, budgets):
@@ -135,6 +136,21 @@ def test_tiny_engine_one_call_per_tick(params):
                                  max_new=8)
     _check(result, ticks, engine, budgets)
     assert max(t["turns"] for t in ticks) <= 8
+
+
+@pytest.mark.slow  # ~9 min on a loaded core: each wave's row and width buckets compile
+def test_more_agents_than_slots_run_in_waves(params):
+    """4 rollouts with 8 specialists in all on an engine of 4 slots: all at once the engine
+    runs out of slots; admitted as room frees up (max_agents = slots) every rollout plays to
+    its end with its hires, and every slot comes back."""
+    budgets = (1, 2, 3, 2)
+    with pytest.raises(ValueError, match="all 4 slots are in use"):
+        _run(params, budgets, num_slots=4, first_wave=lambda b: b, max_new=8)
+    result, ticks, engine = _run(params, budgets, num_slots=4, first_wave=lambda b: b,
+                                 max_new=8, max_agents=4)
+    assert [r.hires for r in result.groups[0].rollouts] == list(budgets)
+    assert max(t["turns"] for t in ticks) <= 3  # the largest rollout's specialists
+    assert not engine._allocated.any()
 
 
 @pytest.mark.slow
