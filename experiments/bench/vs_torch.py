@@ -19,7 +19,10 @@
    side). Each measurement is repeated `--repeats` times after one warm-up; medians reported.
    Then the update step once more with both libraries in one process, alternating a step of
    each (`update_paired`: the median of the per-round ratios), since the load of a shared
-   machine moves between the separate processes' measurements.
+   machine moves between the separate processes' measurements; it records each step's
+   process CPU time too (`update_paired_cpu`): pinned to one core, a step's CPU time is what
+   its wall time would be on an idle core, and it leaves out the time the step waited for
+   the core while other jobs ran on it.
 4. Prints one JSON object: the agreement numbers, tokens/s per side and Avalon / transformers
    ratios. `--count_copies` adds the copies of whole decode-state leaves and of per-layer
    weight slices in the compiled decode program (`copies.py`).
@@ -369,18 +372,23 @@ def time_update_paired(path: str, shapes: Shapes, overrides: dict, seed: int = 0
     runs = {"transformers": lambda: torch_train_step(model, opt, tparams, clip, tids),
             "avalon": avalon_update_once(cfg, params, ids, shapes.lr)}
     times = {k: [] for k in runs}
+    cpu = {k: [] for k in runs}
     for fn in runs.values():
         fn()  # warm-up (compilation on Avalon's side)
     for _ in range(shapes.repeats):
         for k, fn in runs.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             times[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)
     tokens = shapes.train_batch * shapes.train_seq
-    ratios = [t / a for t, a in zip(times["transformers"], times["avalon"])]
+    ratio = lambda d: statistics.median(  # noqa: E731
+        [t / a for t, a in zip(d["transformers"], d["avalon"])])
     return {**{f"{k}_tokens_per_s": tokens / statistics.median(v) for k, v in times.items()},
-            "ratio_median_of_pairs": statistics.median(ratios),
-            "seconds": {k: [round(t, 3) for t in v] for k, v in times.items()}}
+            **{f"{k}_tokens_per_cpu_s": tokens / statistics.median(v) for k, v in cpu.items()},
+            "ratio_median_of_pairs": ratio(times), "ratio_median_of_pairs_cpu": ratio(cpu),
+            "seconds": {k: [round(t, 3) for t in v] for k, v in times.items()},
+            "cpu_seconds": {k: [round(t, 3) for t in v] for k, v in cpu.items()}}
 
 
 def _run_worker(role: str, path: str) -> dict:
@@ -440,6 +448,8 @@ def main(argv):
             "update": a["update_tokens_per_s"] / t["update_tokens_per_s"]}
         result["update_paired"] = _run_worker("paired", path)
         result["ratio"]["update_paired"] = result["update_paired"]["ratio_median_of_pairs"]
+        result["ratio"]["update_paired_cpu"] = result["update_paired"][
+            "ratio_median_of_pairs_cpu"]
     result["load_avg_1m_after"] = os.getloadavg()[0]
     print(json.dumps(result, indent=1))
     if tmp is not None:
