@@ -24,7 +24,6 @@ import jax.numpy as jnp
 
 from avalon import model as M
 from avalon.model.config import ModelConfig
-from avalon.model.target_logprobs import target_logp_entropy
 
 
 def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: ModelConfig, *,
@@ -45,9 +44,14 @@ def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: Mod
         logits = M.lm_logits(params, h, cfg)  # [b, c, v] fp32
         if temperature != 1.0:
             logits = logits / temperature
-        # One softmax pass each way (custom VJP; the one-hot select keeps vocab-sharded
-        # logits free of gathers): model/target_logprobs.py.
-        return target_logp_entropy(logits, tgt)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        # A one-hot select instead of a gather: elementwise on the vocab-sharded logits, so no
+        # cross-shard gather is needed.
+        hit = jnp.arange(logits.shape[-1], dtype=jnp.int32) == tgt[..., None].astype(jnp.int32)
+        logp = jnp.sum(jnp.where(hit, logits, 0.0), axis=-1) - lse
+        lg, lse_sg = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(lse)
+        entropy = lse_sg - jnp.sum(jnp.exp(lg - lse_sg[..., None]) * lg, axis=-1)
+        return logp, entropy
 
     if s <= chunk:
         return one(hidden, targets)
