@@ -16,7 +16,8 @@
    batch of `--batches` (a `--prompt`-token random prompt, `--new_tokens` greedy tokens,
    prefill included: `Engine.generate` against `model.generate`) and the update step
    (`--train_batch` x `--train_seq` tokens, SFT, clip + AdamW; jitted and donated on Avalon's
-   side). Each measurement is repeated `--repeats` times after one warm-up; medians reported.
+   side). Each measurement is repeated `--repeats` times after one warm-up; medians of wall
+   time and of process CPU time (the `_cpu` rates and ratios) reported.
    Then the update step once more with both libraries in one process, alternating a step of
    each (`update_paired`: the median of the per-round ratios), since the load of a shared
    machine moves between the separate processes' measurements; it records each step's
@@ -293,14 +294,20 @@ def agreement(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict
 
 
 # ---- timing workers ---------------------------------------------------------------------------
-def _median_time(fn, repeats: int) -> float:
+def _median_time(fn, repeats: int) -> tuple[float, float]:
+    """Medians of (wall seconds, process CPU seconds) of `fn` over `repeats` after a warm-up."""
     fn()  # warm-up (compilation on Avalon's side)
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(times), statistics.median(cpu)
+
+
+def _rates(tokens: int, seconds: tuple[float, float]) -> tuple[float, float]:
+    return tokens / seconds[0], tokens / seconds[1]
 
 
 def time_torch(path: str, shapes: Shapes, seed: int = 0) -> dict:
@@ -309,16 +316,17 @@ def time_torch(path: str, shapes: Shapes, seed: int = 0) -> dict:
     model = load_torch(path)
     vocab = model.config.vocab_size
     rng = np.random.default_rng(seed)
-    out = {"threads": torch.get_num_threads(), "decode": {}}
+    out = {"threads": torch.get_num_threads(), "decode": {}, "decode_cpu": {}}
     for b in shapes.batches:
         prompts = random_ids(rng, vocab, (b, shapes.prompt))
         s = _median_time(functools.partial(torch_generate, model, prompts, shapes.new_tokens),
                          shapes.repeats)
-        out["decode"][str(b)] = b * shapes.new_tokens / s
+        out["decode"][str(b)], out["decode_cpu"][str(b)] = _rates(b * shapes.new_tokens, s)
     ids = torch.as_tensor(random_ids(rng, vocab, (shapes.train_batch, shapes.train_seq))).long()
     opt, params, clip = torch_optimizer(model.train(), shapes.lr)
     s = _median_time(lambda: torch_train_step(model, opt, params, clip, ids), shapes.repeats)
-    out["update_tokens_per_s"] = shapes.train_batch * shapes.train_seq / s
+    out["update_tokens_per_s"], out["update_tokens_per_cpu_s"] = _rates(
+        shapes.train_batch * shapes.train_seq, s)
     return out
 
 
@@ -327,16 +335,18 @@ def time_avalon(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> di
     cfg, params = load_avalon(path, overrides)
     rng = np.random.default_rng(seed)
     out = {"moe_backend": cfg.moe_backend.value, "attention_impl": cfg.attention_impl.value,
-           "scan_layers": cfg.scan_layers, "chunk_size": cfg.chunk_size, "decode": {}}
+           "scan_layers": cfg.scan_layers, "chunk_size": cfg.chunk_size, "decode": {},
+           "decode_cpu": {}}
     for b in shapes.batches:
         prompts = random_ids(rng, cfg.vocab_size, (b, shapes.prompt))
         engine = make_engine(cfg, params, b, shapes.prompt + shapes.new_tokens)
         s = _median_time(functools.partial(avalon_generate, engine, prompts, shapes.new_tokens),
                          shapes.repeats)
-        out["decode"][str(b)] = b * shapes.new_tokens / s
+        out["decode"][str(b)], out["decode_cpu"][str(b)] = _rates(b * shapes.new_tokens, s)
     ids = random_ids(rng, cfg.vocab_size, (shapes.train_batch, shapes.train_seq))
     s = _median_time(avalon_update_once(cfg, params, ids, shapes.lr), shapes.repeats)
-    out["update_tokens_per_s"] = shapes.train_batch * shapes.train_seq / s
+    out["update_tokens_per_s"], out["update_tokens_per_cpu_s"] = _rates(
+        shapes.train_batch * shapes.train_seq, s)
     return out
 
 
@@ -445,7 +455,9 @@ def main(argv):
         result["transformers"], result["avalon"] = t, a
         result["ratio"] = {
             **{f"decode_b{b}": a["decode"][b] / t["decode"][b] for b in t["decode"]},
-            "update": a["update_tokens_per_s"] / t["update_tokens_per_s"]}
+            "update": a["update_tokens_per_s"] / t["update_tokens_per_s"],
+            **{f"decode_b{b}_cpu": a["decode_cpu"][b] / t["decode_cpu"][b] for b in t["decode"]},
+            "update_cpu": a["update_tokens_per_cpu_s"] / t["update_tokens_per_cpu_s"]}
         result["update_paired"] = _run_worker("paired", path)
         result["ratio"]["update_paired"] = result["update_paired"]["ratio_median_of_pairs"]
         result["ratio"]["update_paired_cpu"] = result["update_paired"][
