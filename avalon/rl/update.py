@@ -44,6 +44,19 @@ from avalon.sharding import TRAIN_RULES, batch_axes, param_shardings, use_rules
 
 FROZEN_LEAVES = ("router", "router_bias")
 
+# XLA:CPU compiles the update step's programs without YNNPACK library fusions: dots run on
+# Eigen, reductions and elementwise passes on XLA's own emitters. YNNPACK's batched dots (the
+# MoE tiles) and its reduce fusions (norms, softmax, the SSD's dt gradient) were the slower
+# ones here (issue 22: the vs_torch update step 12% less CPU time, the toy preset's likewise;
+# experiments/bench/RESULTS.md). Other platforms compile with their defaults.
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+def compiler_options(mesh: Mesh | None) -> dict | None:
+    """The XLA options the update step's jits compile with on this mesh's platform."""
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    return dict(CPU_COMPILER_OPTIONS) if platform == "cpu" else None
+
 
 @struct.dataclass
 class TrainState:
@@ -248,9 +261,12 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
             grads, _ = grads_and_metrics(params, part, num_tokens)
         return optax.tree.norm(grads)
 
+    options = compiler_options(mesh)
     if mesh is None:
-        return UpdateStep(cfg, rl_cfg, None, opt, jax.jit(step, donate_argnames="state"),
-                          jax.jit(logprob_pass), None, None, jax.jit(masked_grad_norm))
+        return UpdateStep(cfg, rl_cfg, None, opt,
+                          jax.jit(step, donate_argnames="state", compiler_options=options),
+                          jax.jit(logprob_pass, compiler_options=options), None, None,
+                          jax.jit(masked_grad_norm, compiler_options=options))
 
     replicated = NamedSharding(mesh, PartitionSpec())
     dp_axes = batch_axes(mesh, TRAIN_RULES)
@@ -258,11 +274,12 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
     state_sh = TrainState(step=replicated, params=p_shard,
                           opt_state=opt_state_shardings(opt, cfg, p_shard, replicated))
     step_fn = jax.jit(step, in_shardings=(state_sh, batch_sh),
-                      out_shardings=(state_sh, replicated), donate_argnames="state")
+                      out_shardings=(state_sh, replicated), donate_argnames="state",
+                      compiler_options=options)
     logprob_fn = jax.jit(logprob_pass, in_shardings=(p_shard, batch_sh),
-                         out_shardings=batch_sh)
+                         out_shardings=batch_sh, compiler_options=options)
     grad_norm_fn = jax.jit(masked_grad_norm, in_shardings=(p_shard, batch_sh, batch_sh),
-                           out_shardings=replicated)
+                           out_shardings=replicated, compiler_options=options)
     return UpdateStep(cfg, rl_cfg, mesh, opt, step_fn, logprob_fn, state_sh, batch_sh,
                       grad_norm_fn)
 

@@ -16,10 +16,14 @@
    batch of `--batches` (a `--prompt`-token random prompt, `--new_tokens` greedy tokens,
    prefill included: `Engine.generate` against `model.generate`) and the update step
    (`--train_batch` x `--train_seq` tokens, SFT, clip + AdamW; jitted and donated on Avalon's
-   side). Each measurement is repeated `--repeats` times after one warm-up; medians reported.
+   side). Each measurement is repeated `--repeats` times after one warm-up; medians of wall
+   time and of process CPU time (the `_cpu` rates and ratios) reported.
    Then the update step once more with both libraries in one process, alternating a step of
    each (`update_paired`: the median of the per-round ratios), since the load of a shared
-   machine moves between the separate processes' measurements.
+   machine moves between the separate processes' measurements; it records each step's
+   process CPU time too (`update_paired_cpu`): pinned to one core, a step's CPU time is what
+   its wall time would be on an idle core, and it leaves out the time the step waited for
+   the core while other jobs ran on it.
 4. Prints one JSON object: the agreement numbers, tokens/s per side and Avalon / transformers
    ratios. `--count_copies` adds the copies of whole decode-state leaves and of per-layer
    weight slices in the compiled decode program (`copies.py`).
@@ -290,14 +294,20 @@ def agreement(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict
 
 
 # ---- timing workers ---------------------------------------------------------------------------
-def _median_time(fn, repeats: int) -> float:
+def _median_time(fn, repeats: int) -> tuple[float, float]:
+    """Medians of (wall seconds, process CPU seconds) of `fn` over `repeats` after a warm-up."""
     fn()  # warm-up (compilation on Avalon's side)
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(times), statistics.median(cpu)
+
+
+def _rates(tokens: int, seconds: tuple[float, float]) -> tuple[float, float]:
+    return tokens / seconds[0], tokens / seconds[1]
 
 
 def time_torch(path: str, shapes: Shapes, seed: int = 0) -> dict:
@@ -306,16 +316,17 @@ def time_torch(path: str, shapes: Shapes, seed: int = 0) -> dict:
     model = load_torch(path)
     vocab = model.config.vocab_size
     rng = np.random.default_rng(seed)
-    out = {"threads": torch.get_num_threads(), "decode": {}}
+    out = {"threads": torch.get_num_threads(), "decode": {}, "decode_cpu": {}}
     for b in shapes.batches:
         prompts = random_ids(rng, vocab, (b, shapes.prompt))
         s = _median_time(functools.partial(torch_generate, model, prompts, shapes.new_tokens),
                          shapes.repeats)
-        out["decode"][str(b)] = b * shapes.new_tokens / s
+        out["decode"][str(b)], out["decode_cpu"][str(b)] = _rates(b * shapes.new_tokens, s)
     ids = torch.as_tensor(random_ids(rng, vocab, (shapes.train_batch, shapes.train_seq))).long()
     opt, params, clip = torch_optimizer(model.train(), shapes.lr)
     s = _median_time(lambda: torch_train_step(model, opt, params, clip, ids), shapes.repeats)
-    out["update_tokens_per_s"] = shapes.train_batch * shapes.train_seq / s
+    out["update_tokens_per_s"], out["update_tokens_per_cpu_s"] = _rates(
+        shapes.train_batch * shapes.train_seq, s)
     return out
 
 
@@ -324,16 +335,18 @@ def time_avalon(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> di
     cfg, params = load_avalon(path, overrides)
     rng = np.random.default_rng(seed)
     out = {"moe_backend": cfg.moe_backend.value, "attention_impl": cfg.attention_impl.value,
-           "scan_layers": cfg.scan_layers, "chunk_size": cfg.chunk_size, "decode": {}}
+           "scan_layers": cfg.scan_layers, "chunk_size": cfg.chunk_size, "decode": {},
+           "decode_cpu": {}}
     for b in shapes.batches:
         prompts = random_ids(rng, cfg.vocab_size, (b, shapes.prompt))
         engine = make_engine(cfg, params, b, shapes.prompt + shapes.new_tokens)
         s = _median_time(functools.partial(avalon_generate, engine, prompts, shapes.new_tokens),
                          shapes.repeats)
-        out["decode"][str(b)] = b * shapes.new_tokens / s
+        out["decode"][str(b)], out["decode_cpu"][str(b)] = _rates(b * shapes.new_tokens, s)
     ids = random_ids(rng, cfg.vocab_size, (shapes.train_batch, shapes.train_seq))
     s = _median_time(avalon_update_once(cfg, params, ids, shapes.lr), shapes.repeats)
-    out["update_tokens_per_s"] = shapes.train_batch * shapes.train_seq / s
+    out["update_tokens_per_s"], out["update_tokens_per_cpu_s"] = _rates(
+        shapes.train_batch * shapes.train_seq, s)
     return out
 
 
@@ -369,18 +382,23 @@ def time_update_paired(path: str, shapes: Shapes, overrides: dict, seed: int = 0
     runs = {"transformers": lambda: torch_train_step(model, opt, tparams, clip, tids),
             "avalon": avalon_update_once(cfg, params, ids, shapes.lr)}
     times = {k: [] for k in runs}
+    cpu = {k: [] for k in runs}
     for fn in runs.values():
         fn()  # warm-up (compilation on Avalon's side)
     for _ in range(shapes.repeats):
         for k, fn in runs.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             times[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)
     tokens = shapes.train_batch * shapes.train_seq
-    ratios = [t / a for t, a in zip(times["transformers"], times["avalon"])]
+    ratio = lambda d: statistics.median(  # noqa: E731
+        [t / a for t, a in zip(d["transformers"], d["avalon"])])
     return {**{f"{k}_tokens_per_s": tokens / statistics.median(v) for k, v in times.items()},
-            "ratio_median_of_pairs": statistics.median(ratios),
-            "seconds": {k: [round(t, 3) for t in v] for k, v in times.items()}}
+            **{f"{k}_tokens_per_cpu_s": tokens / statistics.median(v) for k, v in cpu.items()},
+            "ratio_median_of_pairs": ratio(times), "ratio_median_of_pairs_cpu": ratio(cpu),
+            "seconds": {k: [round(t, 3) for t in v] for k, v in times.items()},
+            "cpu_seconds": {k: [round(t, 3) for t in v] for k, v in cpu.items()}}
 
 
 def _run_worker(role: str, path: str) -> dict:
@@ -437,9 +455,13 @@ def main(argv):
         result["transformers"], result["avalon"] = t, a
         result["ratio"] = {
             **{f"decode_b{b}": a["decode"][b] / t["decode"][b] for b in t["decode"]},
-            "update": a["update_tokens_per_s"] / t["update_tokens_per_s"]}
+            "update": a["update_tokens_per_s"] / t["update_tokens_per_s"],
+            **{f"decode_b{b}_cpu": a["decode_cpu"][b] / t["decode_cpu"][b] for b in t["decode"]},
+            "update_cpu": a["update_tokens_per_cpu_s"] / t["update_tokens_per_cpu_s"]}
         result["update_paired"] = _run_worker("paired", path)
         result["ratio"]["update_paired"] = result["update_paired"]["ratio_median_of_pairs"]
+        result["ratio"]["update_paired_cpu"] = result["update_paired"][
+            "ratio_median_of_pairs_cpu"]
     result["load_avg_1m_after"] = os.getloadavg()[0]
     print(json.dumps(result, indent=1))
     if tmp is not None:

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from avalon import model as M
+from avalon.rl.batch import TrainBatch
 from avalon.rl.build import build_rl_batch, build_sft_batch
 from avalon.rl.config import LossKind, RLConfig
 from avalon.rl.packing import pack_rows
-from avalon.rl.update import make_update_step
+from avalon.rl.update import compiler_options, make_update_step
 from avalon.sharding import make_mesh
 from tests.rl.helpers import make_group, make_rollout, make_row
 
@@ -220,3 +221,21 @@ def test_expert_parallel_step_reports_dropped_choices(params, batch):
         step = make_update_step(CFG, RL.replace(moe_capacity_factor=factor), mesh=mesh)
         _, m = step(step.init_state(params), batch)
         assert int(m["moe_dropped_choices"]) == expect, factor
+
+
+def test_cpu_update_step_compiles_without_ynnpack_fusions():
+    """On CPU the update step's programs compile with CPU_COMPILER_OPTIONS (issue 22): the
+    compiled step holds no YNNPACK fusion; the same step compiled with XLA's defaults does."""
+    cfg = M.presets.get("tiny", param_dtype="float32")
+    step = make_update_step(cfg, RLConfig(loss=LossKind.SFT))
+    assert compiler_options(None) == {"xla_cpu_experimental_ynn_fusion_type": ""}
+    params = M.init_params(jax.random.key(0), cfg)
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 16)).astype(np.int32)
+    batch = step.put_batch(TrainBatch(
+        tokens=ids, targets=ids, segment_ids=np.ones_like(ids), loss_mask=np.ones(ids.shape, bool),
+        old_logp=np.zeros(ids.shape, np.float32), advantages=np.zeros(ids.shape, np.float32),
+        routing=None))
+    lowered = step.step_fn.lower(step.init_state(params), batch)
+    assert "__ynn_fusion" not in lowered.compile().as_text()
+    default = jax.jit(lambda p, x: M.forward(p, x, cfg).logits).lower(params, ids)
+    assert "__ynn_fusion" in default.compile().as_text()
