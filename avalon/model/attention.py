@@ -284,9 +284,11 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     q = dense(x, p["q"].astype(dtype))
     k = dense(x, p["k"].astype(dtype))
     v = dense(x, p["v"].astype(dtype))
-    q = constrain(q, ("batch", "act_seq", "act_heads", None))
-    k = constrain(k, ("batch", "act_seq", "act_kv_heads", None))
-    v = constrain(v, ("batch", "act_seq", "act_kv_heads", None))
+    # Whole rows, heads split ("mixer_seq": under sequence parallelism an all-to-all from the
+    # residual stream's position split; the same layout as before without it).
+    q = constrain(q, ("batch", "mixer_seq", "act_heads", None))
+    k = constrain(k, ("batch", "mixer_seq", "act_kv_heads", None))
+    v = constrain(v, ("batch", "mixer_seq", "act_kv_heads", None))
     q = q.reshape(b, t, nkv, g, hd)  # query head h*g + j reads kv head h (HF repeat_kv order)
     scale = hd ** -0.5
 
@@ -309,5 +311,7 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
         out = _scores_to_out(q, new_cache.k, new_cache.v, mask[:, None, None], scale)
 
     out = out.reshape(b, t, nh, hd)
+    if cache is None:  # back to the residual stream's position split before the o projection
+        out = constrain(out, ("batch", "act_seq", "act_mixer_out", None))
     y = dense(out, p["o"].astype(dtype), 2)
     return y, new_cache

@@ -131,8 +131,14 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     dtype = x.dtype
     # z, xs [b, t, H, P]; Bs, Cs [b, t, G, N]; dt [b, t, H]
     z, xs, Bs, Cs, dt = _in_proj(x, p, merged=cache is None)
-    xs = constrain(xs, ("batch", "act_seq", "act_mamba_heads", None))
-    z = constrain(z, ("batch", "act_seq", "act_mamba_heads", None))
+    xs = constrain(xs, ("batch", "mixer_seq", "act_mamba_heads", None))
+    z = constrain(z, ("batch", "mixer_seq", "act_mamba_heads", None))
+    if cache is None:
+        # Whole rows, heads split (sequence parallelism: an all-to-all from the position split
+        # of the residual stream; a no-op under the rules without it).
+        Bs = constrain(Bs, ("batch", "mixer_seq", "act_mamba_groups", None))
+        Cs = constrain(Cs, ("batch", "mixer_seq", "act_mamba_groups", None))
+        dt = constrain(dt, ("batch", "mixer_seq", "act_mamba_heads"))
 
     k1 = cfg.conv_kernel - 1
     if cache is None:
@@ -173,6 +179,8 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
 
     y = gated_group_rms_norm(y, z, p["gate_norm"], cfg.n_groups, cfg.layer_norm_epsilon)
     y = y.astype(dtype)
+    if cache is None:  # back to the residual stream's position split before out_proj
+        y = constrain(y, ("batch", "act_seq", "act_mixer_out", None))
     out = dense(y, p["out"].astype(dtype), 2)
     if "out_bias" in p:
         out = out + p["out_bias"].astype(dtype)

@@ -373,8 +373,12 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
     if mesh is None:
         idx, weights = route(p, x2, cfg, replay)
     else:
-        spec = sharding.logical_to_spec(("batch",), active[1], mesh, (b,))
-        axes = () if not spec else spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+        # The flat tokens [b * t] are split over the rows' axes and then, under sequence
+        # parallelism, the positions' axes: with one row per row-shard each chip's flat block
+        # is its own positions, so the reshape moves nothing.
+        spec = sharding.logical_to_spec(("batch", "act_seq"), active[1], mesh, (b, t))
+        axes = tuple(a for part in spec if part is not None
+                     for a in (part if isinstance(part, tuple) else (part,)))
         idx, weights = _route_per_chip(p, x2, cfg, replay, mesh, axes)
 
     xl = x2
