@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from avalon.model.attention_scan import causal_scan_attention
 from avalon.model.config import AttentionImpl, ModelConfig
 from avalon.model.dense import dense
 from avalon.sharding import constrain
@@ -96,6 +97,8 @@ def _full_attention(q, k, v, segment_ids, cfg: ModelConfig, scale):
     chunk = cfg.attention_query_chunk
     if cfg.attention_impl == AttentionImpl.FLASH:
         return _flash_attention(q, k, v, seg, scale, FLASH_BLOCK)
+    if cfg.attention_impl == AttentionImpl.CAUSAL_SCAN:
+        return causal_scan_attention(q, k, v, seg, scale, chunk)
     if cfg.attention_impl == AttentionImpl.NAIVE or t <= chunk:
         return block(q, pos, seg)
     if cfg.attention_impl == AttentionImpl.BLOCK_CAUSAL:

@@ -57,6 +57,10 @@ class AttentionImpl(enum.Enum):
     # Query blocks of 128 against only the keys they see, custom VJP that recomputes each
     # block's probabilities from the rows' log-sum-exp: no [t, t] scores in either pass.
     FLASH = "flash"
+    # One scan over the (query block, key block) pairs at or below the diagonal, blocks of
+    # `attention_query_chunk`, FlashAttention backward: causal FLOPs at fixed shapes per step,
+    # for rows too long to unroll (attention_scan.py).
+    CAUSAL_SCAN = "causal_scan"
 
 
 @dataclasses.dataclass(frozen=True)
