@@ -70,11 +70,23 @@ def apply_layer(letter: str, lp: dict, h: jax.Array, cfg: ModelConfig, *, segmen
 
 
 def _remat(fn, cfg: ModelConfig, training: bool):
-    if not training or cfg.remat == Remat.NONE:
+    if not training or cfg.remat in (Remat.NONE, Remat.SELECTIVE):
         return fn
     if cfg.remat == Remat.FULL:
         return jax.checkpoint(fn)
     return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+
+
+def _recomputed_layer(letter: str, lp: dict, h, cfg: ModelConfig, segment_ids, routing):
+    """`apply_layer` (no cache) under `jax.checkpoint`: the backward keeps only the layer's
+    input and recomputes the rest (Remat.SELECTIVE, for Mamba and MoE layers)."""
+    def fn(lp, h, segment_ids, routing):
+        out, _, moe_out = apply_layer(letter, lp, h, cfg, segment_ids=segment_ids,
+                                      routing=routing)
+        return out, moe_out
+
+    out, moe_out = jax.checkpoint(fn)(lp, h, segment_ids, routing)
+    return out, None, moe_out
 
 
 def _first(tree):
@@ -106,10 +118,13 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
         for j, ch in enumerate(unit):
             key = layer_key(j, ch)
             r = routes[moe_positions.index(j)] if routes is not None and ch == "E" else None
-            h, entry, moe_out = apply_layer(
-                ch, lps[key], h, cfg, segment_ids=segment_ids,
-                cache_entry=None if entries is None else entries.get(key), lengths=lengths,
-                num_new=num_new, routing=r, pages=pages)
+            if entries is None and cfg.remat == Remat.SELECTIVE and ch in "ME":
+                h, entry, moe_out = _recomputed_layer(ch, lps[key], h, cfg, segment_ids, r)
+            else:
+                h, entry, moe_out = apply_layer(
+                    ch, lps[key], h, cfg, segment_ids=segment_ids,
+                    cache_entry=None if entries is None else entries.get(key),
+                    lengths=lengths, num_new=num_new, routing=r, pages=pages)
             if entry is not None:
                 new_entries[key] = entry
             if moe_out is not None:

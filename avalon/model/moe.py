@@ -394,7 +394,8 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
         per_choice, dropped = moe_ep.expert_parallel(
             xl, idx, up, down, mesh=mesh, batch_axes=axes, backend=chosen,
             chunk=cfg.moe_dispatch_chunk, capacity_factor=cfg.moe_capacity_factor,
-            remat_chunks=cfg.remat != Remat.NONE)
+            # Under SELECTIVE the whole layer is recomputed once already (model.py).
+            remat_chunks=cfg.remat in (Remat.FULL, Remat.DOTS))
     else:
         if chosen == MoeBackend.MEGABLOX:
             raise ValueError("ModelConfig.moe_backend='megablox' runs only expert-parallel "

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from avalon import model as M
+from avalon.model import AttentionImpl, Remat
 from avalon.rl.build import build_rl_batch
 from avalon.rl.config import RLConfig
 from avalon.rl.update import make_update_step
@@ -38,17 +39,23 @@ def _batch():
     return batch
 
 
-def test_sequence_parallel_step_matches_single_device():
+# The model's defaults (naive attention, no remat), and the pod's path: the causal-scan
+# attention in blocks smaller than a chip's whole row, per-layer (selective) remat.
+@pytest.mark.parametrize("variant", [
+    {}, {"attention_impl": AttentionImpl.CAUSAL_SCAN, "attention_query_chunk": 8,
+         "remat": Remat.SELECTIVE}], ids=["default", "pod"])
+def test_sequence_parallel_step_matches_single_device(variant):
+    cfg = CFG.replace(**variant)
     batch = _batch()
     # Packed rows: some segment runs across a boundary between two chips' positions.
     seg = np.asarray(batch.segment_ids)
     part = SEQ // 4
     assert any(seg[r, i * part - 1] == seg[r, i * part] > 0
                for r in range(seg.shape[0]) for i in range(1, 4))
-    params = M.init_params(jax.random.key(2), CFG)
-    single = make_update_step(CFG, RL)
+    params = M.init_params(jax.random.key(2), cfg)
+    single = make_update_step(cfg, RL)
     mesh = make_mesh({"fsdp": 2, "expert": 4})
-    sharded = make_update_step(CFG, RL.replace(micro_batches=2, sequence_parallel=True),
+    sharded = make_update_step(cfg, RL.replace(micro_batches=2, sequence_parallel=True),
                                mesh=mesh)
     assert sharded.batch_sharding.spec == jax.sharding.PartitionSpec("fsdp", "expert")
     ref_state, ref_m = single(single.init_state(params), batch)
