@@ -74,9 +74,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         "preset": "nemotron3_super_120b_a12b",
         "overrides": ml_collections.ConfigDict({
             "param_dtype": "float32",  # fp32 masters: 4e-6 AdamW steps are below bf16's grain
-            "dtype": "bfloat16", "decode_dt_clamp": True, "remat": "full",
-            "attention_impl": "query_chunked", "moe_backend": "auto",
-            "moe_dispatch_chunk": 4096, "attention_query_chunk": 256})})
+            "dtype": "bfloat16", "decode_dt_clamp": True, "remat": "selective",
+            "attention_impl": "causal_scan", "moe_backend": "auto",
+            "moe_dispatch_chunk": 4096, "attention_query_chunk": 1024})})
     c.init_from = "/mnt/checkpoints/NVIDIA-Nemotron-3-Super-120B-A12B-Base-BF16"
     c.mesh = mesh_section(fsdp=32, expert=4)
     c.tokenizer = "hf"
@@ -98,7 +98,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         "seq_bucket": 32, "temperature": 1.0, "top_p": 1.0})
     c.rl = ml_collections.ConfigDict({"lr": 4e-6, "temperature": 1.0, "eps_high": 5.0,
                                       "cap_mode": "delta", "freeze_router": True,
-                                      "micro_batches": 16})  # see the module doc
+                                      "micro_batches": 64,
+                                      "sequence_parallel": True})  # see the module doc
     # Per host: its 25 of the 800 groups x 16 rollouts x 9 agents alive at once. This does NOT
     # fit (python -m experiments.scale.aot --config=this --step=decode; RESULTS.md, issue 16):
     # KV is paged (memory follows tokens held), but each slot's fixed Mamba state is 170 MB, so

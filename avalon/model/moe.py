@@ -391,8 +391,8 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
     chosen = resolve_backend(backend or cfg.moe_backend, platform,
                              mean_load=b * t * cfg.num_experts_per_tok / up.shape[0])
     if mesh is not None:
-        per_choice, dropped = moe_ep.expert_parallel(
-            xl, idx, up, down, mesh=mesh, batch_axes=axes, backend=chosen,
+        routed, dropped = moe_ep.expert_parallel(
+            xl, idx, weights, up, down, mesh=mesh, batch_axes=axes, backend=chosen,
             chunk=cfg.moe_dispatch_chunk, capacity_factor=cfg.moe_capacity_factor,
             # Under SELECTIVE the whole layer is recomputed once already (model.py).
             remat_chunks=cfg.remat in (Remat.FULL, Remat.DOTS))
@@ -402,7 +402,8 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
                              "under a mesh")
         per_choice = _DISPATCH[chosen](xl, idx, up, down)
         dropped = jnp.zeros((), jnp.int32)  # the single-device backends are dropless
-    routed = jnp.einsum("nkw,nk->nw", per_choice.astype(jnp.float32), weights).astype(dtype)
+        routed = jnp.einsum("nkw,nk->nw", per_choice.astype(jnp.float32),
+                            weights).astype(dtype)
     if cfg.moe_latent_size is not None:
         routed = routed @ p["latent_out"].astype(dtype)
         if "latent_out_bias" in p:
