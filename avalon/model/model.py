@@ -79,7 +79,7 @@ def _remat(fn, cfg: ModelConfig, training: bool):
 
 def _recomputed_layer(letter: str, lp: dict, h, cfg: ModelConfig, segment_ids, routing):
     """`apply_layer` (no cache) under `jax.checkpoint`: the backward keeps only the layer's
-    input and recomputes the rest (Remat.SELECTIVE, for Mamba and MoE layers)."""
+    input and recomputes the rest (Remat.SELECTIVE, for Mamba layers)."""
     def fn(lp, h, segment_ids, routing):
         out, _, moe_out = apply_layer(letter, lp, h, cfg, segment_ids=segment_ids,
                                       routing=routing)
@@ -118,7 +118,7 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
         for j, ch in enumerate(unit):
             key = layer_key(j, ch)
             r = routes[moe_positions.index(j)] if routes is not None and ch == "E" else None
-            if entries is None and cfg.remat == Remat.SELECTIVE and ch in "ME":
+            if entries is None and cfg.remat == Remat.SELECTIVE and ch == "M":
                 h, entry, moe_out = _recomputed_layer(ch, lps[key], h, cfg, segment_ids, r)
             else:
                 h, entry, moe_out = apply_layer(

@@ -360,6 +360,18 @@ _DISPATCH = {
 }
 
 
+def _shared_expert(p: dict, x2):
+    """The shared expert: relu2(x2 W_up + b) W_down + b, in x2's dtype."""
+    dtype = x2.dtype
+    h = x2 @ p["shared_up"].astype(dtype)
+    if "shared_up_bias" in p:
+        h = h + p["shared_up_bias"].astype(dtype)
+    shared = relu2(h) @ p["shared_down"].astype(dtype)
+    if "shared_down_bias" in p:
+        shared = shared + p["shared_down_bias"].astype(dtype)
+    return shared
+
+
 def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=None):
     """x [b, t, D] (normed) -> (y [b, t, D], experts chosen [b, t, k] int32, choices dropped
     by the expert-parallel capacity bound (int32 scalar; 0 without a mesh, or when
@@ -394,8 +406,7 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
         routed, dropped = moe_ep.expert_parallel(
             xl, idx, weights, up, down, mesh=mesh, batch_axes=axes, backend=chosen,
             chunk=cfg.moe_dispatch_chunk, capacity_factor=cfg.moe_capacity_factor,
-            # Under SELECTIVE the whole layer is recomputed once already (model.py).
-            remat_chunks=cfg.remat in (Remat.FULL, Remat.DOTS))
+            remat_chunks=cfg.remat != Remat.NONE)
     else:
         if chosen == MoeBackend.MEGABLOX:
             raise ValueError("ModelConfig.moe_backend='megablox' runs only expert-parallel "
@@ -409,12 +420,11 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
         if "latent_out_bias" in p:
             routed = routed + p["latent_out_bias"].astype(dtype)
 
-    h = x2 @ p["shared_up"].astype(dtype)
-    if "shared_up_bias" in p:
-        h = h + p["shared_up_bias"].astype(dtype)
-    shared = relu2(h) @ p["shared_down"].astype(dtype)
-    if "shared_down_bias" in p:
-        shared = shared + p["shared_down_bias"].astype(dtype)
+    shared_fn = _shared_expert
+    if cfg.remat == Remat.SELECTIVE:
+        # Its [tokens, shared width] activations are recomputed, not kept (model.py).
+        shared_fn = jax.checkpoint(_shared_expert)
+    shared = shared_fn({k: v for k, v in p.items() if k.startswith("shared_")}, x2)
 
     y = (routed + shared).reshape(b, t, d)
     return constrain(y, ("batch", "act_seq", "act_embed")), idx.reshape(b, t, -1), dropped
