@@ -46,11 +46,11 @@ class Remat(enum.Enum):
     NONE = "none"  # keep every activation
     FULL = "full"  # recompute the whole group
     DOTS = "dots"  # save matmul outputs without batch dims, recompute the rest
-    # Per layer: each Mamba layer recomputed (its input kept); in MoE layers the routed
-    # experts' dispatch chunks and the shared expert recomputed, the rest (router, latent
-    # projections, the gate combine) kept; attention layers not recomputed (the CAUSAL_SCAN /
-    # FLASH core keeps only q, k, v, its output and log-sum-exp). Full remat's recompute
-    # without the attention core's and without the routed experts' second one.
+    # Per layer: each Mamba and MoE layer recomputed (its input kept; an MoE layer keeps its
+    # routed output too, and the routed dispatch chunks recompute themselves once); attention
+    # layers not recomputed (the CAUSAL_SCAN / FLASH core keeps only q, k, v, its output and
+    # log-sum-exp). Full remat's recompute without the attention core's and without the
+    # routed experts' second one (model.py).
     SELECTIVE = "selective"
 
 

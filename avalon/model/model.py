@@ -32,7 +32,7 @@ from avalon.model.config import LETTERS, ModelConfig, Remat
 from avalon.model.dense import dense
 from avalon.model.mamba2 import mamba_mixer
 from avalon.model.mlp import mlp
-from avalon.model.moe import moe_layer
+from avalon.model.moe import ROUTED_NAME, moe_layer
 from avalon.model.norms import rms_norm
 from avalon.model.params import layer_key
 from avalon.sharding import constrain
@@ -78,14 +78,18 @@ def _remat(fn, cfg: ModelConfig, training: bool):
 
 
 def _recomputed_layer(letter: str, lp: dict, h, cfg: ModelConfig, segment_ids, routing):
-    """`apply_layer` (no cache) under `jax.checkpoint`: the backward keeps only the layer's
-    input and recomputes the rest (Remat.SELECTIVE, for Mamba layers)."""
+    """`apply_layer` (no cache) under `jax.checkpoint`: the backward keeps the layer's input
+    and recomputes the rest (Remat.SELECTIVE, for Mamba and MoE layers). An MoE layer also
+    keeps its expert-parallel routed output (`moe.ROUTED_NAME`, [tokens, latent] bf16), so its
+    recompute skips the routed experts: their dispatch chunks recompute themselves in their
+    own backward (`remat_chunks`), once."""
     def fn(lp, h, segment_ids, routing):
         out, _, moe_out = apply_layer(letter, lp, h, cfg, segment_ids=segment_ids,
                                       routing=routing)
         return out, moe_out
 
-    out, moe_out = jax.checkpoint(fn)(lp, h, segment_ids, routing)
+    policy = jax.checkpoint_policies.save_only_these_names(ROUTED_NAME)
+    out, moe_out = jax.checkpoint(fn, policy=policy)(lp, h, segment_ids, routing)
     return out, None, moe_out
 
 
@@ -118,7 +122,7 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
         for j, ch in enumerate(unit):
             key = layer_key(j, ch)
             r = routes[moe_positions.index(j)] if routes is not None and ch == "E" else None
-            if entries is None and cfg.remat == Remat.SELECTIVE and ch == "M":
+            if entries is None and cfg.remat == Remat.SELECTIVE and ch in "ME":
                 h, entry, moe_out = _recomputed_layer(ch, lps[key], h, cfg, segment_ids, r)
             else:
                 h, entry, moe_out = apply_layer(

@@ -44,12 +44,15 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
 from avalon import sharding
 from avalon.model import moe_ep
 from avalon.model.config import ModelConfig, MoeBackend, Remat
 from avalon.sharding import constrain
+
+ROUTED_NAME = "moe_routed"  # checkpoint name of the expert-parallel routed output
 
 # Per platform, the backend AUTO means (CPU: toy layer fwd+bwd at 4,096 tokens, 2 cores:
 # ragged_dot 144 ms, dense 99 ms, capacity buckets 58 ms; GPU: performance.md).
@@ -407,6 +410,9 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
             xl, idx, weights, up, down, mesh=mesh, batch_axes=axes, backend=chosen,
             chunk=cfg.moe_dispatch_chunk, capacity_factor=cfg.moe_capacity_factor,
             remat_chunks=cfg.remat != Remat.NONE)
+        # Named for Remat.SELECTIVE: the layer's recompute keeps this output instead of
+        # running the routed experts again (model.py); their chunks recompute themselves.
+        routed = checkpoint_name(routed, ROUTED_NAME)
     else:
         if chosen == MoeBackend.MEGABLOX:
             raise ValueError("ModelConfig.moe_backend='megablox' runs only expert-parallel "
@@ -420,11 +426,7 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
         if "latent_out_bias" in p:
             routed = routed + p["latent_out_bias"].astype(dtype)
 
-    shared_fn = _shared_expert
-    if cfg.remat == Remat.SELECTIVE:
-        # Its [tokens, shared width] activations are recomputed, not kept (model.py).
-        shared_fn = jax.checkpoint(_shared_expert)
-    shared = shared_fn({k: v for k, v in p.items() if k.startswith("shared_")}, x2)
+    shared = _shared_expert({k: v for k, v in p.items() if k.startswith("shared_")}, x2)
 
     y = (routed + shared).reshape(b, t, d)
     return constrain(y, ("batch", "act_seq", "act_embed")), idx.reshape(b, t, -1), dropped
