@@ -78,7 +78,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
             "param_dtype": "float32",  # fp32 masters: 4e-6 AdamW steps are below bf16's grain
             "dtype": "bfloat16", "decode_dt_clamp": True, "remat": "selective",
             "attention_impl": "causal_scan", "moe_backend": "auto",
-            "moe_dispatch_chunk": 4096, "attention_query_chunk": 1024})})
+            "moe_dispatch_chunk": 4096, "attention_query_chunk": 1024, "ssd_block": 8192})})
     c.init_from = "/mnt/checkpoints/NVIDIA-Nemotron-3-Super-120B-A12B-Base-BF16"
     c.mesh = mesh_section(fsdp=32, expert=4)
     c.tokenizer = "hf"

@@ -29,6 +29,7 @@ from avalon.model.config import ModelConfig
 from avalon.model.dense import dense
 from avalon.model.norms import gated_group_rms_norm
 from avalon.model.ssd import ssd_chunked, ssd_step
+from avalon.model.ssd_blocked import ssd_blocked
 from avalon.sharding import constrain
 
 
@@ -174,8 +175,12 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
         if num_new is not None:
             dt = dt * (jnp.arange(t)[None, :] < num_new[:, None])[..., None]
         h0 = None if cache is None else f32(cache.ssm)
-        y, ssm = ssd_chunked(f32(xc), dt, A, f32(Bc), f32(Cc), D, cfg.chunk_size, h0=h0,
-                             segment_ids=segment_ids)
+        if cache is None and cfg.ssd_block and t > cfg.ssd_block:
+            y, ssm = ssd_blocked(f32(xc), dt, A, f32(Bc), f32(Cc), D, cfg.chunk_size,
+                                 cfg.ssd_block, segment_ids=segment_ids)
+        else:
+            y, ssm = ssd_chunked(f32(xc), dt, A, f32(Bc), f32(Cc), D, cfg.chunk_size, h0=h0,
+                                 segment_ids=segment_ids)
 
     y = gated_group_rms_norm(y, z, p["gate_norm"], cfg.n_groups, cfg.layer_norm_epsilon)
     y = y.astype(dtype)
