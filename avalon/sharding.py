@@ -60,6 +60,12 @@ _ACTIVATION_RULES = {
     "act_mlp": "tensor",
     "act_vocab": "tensor",
     "act_experts": "expert",
+    # Inside the sequence mixers (Mamba, attention) of a training forward: the positions, kept
+    # whole on every chip (the scan and the causal scores need the full row), and the mixer's
+    # channels just before its output projection.
+    "mixer_seq": None,
+    "act_mixer_out": "tensor",
+    "act_mamba_groups": None,
     "cache_seq": None,
     "slots": ("data", "fsdp"),  # the engine's stored per-slot state
     "kv_pages": ("data", "fsdp"),  # the engine's KV pool pages
@@ -73,6 +79,23 @@ TRAIN_RULES: Rules = {
     **_WEIGHT_RULES, **_ACTIVATION_RULES,
     "batch": ("data", "fsdp", "expert"),
     "embed": "fsdp", "expert_in": "fsdp", "mtp_in": None,
+}
+
+# Training with sequence parallelism (`RLConfig.sequence_parallel`), Ulysses-style: rows over
+# data x fsdp, each row's positions over `expert`. The residual stream, norms, MLPs and MoE
+# layers run on a chip's quarter of a row (the routed experts still all-to-all over `expert`
+# for their experts); a Mamba or attention layer switches its projections by all-to-all to
+# whole rows with a quarter of the heads (Mamba heads and groups, query heads; the 2 KV heads
+# stay whole) and back before its output projection. So one 131K-token row costs each of a
+# host's 4 chips the activations of 32K tokens.
+TRAIN_SEQ_RULES: Rules = {
+    **TRAIN_RULES,
+    "batch": ("data", "fsdp"),
+    "act_seq": "expert",
+    "act_heads": ("tensor", "expert"),
+    "act_kv_heads": ("tensor", "expert"),
+    "act_mamba_heads": ("tensor", "expert"),
+    "act_mamba_groups": "expert",
 }
 
 # Decode: tensor parallelism over every model axis of a host for the dense layers. The engine
@@ -221,6 +244,20 @@ def active() -> tuple[Mesh, Rules] | None:
 def batch_axes(mesh: Mesh, rules: Rules) -> tuple[str, ...]:
     """The mesh axes (of size > 1) the batch is split over under `rules`."""
     return tuple(a for a in _mesh_axes_of(rules["batch"]) if mesh.shape[a] > 1)
+
+
+def seq_axes(mesh: Mesh, rules: Rules) -> tuple[str, ...]:
+    """The mesh axes (of size > 1) each row's positions are split over under `rules`."""
+    return tuple(a for a in _mesh_axes_of(rules["act_seq"]) if mesh.shape[a] > 1)
+
+
+def seq_shards() -> int:
+    """Chips one row's positions are split over under the active rules (1 outside them)."""
+    active = _ACTIVE.get()
+    if active is None:
+        return 1
+    mesh, rules = active
+    return int(np.prod([mesh.shape[a] for a in seq_axes(mesh, rules)], dtype=np.int64))
 
 
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:

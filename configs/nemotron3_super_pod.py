@@ -13,29 +13,30 @@ learning-progress samplers over environments and tasks. Windows are the real 131
 (compaction at 114,688, summaries capped at 12,000).
 
 Mesh (v5p-256: 128 chips, 32 hosts of 4): fsdp 32 across hosts (params, optimizer state and
-activations split along embed), expert 4 within each host (512 experts, 128 per chip). In the
-update step the batch is split over all 128 chips (TRAIN_RULES: data x fsdp x expert) and the
-routed experts are reached by all-to-all over `expert` (avalon/model/moe_ep.py); the MoE
-backend is `auto` (megablox on TPU: `lax.ragged_dot`'s weight gradient compiles to a dense
-masked product over the experts there). The engine of each host decodes from a bf16
-view of the same params (`engine.decode_dtype`), re-laid out for decoding (DECODE_RULES: the
-dense layers tensor-parallel over the host's 4 chips, experts split over them, the KV pool split
-by pages); that switch is timed every step.
+activations split along embed), expert 4 within each host (512 experts, 128 per chip). The
+update step runs sequence parallel (`rl.sequence_parallel`, sharding.TRAIN_SEQ_RULES): rows
+over fsdp, each 131,072-token row's positions over the host's 4 chips; Mamba and attention
+layers switch by all-to-all to whole rows with a quarter of the heads, so each chip holds the
+activations of 32,768 tokens. The routed experts are reached by all-to-all over `expert`
+(avalon/model/moe_ep.py) with a capacity of 1.25 x the mean load (`rl.moe_capacity_factor`;
+drops are the step metric `moe_dropped_choices`); the MoE backend is `auto` (megablox on TPU:
+`lax.ragged_dot`'s weight gradient compiles to a dense masked product over the experts there).
+Attention is the causal block scan (blocks of 1,024: causal FLOPs, no [t, t] scores); remat is
+per layer (`selective`: Mamba layers and the experts' activations recomputed, attention kept).
+The engine of each host decodes from a bf16 view of the same params (`engine.decode_dtype`),
+re-laid out for decoding (DECODE_RULES: the dense layers tensor-parallel over the host's 4
+chips, experts split over them, the KV pool split by pages); that switch is timed every step.
 
-Global batch of one update call: micro_batches x 128 chips rows of 131,072 tokens = 16 x 128 =
-2,048 rows (268M token positions); the recipe's 200-800 groups x K 16 x (1 + up to 8 agents)
-contexts are packed into such rows. Per chip that is 16 rows, one per micro-batch, and the
-batch itself (tokens, targets, ids, mask, log-probs, advantages, uint16 routing of 40 layers x
-22 experts) is 16 x 234 MB = 3.7 GB beside 15.5 GB of params, AdamW moments and the fp32
-gradient accumulator. It does NOT fit yet, measured (experiments/bench/RESULTS.md, "Capacity-
-bounded expert parallelism and the pod config"; `python -m experiments.scale.aot
---config=configs/nemotron3_super_pod.py --topology=v5p-256`): one 131K-token row per chip
-needs 185 GB of temporaries under full remat (its 49 saved layer inputs alone are 53 GB), and
-even rows of 32,768 tokens peak at 113 GB per chip. Smaller micro-batches cannot help (one row
-per chip is the floor); what is missing is sequence parallelism over the host's 4 chips for the
-Mamba and attention layers. The routed experts run expert-parallel with the update step's
-capacity of 1.25 x the mean load (`rl.moe_capacity_factor`; drops are the step metric
-`moe_dropped_choices`); queries are chunked by 256 so one chunk's scores stay ~4 GB.
+Global batch of one update call: micro_batches x 32 rows (one per fsdp shard, split over its
+host's 4 chips) of 131,072 tokens = 64 x 32 = 2,048 rows (268M token positions); the recipe's
+200-800 groups x K 16 x (1 + up to 8 agents) contexts are packed into such rows. Per chip that
+is 64 quarter-rows, and the batch itself (tokens, targets, ids, mask, log-probs, advantages,
+uint16 routing of 40 layers x 22 experts) is 3.7 GB beside 15.5 GB of params, AdamW moments
+and the fp32 gradient accumulator. Measured (experiments/bench/RESULTS.md, "The pod's update
+step with sequence parallelism"; `python -m experiments.scale.aot
+--config=configs/nemotron3_super_pod.py --topology=v5p-256`): see there for the peak per chip
+and the compiled FLOPs against the model's. Smaller micro-batches cannot help (one row per
+fsdp shard is the floor); the micro-batch count only sets the global batch.
 """
 
 from __future__ import annotations
@@ -75,9 +76,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         "preset": "nemotron3_super_120b_a12b",
         "overrides": ml_collections.ConfigDict({
             "param_dtype": "float32",  # fp32 masters: 4e-6 AdamW steps are below bf16's grain
-            "dtype": "bfloat16", "decode_dt_clamp": True, "remat": "full",
-            "attention_impl": "query_chunked", "moe_backend": "auto",
-            "moe_dispatch_chunk": 4096, "attention_query_chunk": 256})})
+            "dtype": "bfloat16", "decode_dt_clamp": True, "remat": "selective",
+            "attention_impl": "causal_scan", "moe_backend": "auto",
+            "moe_dispatch_chunk": 4096, "attention_query_chunk": 1024, "ssd_block": 8192})})
     c.init_from = "/mnt/checkpoints/NVIDIA-Nemotron-3-Super-120B-A12B-Base-BF16"
     c.mesh = mesh_section(fsdp=32, expert=4)
     c.tokenizer = "hf"
@@ -99,7 +100,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         "seq_bucket": 32, "temperature": 1.0, "top_p": 1.0})
     c.rl = ml_collections.ConfigDict({"lr": 4e-6, "temperature": 1.0, "eps_high": 5.0,
                                       "cap_mode": "delta", "freeze_router": True,
-                                      "micro_batches": 16})  # see the module doc
+                                      "micro_batches": 64,
+                                      "sequence_parallel": True})  # see the module doc
     # One host's engine (4 chips, 95 GB each; measured: python -m experiments.scale.aot
     # --config=this --topology=v5p-256 --step=decode, RESULTS.md issue 16, helper i16d). Per
     # chip: the bf16 decode view is 61.6 GB (routed experts split over the 4 chips, the dense

@@ -32,6 +32,7 @@ from flax import struct
 from jax.sharding import PartitionSpec
 
 from avalon import sharding
+from avalon.model.attention_scan import causal_scan_attention
 from avalon.model.config import AttentionImpl, ModelConfig
 from avalon.model.dense import dense
 from avalon.sharding import constrain
@@ -102,6 +103,8 @@ def _full_attention(q, k, v, segment_ids, cfg: ModelConfig, scale):
     chunk = cfg.attention_query_chunk
     if cfg.attention_impl == AttentionImpl.FLASH:
         return _flash_attention(q, k, v, seg, scale, FLASH_BLOCK)
+    if cfg.attention_impl == AttentionImpl.CAUSAL_SCAN:
+        return causal_scan_attention(q, k, v, seg, scale, chunk)
     if cfg.attention_impl == AttentionImpl.NAIVE or t <= chunk:
         return block(q, pos, seg)
     if cfg.attention_impl == AttentionImpl.BLOCK_CAUSAL:
@@ -373,9 +376,11 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     q = dense(x, p["q"].astype(dtype))
     k = dense(x, p["k"].astype(dtype))
     v = dense(x, p["v"].astype(dtype))
-    q = constrain(q, ("batch", "act_seq", "act_heads", None))
-    k = constrain(k, ("batch", "act_seq", "act_kv_heads", None))
-    v = constrain(v, ("batch", "act_seq", "act_kv_heads", None))
+    # Whole rows, heads split ("mixer_seq": under sequence parallelism an all-to-all from the
+    # residual stream's position split; the same layout as before without it).
+    q = constrain(q, ("batch", "mixer_seq", "act_heads", None))
+    k = constrain(k, ("batch", "mixer_seq", "act_kv_heads", None))
+    v = constrain(v, ("batch", "mixer_seq", "act_kv_heads", None))
     q = q.reshape(b, t, nkv, g, hd)  # query head h*g + j reads kv head h (HF repeat_kv order)
     scale = hd ** -0.5
 
@@ -403,5 +408,7 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
         out = _scores_to_out(q, new_cache.k, new_cache.v, mask[:, None, None], scale)
 
     out = out.reshape(b, t, nh, hd)
+    if cache is None:  # back to the residual stream's position split before the o projection
+        out = constrain(out, ("batch", "act_seq", "act_mixer_out", None))
     y = dense(out, p["o"].astype(dtype), 2)
     return y, new_cache

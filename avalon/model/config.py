@@ -46,6 +46,12 @@ class Remat(enum.Enum):
     NONE = "none"  # keep every activation
     FULL = "full"  # recompute the whole group
     DOTS = "dots"  # save matmul outputs without batch dims, recompute the rest
+    # Per layer: each Mamba and MoE layer recomputed (its input kept; an MoE layer keeps its
+    # routed output too, and the routed dispatch chunks recompute themselves once); attention
+    # layers not recomputed (the CAUSAL_SCAN / FLASH core keeps only q, k, v, its output and
+    # log-sum-exp). Full remat's recompute without the attention core's and without the
+    # routed experts' second one (model.py).
+    SELECTIVE = "selective"
 
 
 class AttentionImpl(enum.Enum):
@@ -57,6 +63,10 @@ class AttentionImpl(enum.Enum):
     # Query blocks of 128 against only the keys they see, custom VJP that recomputes each
     # block's probabilities from the rows' log-sum-exp: no [t, t] scores in either pass.
     FLASH = "flash"
+    # One scan over the (query block, key block) pairs at or below the diagonal, blocks of
+    # `attention_query_chunk`, FlashAttention backward: causal FLOPs at fixed shapes per step,
+    # for rows too long to unroll (attention_scan.py).
+    CAUSAL_SCAN = "causal_scan"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +134,9 @@ class ModelConfig:
     scan_layers: bool = True  # False: one block per layer (a Python loop), for debugging
     attention_impl: AttentionImpl = AttentionImpl.NAIVE
     attention_query_chunk: int = 1024
+    # Training forward (no cache): the chunked SSD over blocks of this many positions, each
+    # recomputed in the backward (ssd_blocked.py); 0: the whole row at once.
+    ssd_block: int = 0
     max_context: int = 131072  # the agent context window this preset is served at
     initializer_range: float = 0.02
     rescale_prenorm_residual: bool = True
@@ -198,6 +211,8 @@ def _validate(c: ModelConfig):
         v = getattr(c, f)
         if not isinstance(v, int) or v <= 0:
             _fail(f, v, "must be a positive integer")
+    if not isinstance(c.ssd_block, int) or c.ssd_block < 0 or c.ssd_block % c.chunk_size:
+        _fail("ssd_block", c.ssd_block, f"must be 0 or a multiple of chunk_size={c.chunk_size}")
     if "*" in c.pattern + c.mtp_pattern and c.num_attention_heads % c.num_key_value_heads:
         _fail("num_key_value_heads", c.num_key_value_heads,
               f"must divide num_attention_heads={c.num_attention_heads}")

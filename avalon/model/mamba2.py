@@ -29,6 +29,7 @@ from avalon.model.config import ModelConfig
 from avalon.model.dense import dense
 from avalon.model.norms import gated_group_rms_norm
 from avalon.model.ssd import ssd_chunked, ssd_step
+from avalon.model.ssd_blocked import ssd_blocked
 from avalon.sharding import constrain
 
 
@@ -131,8 +132,14 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     dtype = x.dtype
     # z, xs [b, t, H, P]; Bs, Cs [b, t, G, N]; dt [b, t, H]
     z, xs, Bs, Cs, dt = _in_proj(x, p, merged=cache is None)
-    xs = constrain(xs, ("batch", "act_seq", "act_mamba_heads", None))
-    z = constrain(z, ("batch", "act_seq", "act_mamba_heads", None))
+    xs = constrain(xs, ("batch", "mixer_seq", "act_mamba_heads", None))
+    z = constrain(z, ("batch", "mixer_seq", "act_mamba_heads", None))
+    if cache is None:
+        # Whole rows, heads split (sequence parallelism: an all-to-all from the position split
+        # of the residual stream; a no-op under the rules without it).
+        Bs = constrain(Bs, ("batch", "mixer_seq", "act_mamba_groups", None))
+        Cs = constrain(Cs, ("batch", "mixer_seq", "act_mamba_groups", None))
+        dt = constrain(dt, ("batch", "mixer_seq", "act_mamba_heads"))
 
     k1 = cfg.conv_kernel - 1
     if cache is None:
@@ -168,11 +175,17 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
         if num_new is not None:
             dt = dt * (jnp.arange(t)[None, :] < num_new[:, None])[..., None]
         h0 = None if cache is None else f32(cache.ssm)
-        y, ssm = ssd_chunked(f32(xc), dt, A, f32(Bc), f32(Cc), D, cfg.chunk_size, h0=h0,
-                             segment_ids=segment_ids)
+        if cache is None and cfg.ssd_block and t > cfg.ssd_block:
+            y, ssm = ssd_blocked(f32(xc), dt, A, f32(Bc), f32(Cc), D, cfg.chunk_size,
+                                 cfg.ssd_block, segment_ids=segment_ids)
+        else:
+            y, ssm = ssd_chunked(f32(xc), dt, A, f32(Bc), f32(Cc), D, cfg.chunk_size, h0=h0,
+                                 segment_ids=segment_ids)
 
     y = gated_group_rms_norm(y, z, p["gate_norm"], cfg.n_groups, cfg.layer_norm_epsilon)
     y = y.astype(dtype)
+    if cache is None:  # back to the residual stream's position split before out_proj
+        y = constrain(y, ("batch", "act_seq", "act_mixer_out", None))
     out = dense(y, p["out"].astype(dtype), 2)
     if "out_bias" in p:
         out = out + p["out_bias"].astype(dtype)

@@ -32,7 +32,7 @@ from avalon.model.config import LETTERS, ModelConfig, Remat
 from avalon.model.dense import dense
 from avalon.model.mamba2 import mamba_mixer
 from avalon.model.mlp import mlp
-from avalon.model.moe import moe_layer
+from avalon.model.moe import ROUTED_NAME, moe_layer
 from avalon.model.norms import rms_norm
 from avalon.model.params import layer_key
 from avalon.sharding import constrain
@@ -70,11 +70,27 @@ def apply_layer(letter: str, lp: dict, h: jax.Array, cfg: ModelConfig, *, segmen
 
 
 def _remat(fn, cfg: ModelConfig, training: bool):
-    if not training or cfg.remat == Remat.NONE:
+    if not training or cfg.remat in (Remat.NONE, Remat.SELECTIVE):
         return fn
     if cfg.remat == Remat.FULL:
         return jax.checkpoint(fn)
     return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+
+
+def _recomputed_layer(letter: str, lp: dict, h, cfg: ModelConfig, segment_ids, routing):
+    """`apply_layer` (no cache) under `jax.checkpoint`: the backward keeps the layer's input
+    and recomputes the rest (Remat.SELECTIVE, for Mamba and MoE layers). An MoE layer also
+    keeps its expert-parallel routed output (`moe.ROUTED_NAME`, [tokens, latent] bf16), so its
+    recompute skips the routed experts: their dispatch chunks recompute themselves in their
+    own backward (`remat_chunks`), once."""
+    def fn(lp, h, segment_ids, routing):
+        out, _, moe_out = apply_layer(letter, lp, h, cfg, segment_ids=segment_ids,
+                                      routing=routing)
+        return out, moe_out
+
+    policy = jax.checkpoint_policies.save_only_these_names(ROUTED_NAME)
+    out, moe_out = jax.checkpoint(fn, policy=policy)(lp, h, segment_ids, routing)
+    return out, None, moe_out
 
 
 def _first(tree):
@@ -106,10 +122,13 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
         for j, ch in enumerate(unit):
             key = layer_key(j, ch)
             r = routes[moe_positions.index(j)] if routes is not None and ch == "E" else None
-            h, entry, moe_out = apply_layer(
-                ch, lps[key], h, cfg, segment_ids=segment_ids,
-                cache_entry=None if entries is None else entries.get(key), lengths=lengths,
-                num_new=num_new, routing=r, pages=pages)
+            if entries is None and cfg.remat == Remat.SELECTIVE and ch in "ME":
+                h, entry, moe_out = _recomputed_layer(ch, lps[key], h, cfg, segment_ids, r)
+            else:
+                h, entry, moe_out = apply_layer(
+                    ch, lps[key], h, cfg, segment_ids=segment_ids,
+                    cache_entry=None if entries is None else entries.get(key),
+                    lengths=lengths, num_new=num_new, routing=r, pages=pages)
             if entry is not None:
                 new_entries[key] = entry
             if moe_out is not None:

@@ -44,12 +44,15 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec
 
 from avalon import sharding
 from avalon.model import moe_ep
 from avalon.model.config import ModelConfig, MoeBackend, Remat
 from avalon.sharding import constrain
+
+ROUTED_NAME = "moe_routed"  # checkpoint name of the expert-parallel routed output
 
 # Per platform, the backend AUTO means (CPU: toy layer fwd+bwd at 4,096 tokens, 2 cores:
 # ragged_dot 144 ms, dense 99 ms, capacity buckets 58 ms; GPU: performance.md).
@@ -366,6 +369,18 @@ _DISPATCH = {
 }
 
 
+def _shared_expert(p: dict, x2):
+    """The shared expert: relu2(x2 W_up + b) W_down + b, in x2's dtype."""
+    dtype = x2.dtype
+    h = x2 @ p["shared_up"].astype(dtype)
+    if "shared_up_bias" in p:
+        h = h + p["shared_up_bias"].astype(dtype)
+    shared = relu2(h) @ p["shared_down"].astype(dtype)
+    if "shared_down_bias" in p:
+        shared = shared + p["shared_down_bias"].astype(dtype)
+    return shared
+
+
 def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=None):
     """x [b, t, D] (normed) -> (y [b, t, D], experts chosen [b, t, k] int32, choices dropped
     by the expert-parallel capacity bound (int32 scalar; 0 without a mesh, or when
@@ -379,8 +394,12 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
     if mesh is None:
         idx, weights = route(p, x2, cfg, replay)
     else:
-        spec = sharding.logical_to_spec(("batch",), active[1], mesh, (b,))
-        axes = () if not spec else spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+        # The flat tokens [b * t] are split over the rows' axes and then, under sequence
+        # parallelism, the positions' axes: with one row per row-shard each chip's flat block
+        # is its own positions, so the reshape moves nothing.
+        spec = sharding.logical_to_spec(("batch", "act_seq"), active[1], mesh, (b, t))
+        axes = tuple(a for part in spec if part is not None
+                     for a in (part if isinstance(part, tuple) else (part,)))
         idx, weights = _route_per_chip(p, x2, cfg, replay, mesh, axes)
 
     xl = x2
@@ -393,28 +412,27 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
     chosen = resolve_backend(backend or cfg.moe_backend, platform,
                              mean_load=b * t * cfg.num_experts_per_tok / up.shape[0])
     if mesh is not None:
-        per_choice, dropped = moe_ep.expert_parallel(
-            xl, idx, up, down, mesh=mesh, batch_axes=axes, backend=chosen,
+        routed, dropped = moe_ep.expert_parallel(
+            xl, idx, weights, up, down, mesh=mesh, batch_axes=axes, backend=chosen,
             chunk=cfg.moe_dispatch_chunk, capacity_factor=cfg.moe_capacity_factor,
             remat_chunks=cfg.remat != Remat.NONE)
+        # Named for Remat.SELECTIVE: the layer's recompute keeps this output instead of
+        # running the routed experts again (model.py); their chunks recompute themselves.
+        routed = checkpoint_name(routed, ROUTED_NAME)
     else:
         if chosen == MoeBackend.MEGABLOX:
             raise ValueError("ModelConfig.moe_backend='megablox' runs only expert-parallel "
                              "under a mesh")
         per_choice = _DISPATCH[chosen](xl, idx, up, down)
         dropped = jnp.zeros((), jnp.int32)  # the single-device backends are dropless
-    routed = jnp.einsum("nkw,nk->nw", per_choice.astype(jnp.float32), weights).astype(dtype)
+        routed = jnp.einsum("nkw,nk->nw", per_choice.astype(jnp.float32),
+                            weights).astype(dtype)
     if cfg.moe_latent_size is not None:
         routed = routed @ p["latent_out"].astype(dtype)
         if "latent_out_bias" in p:
             routed = routed + p["latent_out_bias"].astype(dtype)
 
-    h = x2 @ p["shared_up"].astype(dtype)
-    if "shared_up_bias" in p:
-        h = h + p["shared_up_bias"].astype(dtype)
-    shared = relu2(h) @ p["shared_down"].astype(dtype)
-    if "shared_down_bias" in p:
-        shared = shared + p["shared_down_bias"].astype(dtype)
+    shared = _shared_expert({k: v for k, v in p.items() if k.startswith("shared_")}, x2)
 
     y = (routed + shared).reshape(b, t, d)
     return constrain(y, ("batch", "act_seq", "act_embed")), idx.reshape(b, t, -1), dropped

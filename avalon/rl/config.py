@@ -82,6 +82,9 @@ class RLConfig:
     # work at any expert-axis size (dropless buffers are ep times); None: dropless. With one
     # expert shard (no `expert` mesh axis) nothing is ever dropped.
     moe_capacity_factor: float | None = 1.25
+    # Sequence parallelism in the update step (sharding.TRAIN_SEQ_RULES): each row's positions
+    # split over the `expert` axis, rows over data x fsdp only; for rows too long for one chip.
+    sequence_parallel: bool = False
     freeze_router: bool = True  # SPEC §4: router weight and correction bias never change
     lr: float = 4e-6  # constant (SPEC §4)
     weight_decay: float = 0.01  # our reading

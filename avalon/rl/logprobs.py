@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from avalon import model as M
+from avalon import sharding
 from avalon.model.config import ModelConfig
 
 
@@ -53,18 +54,35 @@ def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: Mod
         entropy = lse_sg - jnp.sum(jnp.exp(lg - lse_sg[..., None]) * lg, axis=-1)
         return logp, entropy
 
-    if s <= chunk:
+    # Under sequence parallelism each row's positions are split over m chips (m = 1 without
+    # it): chunk j then takes positions [j c, (j + 1) c) of *every* chip's part, so each chip
+    # computes c positions' logits per chunk from its own hidden states, nothing moves, and
+    # one chunk's logits per chip are [b, c, V] as without it.
+    m = sharding.seq_shards()
+    if s % m:
+        raise ValueError(f"sequence length {s} is not divisible by the {m} chips its positions "
+                         "are split over")
+    local = s // m
+    if local <= chunk:
         return one(hidden, targets)
-    pad = (-s) % chunk
+    pad = (-local) % chunk
+    n = (local + pad) // chunk
+    hidden = hidden.reshape(b, m, local, d)
+    targets = targets.reshape(b, m, local)
     if pad:
-        hidden = jnp.pad(hidden, [(0, 0), (0, pad), (0, 0)])
-        targets = jnp.pad(targets, [(0, 0), (0, pad)])
-    n = (s + pad) // chunk
-    hs = hidden.reshape(b, n, chunk, d).swapaxes(0, 1)  # [n, b, c, d]
-    ts = targets.reshape(b, n, chunk).swapaxes(0, 1)
+        hidden = jnp.pad(hidden, [(0, 0), (0, 0), (0, pad), (0, 0)])
+        targets = jnp.pad(targets, [(0, 0), (0, 0), (0, pad)])
+    # [b, m, n, c, ...] -> [n, b, m * c, ...]: chunk-major, each chunk laid out like a row.
+    hs = hidden.reshape(b, m, n, chunk, d).transpose(2, 0, 1, 3, 4).reshape(n, b, m * chunk, d)
+    ts = targets.reshape(b, m, n, chunk).transpose(2, 0, 1, 3).reshape(n, b, m * chunk)
+    hs = sharding.constrain(hs, (None, "batch", "act_seq", "act_embed"))
     body = jax.checkpoint(one)
-    logp, entropy = jax.lax.map(lambda xs: body(*xs), (hs, ts))  # [n, b, c] each
-    unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :s]
+    logp, entropy = jax.lax.map(lambda xs: body(*xs), (hs, ts))  # [n, b, m * c] each
+
+    def unchunk(x):
+        x = x.reshape(n, b, m, chunk).transpose(1, 2, 0, 3).reshape(b, m, n * chunk)
+        return x[:, :, :local].reshape(b, s)
+
     return unchunk(logp), unchunk(entropy)
 
 

@@ -297,11 +297,16 @@ def run(config, topology: str, rows: int | None, seq: int | None, loss: str,
             config.mesh = ml_collections.ConfigDict(parse_mesh(mesh))
     cfg = from_config_dict(config, num_devices=chips, num_processes=max(1, chips // 4))
     rl_cfg = cfg.rl if loss == "cispo" else dataclasses.replace(cfg.rl, loss=LossKind.SFT)
-    dp = cfg.mesh.get("data", 1) * cfg.mesh.get("fsdp", 1) * cfg.mesh.get("expert", 1)
+    # Rows split over data x fsdp x expert; under sequence parallelism over data x fsdp only
+    # (each row's positions over expert).
+    dp = cfg.mesh.get("data", 1) * cfg.mesh.get("fsdp", 1) * (
+        1 if rl_cfg.sequence_parallel else cfg.mesh.get("expert", 1))
     rows = rows or rl_cfg.micro_batches * dp
     seq = seq or cfg.rollout.seq_len
     out = {"topology": topology, "step": "train", "loss": loss, "mesh": cfg.mesh,
            "micro_batches": rl_cfg.micro_batches, "remat": cfg.model.remat.value,
+           "sequence_parallel": rl_cfg.sequence_parallel,
+           "attention_impl": cfg.model.attention_impl.value,
            "moe_backend": cfg.model.moe_backend.value}
     try:
         compiled, compile_s = compile_train_step(cfg.model, rl_cfg, cfg.mesh, devices, rows,

@@ -53,6 +53,7 @@ class Computation:
     instrs: list[Instr]
     shapes: dict[str, str]  # value name -> result type text (parameters and instructions)
     literals: dict[str, int]  # integer scalar constants by name (loop bounds)
+    root: str | None = None  # the ROOT instruction's name
 
 
 def array_dims(shape: str) -> list[tuple[str, list[int]]]:
@@ -148,6 +149,8 @@ def parse_module(text: str) -> tuple[dict[str, Computation], str]:
         ins = Instr(m.group(2), shape, opcode, operands, attrs)
         current.instrs.append(ins)
         current.shapes[ins.name] = shape
+        if m.group(1):
+            current.root = ins.name
         lit = re.match(r"constant\((-?[0-9]+)\)", m.group(3).split(" ", 1)[-1].strip())
         if opcode == "constant" and lit and re.match(r"[su](32|64)\[\]", shape):
             current.literals[ins.name] = int(lit.group(1))
@@ -217,8 +220,34 @@ def _trip_count(ins: Instr, comps: dict[str, Computation]) -> int | None:
         if ci.opcode == "compare" and "direction=LT" in ci.attrs:
             for op in ci.operands:
                 if op in cond.literals:
-                    return cond.literals[op]
+                    others = [o for o in ci.operands if o != op]
+                    step = _loop_step(ins, comps, cond, others[0] if others else None)
+                    return -(-cond.literals[op] // step)
     return None
+
+
+def _loop_step(ins: Instr, comps: dict[str, Computation], cond: Computation,
+               counter: str | None) -> int:
+    """How much a loop's body adds to the induction variable the condition compares (1 when
+    it cannot be read). XLA's own loops need this: a windowed einsum (the FSDP all-gather
+    fused into its matmul) unrolled twice compares `i < 16` and adds 2 per trip, 8 trips."""
+    by_name = {i.name: i for i in cond.instrs}
+    gte = by_name.get(counter or "")
+    m = re.search(r"\bindex=([0-9]+)", gte.attrs) if gte is not None and \
+        gte.opcode == "get-tuple-element" else None
+    body = comps.get(_attr(ins.attrs, "body") or "")
+    if m is None or body is None or body.root is None:
+        return 1
+    body_by_name = {i.name: i for i in body.instrs}
+    root = body_by_name.get(body.root)
+    index = int(m.group(1))
+    if root is None or root.opcode != "tuple" or index >= len(root.operands):
+        return 1
+    update = body_by_name.get(root.operands[index])
+    if update is None or update.opcode != "add":
+        return 1
+    steps = [body.literals[o] for o in update.operands if o in body.literals]
+    return steps[0] if steps and steps[0] > 0 else 1
 
 
 @dataclasses.dataclass

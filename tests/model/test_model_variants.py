@@ -32,7 +32,7 @@ def _loss_and_grad(cfg, params, tokens, segment_ids=None):
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
-@pytest.mark.parametrize("remat", [Remat.FULL, Remat.DOTS])
+@pytest.mark.parametrize("remat", [Remat.FULL, Remat.DOTS, Remat.SELECTIVE])
 def test_remat_gives_the_same_gradients(tokens, remat):
     params = init_params(jax.random.key(5), SCANNED)
     base_loss, base_grad = _loss_and_grad(SCANNED, params, tokens)

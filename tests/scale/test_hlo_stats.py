@@ -72,3 +72,42 @@ ENTRY %main (a: bf16[4096,1536,1], b: bf16[1536,48,64]) -> bf16[4096,48,64] {
 }
 """
     assert hlo_stats.analyse(text).flops == 2 * 4096 * 1536 * 48 * 64
+
+
+# An XLA-made loop (the shape of a windowed einsum unrolled twice): the condition compares the
+# counter (tuple index 1) with 16, the body adds 2 to it, so 8 trips of one [8,16]x[16,4] dot.
+_STEP_TWO = """HloModule m
+
+%body (p: (f32[8,4], u32[])) -> (f32[8,4], u32[]) {
+  %p = (f32[8,4], u32[]) parameter(0)
+  %acc = f32[8,4] get-tuple-element(%p), index=0
+  %i = u32[] get-tuple-element(%p), index=1
+  %x = f32[8,16] constant({...})
+  %w = f32[16,4] constant({...})
+  %d = f32[8,4] dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %s = f32[8,4] add(%acc, %d)
+  %two = u32[] constant(2)
+  %next = u32[] add(%i, %two)
+  ROOT %t = (f32[8,4], u32[]) tuple(%s, %next)
+}
+
+%cond (q: (f32[8,4], u32[])) -> pred[] {
+  %q = (f32[8,4], u32[]) parameter(0)
+  %c = u32[] get-tuple-element(%q), index=1
+  %limit = u32[] constant(16)
+  ROOT %lt = pred[] compare(%c, %limit), direction=LT
+}
+
+ENTRY %main (a: f32[8,4]) -> (f32[8,4], u32[]) {
+  %a = f32[8,4] parameter(0)
+  %zero = u32[] constant(0)
+  %init = (f32[8,4], u32[]) tuple(%a, %zero)
+  ROOT %w = (f32[8,4], u32[]) while(%init), condition=%cond, body=%body
+}
+"""
+
+
+def test_loop_whose_body_steps_its_counter_by_two_counts_half_the_bound():
+    stats = hlo_stats.analyse(_STEP_TWO)
+    assert stats.unknown_trip_loops == []
+    assert stats.flops == 8 * 2 * 8 * 16 * 4
