@@ -231,8 +231,9 @@ def decode_report(compiled, cfg, slots: int, rows: int, num_pages: int, page_siz
     }
 
 
-def run_decode(config, topology: str, slots: int | None, rows: int | None,
-               kv_tokens: int | None, page_size: int = 16, dump_hlo: str | None = None) -> dict:
+def run_decode(config, topology: str, slots: int | None = None, rows: int | None = None,
+               kv_tokens: int | None = None, page_size: int = 16,
+               dump_hlo: str | None = None) -> dict:
     """--step=decode: one host's decode dispatch of `config` (see `compile_decode_step`).
     Defaults: the config's engine.slots, a dispatch over every slot, the config's pool
     (engine.kv_pages pages), page tables a whole window wide (any one context may reach it)."""
