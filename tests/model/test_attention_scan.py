@@ -9,34 +9,16 @@ import numpy as np
 import pytest
 
 from avalon.model import AttentionImpl, presets
-from avalon.model.attention import _scores_to_out, attention
+from avalon.model.attention import attention
 from avalon.model.attention_scan import causal_scan_attention
 from avalon.model.params import init_params
 from avalon.sharding import TRAIN_SEQ_RULES, make_mesh, use_rules
-
-B, T, H, G, D = 2, 37, 2, 3, 8  # T not a multiple of the block: a ragged last block
-SCALE = D ** -0.5
-
-
-def _naive(q, k, v, seg):
-    pos = jnp.arange(q.shape[1])
-    mask = (pos[:, None] >= pos[None, :])[None] & (seg[:, :, None] == seg[:, None, :])
-    return _scores_to_out(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask[:, None, None], SCALE)
+from tests.model.attention_reference import SCALE, _naive, packed_inputs
 
 
 @pytest.fixture(scope="module")
 def inputs():
-    kq, kk, kv, kg = jax.random.split(jax.random.key(0), 4)
-    q = jax.random.normal(kq, (B, T, H, G, D)) * 2.0  # peaked softmax rows
-    k = jax.random.normal(kk, (B, T, H, D))
-    v = jax.random.normal(kv, (B, T, H, D))
-    probe = jax.random.normal(kg, (B, T, H, G, D))
-    # Row 0: one sequence; row 1: three packed segments (one starts mid-block, so earlier
-    # key blocks are fully masked for it) and trailing padding (segment 0).
-    seg = jnp.stack([jnp.ones(T, jnp.int32),
-                     jnp.concatenate([jnp.full(10, 1), jnp.full(15, 2), jnp.full(7, 3),
-                                      jnp.zeros(5)]).astype(jnp.int32)])
-    return q, k, v, seg, probe
+    return packed_inputs()
 
 
 @pytest.mark.parametrize("block", [4, 8, 64])
