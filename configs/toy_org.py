@@ -14,7 +14,7 @@ RESULTS.md). SFT starts on skill rows (avalon/train/skills.py: recall a value re
 add/max/min), the toy's stand-in for the pretraining a real model brings; without them a model
 trained from scratch learns the traces' form but copies no code and computes no answer. The
 SFT teacher is imperfect on purpose (random head-count and 10% wrong answers in
-environment 1, a verifier in half the teams), which leaves RLCR room. Evaluation compares the
+environment 1, a verifier in three teams of four), which leaves RLCR room. Evaluation compares the
 organisation (budget 3) with a single agent (budget 0) on the same held-out tasks, each
 environment under its own clock. `get_config("smoke")` shrinks everything for a quick check.
 
@@ -60,7 +60,10 @@ def make_teacher(env, chat):
                                                        answer_error_rate=0.1, hires_per_turn=1,
                                                        solves_per_turn=3))
     if isinstance(env, Verification):
-        return env.teacher(chat, VerifyTeacherConfig(verifier_rate=0.5, hires_per_turn=1))
+        # A verifier in 3 of 4 teams: with 1 in 2, the held-out share of reviewed teams after
+        # SFT was 0.29-0.42 and fell to 0 within 20 RLCR steps in two of four runs (one
+        # early plan token decides it; RESULTS.md, issue 12).
+        return env.teacher(chat, VerifyTeacherConfig(verifier_rate=0.75, hires_per_turn=1))
     return env.teacher(chat)
 
 
