@@ -69,6 +69,8 @@ class EngineStats:
     forks: int = 0
     prefill_tokens: int = 0  # real tokens absorbed by prefill (padding excluded)
     decode_tokens: int = 0  # tokens sampled and returned
+    turns_deferred: int = 0  # turns that waited for KV pages (a pool at max_kv_pages)
+    turns_cut_by_pool: int = 0  # turns given fewer new tokens than asked: the pool was full
     host_seconds: float = 0.0  # time inside generate not spent waiting on the device
     device_wait_seconds: float = 0.0  # time blocked on device results
 

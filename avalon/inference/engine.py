@@ -17,7 +17,12 @@ memory follows the tokens held, not slots x the longest context. Mamba state is 
 
 Serving (`submit` + `step`; `generate` = submit, then step until those turns are done):
 1. Admission. A turn whose new tokens do not fit the window ends at once with CONTEXT_FULL
-   (nothing absorbed). Every other turn is active until it ends; a slot has at most one.
+   (nothing absorbed). Every other turn is active until it ends; a slot has at most one. With
+   `max_kv_pages` the pool never grows past it: a turn starts only when its worst case (the
+   slot's context + new tokens + max_new_tokens) fits beside every running turn's, so no
+   dispatch runs out of pages; until then it waits (in submission order). When nothing runs
+   and it still does not fit (the pool is full of idle contexts), it samples only as many
+   tokens as fit and ends CONTEXT_FULL (none absorbed if even its new tokens do not fit).
 2. Prefill has priority: while some turns still have new tokens to absorb, each step runs one
    chunk of up to `prefill_chunk` tokens over exactly those turns' slots (padded to a
    power-of-two chunk, `num_new` per row); slots without new tokens are not in the dispatch.
@@ -55,6 +60,7 @@ Sampling and its log-probabilities: see `sampling.py`.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
@@ -117,7 +123,8 @@ class Engine:
                  max_context: int | None = None, mesh: Mesh | None = None,
                  steps_per_dispatch: int = 8, prefill_chunk: int = 256, page_size: int = 16,
                  detokenize: Callable[[list[int]], str] | None = None,
-                 unstack_layers: bool | None = None, kv_pages: int = MIN_PAGES):
+                 unstack_layers: bool | None = None, kv_pages: int = MIN_PAGES,
+                 max_kv_pages: int | None = None):
         if not isinstance(cfg, ModelConfig):
             raise ValueError(f"Engine: cfg must be a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
@@ -147,7 +154,23 @@ class Engine:
         # The pool's size is in every program's shapes: each size it grows through compiles
         # its own prefill and decode buckets (on CPU ~10 s and ~500 memory maps of JIT code
         # each), so a run that knows its need starts at it (`kv_pages`).
-        kv_pages = self._pool_size(_positive_int("kv_pages", kv_pages))
+        _positive_int("kv_pages", kv_pages)
+        # The pool's ceiling: with one, a turn is admitted only while every running turn's
+        # worst case (its context + new tokens + max_new_tokens, within the window) fits it,
+        # so no dispatch runs short of pages and the pool never grows past it. Turns that do
+        # not fit wait (`_admit_waiting`). None: the pool grows whenever it runs short.
+        if max_kv_pages is not None:
+            shards = self._setup.pool_shards
+            if _positive_int("max_kv_pages", max_kv_pages) % shards:
+                raise ValueError(f"Engine: max_kv_pages={max_kv_pages} must be a multiple of "
+                                 f"the {shards} chips the KV pool is split over")
+            if kv_pages > max_kv_pages:
+                raise ValueError(f"Engine: kv_pages={kv_pages} exceeds "
+                                 f"max_kv_pages={max_kv_pages}")
+        self.max_kv_pages = max_kv_pages
+        kv_pages = self._pool_size(kv_pages)
+        if max_kv_pages is not None:
+            kv_pages = min(kv_pages, max_kv_pages)
         self._pool = PagePool(self.page_size, kv_pages, self.num_slots, self._setup.pool_shards)
         self._state = dev.init_state(self._setup, self.num_slots, kv_pages)
         self._lengths = np.zeros(self.num_slots, np.int64)  # host mirror of the context lengths
@@ -155,6 +178,9 @@ class Engine:
         self._to_reset: set[int] = set()
         self._n_moe = cfg.count("E")
         self._active: dict[int, ActiveTurn] = {}  # slot -> its turn in progress
+        # slot -> the longest context its active turn may reach (the pages it may still take)
+        self._reserve: dict[int, int] = {}
+        self._waiting: collections.deque[Turn] = collections.deque()  # admitted in order
         self._ready: list[TurnResult] = []  # finished, not yet returned by `step`
         self._inflight: collections.deque = collections.deque()
         # Row buckets divisible by the axes rows are split over, so working rows stay sharded.
@@ -186,7 +212,7 @@ class Engine:
     @property
     def busy(self) -> bool:
         """Some submitted turn has not been returned by `step` yet."""
-        return bool(self._active or self._ready)
+        return bool(self._active or self._ready or self._waiting)
 
     @property
     def kv_pages(self) -> tuple[int, int]:
@@ -229,8 +255,7 @@ class Engine:
         self._flush_resets()  # the source may be a fresh slot that was never emptied
         new = [int(s) for s in free[:k]]
         length = int(self._lengths[slot])
-        if not self._pool.can_fork(length, k):
-            self._grow_pool(self._pool.num_pages + k * self._pool.shards)
+        self._make_room_to_fork(slot, length, k)
         src_pages, dst_pages = self._pool.fork(slot, new, length)
         dst = np.full(bucket(k, self.buckets["state_rows"]), self.num_slots, np.int32)
         dst[:k] = new
@@ -245,12 +270,30 @@ class Engine:
         self.stats.state_ops += 1
         return new
 
+    def _make_room_to_fork(self, slot: int, length: int, k: int) -> None:
+        """k forks of a `length`-token context each take a copy of its partial last page (on
+        chip (length // page_size) % chips), beside the pages running turns may still take
+        there; grow the pool for them, or refuse past max_kv_pages."""
+        if not length % self.page_size:
+            return
+        chip = (length // self.page_size) % self._pool.shards
+        free = len(self._pool.free_by_shard[chip])
+        taken = int(self._pool.wanted(self._reserve)[chip]) if self.max_kv_pages else 0
+        short = max(0, k + taken - free) * self._pool.shards
+        if not short:
+            return
+        if self.max_kv_pages is not None and self._pool.num_pages + short > self.max_kv_pages:
+            raise ValueError(f"fork: slot {slot} into k={k} needs {k} free KV pages and the "
+                             f"pool is at max_kv_pages={self.max_kv_pages} ({free - taken} "
+                             "free for forks); release slots first")
+        self._grow_pool(self._pool.num_pages + short)
+
     def _check_slot(self, where: str, slot) -> None:
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) \
                 or not 0 <= slot < self.num_slots or not self._allocated[slot]:
             raise ValueError(f"{where}: slot={slot!r} is not an allocated slot (unknown or "
                              f"released; this engine has slots 0..{self.num_slots - 1})")
-        if where != "context_length" and int(slot) in self._active:
+        if where != "context_length" and self._in_progress(int(slot)):
             raise ValueError(f"{where}: slot={slot!r} has a turn in progress; wait for its "
                              "result from step()")
 
@@ -280,6 +323,11 @@ class Engine:
 
     def _grow_pool(self, pages: int) -> None:
         target = max(self._pool.num_pages, self._pool_size(pages))
+        if self.max_kv_pages is not None:
+            if pages > self.max_kv_pages:  # admission and fork keep every need under it
+                raise RuntimeError(f"engine: {pages} KV pages needed past "
+                                   f"max_kv_pages={self.max_kv_pages}")
+            target = min(target, self.max_kv_pages)
         if target > self._pool.num_pages:
             self._state = dev.grow(self._state, setup=self._setup, num_pages=target)
             self._pool.grow(target)
@@ -360,25 +408,80 @@ class Engine:
                                   vocab=self.cfg.vocab_size,
                                   can_detokenize=self.detokenize is not None)
         for t in turns:
-            if t.slot in self._active:
+            if self._in_progress(t.slot):
                 raise ValueError(f"submit: request {t.index} (slot {t.slot}): slot={t.slot}: "
                                  "has a turn in progress; wait for its result from step()")
         return turns
 
+    def _in_progress(self, slot: int) -> bool:
+        return slot in self._active or any(t.slot == slot for t in self._waiting)
+
     def _admit(self, turns: list[Turn]) -> None:
-        start = []
         for t in turns:
             if self._lengths[t.slot] + len(t.new_tokens) > self.max_context:
                 self._ready.append(self._empty_result(t, StopReason.CONTEXT_FULL))
-                continue
-            a = self._active[t.slot] = ActiveTurn(turn=t)
+            else:
+                self._waiting.append(t)
+        self._admit_waiting()
+        waiting = {id(t) for t in self._waiting}
+        self.stats.turns_deferred += sum(id(t) in waiting for t in turns)
+
+    def _worst(self, t: Turn) -> int:
+        """The longest context turn t may leave its slot with."""
+        return int(min(self._lengths[t.slot] + len(t.new_tokens) + t.max_new_tokens,
+                       self.max_context))
+
+    def _fits(self, slot: int, tokens: int) -> bool:
+        """Whether the pool (grown up to max_kv_pages) holds every running turn's worst case
+        and `tokens` positions for `slot`."""
+        if self.max_kv_pages is None:
+            return True
+        short = self._pool.shortfall({**self._reserve, slot: tokens})
+        return self._pool.num_pages + short <= self.max_kv_pages
+
+    def _admit_waiting(self) -> None:
+        """Start waiting turns in submission order while their worst case fits the pool. One
+        that does not fit waits for running turns to end (their unused pages come back); with
+        none running, the pool is full of idle contexts, and the turn runs with the room there
+        is: fewer new tokens (ending CONTEXT_FULL), or none if its prompt does not fit."""
+        start = []
+        while self._waiting:
+            t = self._waiting[0]
+            capped = False
+            if not self._fits(t.slot, self._worst(t)):
+                if self._active:
+                    break
+                room = self._room(t)
+                if room is None:
+                    self._waiting.popleft()
+                    self._ready.append(self._empty_result(t, StopReason.CONTEXT_FULL))
+                    continue
+                t, capped = dataclasses.replace(t, max_new_tokens=room), True
+            self._waiting.popleft()
+            self.stats.turns_cut_by_pool += capped
+            self._reserve[t.slot] = self._worst(t)
+            a = self._active[t.slot] = ActiveTurn(turn=t, capped=capped)
             if not a.feeding:
                 start.append(a)
         if start:
             self._start_decode(start)
 
+    def _room(self, t: Turn) -> int | None:
+        """The most new tokens turn t can sample with the pages the pool can still give it, or
+        None if not even its new tokens fit (or it has none and can sample nothing)."""
+        base = int(self._lengths[t.slot]) + len(t.new_tokens)
+        if not self._fits(t.slot, base):
+            return None
+        lo, hi = 0, t.max_new_tokens  # fits(base + lo) holds, fits(base + hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self._fits(t.slot, base + mid) else (lo, mid)
+        return None if lo == 0 and not len(t.new_tokens) else lo
+
     def _step(self) -> list[TurnResult]:
         self._flush_resets()
+        if self._waiting:
+            self._admit_waiting()
         feeding = [a for a in self._active.values() if a.feeding]
         dispatched = False
         if feeding:
@@ -484,8 +587,8 @@ class Engine:
         slots = [a.slot for a in turns]
         idx = self._row_ids(slots)
         R = len(idx)
-        needs = {a.slot: int(min(self._lengths[a.slot] + S * (a.inflight + 1), self.max_context))
-                 for a in turns}
+        needs = {a.slot: int(min(self._lengths[a.slot] + S * (a.inflight + 1),
+                                 self._reserve[a.slot])) for a in turns}
         pages = self._page_table(slots, R, needs)
         knobs, stops = self._knobs(turns, R)
         self._state, out = dev.decode(self._run_params, self._state, idx, pages, knobs, stops,
@@ -546,6 +649,9 @@ class Engine:
         if a.cut is not None and a.cut + 1 < a.emitted:
             self._reabsorb(a)
         del self._active[a.slot]
+        del self._reserve[a.slot]
+        if a.capped and a.reason == dev.CODE_LENGTH:
+            a.reason = dev.CODE_CONTEXT_FULL  # it stopped where the pool ran out, not at its limit
         self.stats.decode_tokens += a.kept()
         self._ready.append(a.result(int(self._lengths[a.slot]), self._n_moe,
                                     self.cfg.num_experts_per_tok, self._setup.routing_dtype))

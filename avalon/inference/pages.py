@@ -70,7 +70,7 @@ class PagePool:
     def pages_for(self, tokens: int) -> int:
         return -(-int(tokens) // self.size)
 
-    def _want(self, needs: dict[int, int]) -> np.ndarray:
+    def wanted(self, needs: dict[int, int]) -> np.ndarray:
         """New pages per chip to give each slot s room for needs[s] tokens."""
         want = np.zeros(self.shards, np.int64)
         for s, n in needs.items():
@@ -81,7 +81,7 @@ class PagePool:
     def shortfall(self, needs: dict[int, int]) -> int:
         """Pages missing (summed over chips, each short of its own share) to give each slot s
         room for needs[s] tokens. Growing the pool by `shortfall * shards` pages covers it."""
-        want = self._want(needs)
+        want = self.wanted(needs)
         have = np.array([len(f) for f in self.free_by_shard])
         return int(np.maximum(want - have, 0).max()) * self.shards if want.any() else 0
 
@@ -121,12 +121,6 @@ class PagePool:
             if self.refs[page] == 0:
                 self.free_by_shard[page // per].append(page)
         self.held[slot] = []
-
-    def can_fork(self, length: int, k: int) -> bool:
-        """Whether k forks of a `length`-token context find their partial pages free."""
-        if not length % self.size:
-            return True
-        return len(self.free_by_shard[(length // self.size) % self.shards]) >= k
 
     def fork(self, src: int, dst: list[int], length: int) -> tuple[list[int], list[int]]:
         """Slots dst share src's full pages (of a `length`-token context) and get a fresh copy

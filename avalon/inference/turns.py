@@ -51,6 +51,7 @@ class ActiveTurn:
     emitted: int = 0  # tokens sampled (and absorbed) so far
     inflight: int = 0  # decode dispatches in flight that have this turn's row
     cut: int | None = None  # index of the sampled token that completed a stop string
+    capped: bool = False  # max_new_tokens cut to the pages the pool had left (engine._room)
     snap: tuple | None = None  # (Snapshot, its padded slot ids, row) for stop strings
     prefill_parts: list = dataclasses.field(default_factory=list)  # (Record, row, count)
     decode_parts: list = dataclasses.field(default_factory=list)  # (Record, row, steps mask)
