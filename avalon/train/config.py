@@ -375,8 +375,9 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
     if cfg.model.max_context < cfg.org.window:
         _fail("org.window", cfg.org.window,
               f"exceeds the model's max_context={cfg.model.max_context}")
-    for name in ("steps", "groups_per_step", "rollouts_per_group", "groups_ramp_steps",
-                 "seq_bucket"):
+    if cfg.rollout.steps < 0:  # 0: no RLCR (SFT only, or evaluation only of `init_from`)
+        _fail("rollout.steps", cfg.rollout.steps, "must be >= 0")
+    for name in ("groups_per_step", "rollouts_per_group", "groups_ramp_steps", "seq_bucket"):
         if getattr(cfg.rollout, name) < 1:
             _fail(f"rollout.{name}", getattr(cfg.rollout, name), "must be >= 1")
     if cfg.sft.steps < 0 or cfg.sft.teacher_episodes < 0 or cfg.sft.batch_seqs < 1:

@@ -148,8 +148,12 @@ class Run:
 
     # ---- phases ----------------------------------------------------------------------------
     def finished(self) -> bool:
+        # Every run ends with an evaluation at its last step, so one without it has work
+        # left: an evaluation-only run (`init_from` with 0 SFT + 0 RLCR steps: a trained run
+        # evaluated under other settings, as the budget sweep's `from=` form does) has only that.
         return (self.host.sft_step >= self.cfg.sft.steps
-                and self.host.rl_step >= self.cfg.rollout.steps)
+                and self.host.rl_step >= self.cfg.rollout.steps
+                and self._logged_eval_at(self.host.step))
 
     def _remaining_evals(self) -> int:
         cfg, done = self.cfg, self.host.rl_step
@@ -162,10 +166,12 @@ class Run:
         devices = jax.devices()
         mesh = " ".join(f"{k}={v}" for k, v in self.setup.mesh.shape.items())
         resumed = f" | resuming at step {self.host.step}" if self.host.step else ""
+        steps = f"{self.cfg.sft.steps} SFT + {self.cfg.rollout.steps} RLCR steps"
+        if not self.cfg.sft.steps and not self.cfg.rollout.steps:
+            steps = f"evaluation only, of {self.cfg.init_from or 'a random init'}"
         return (f"avalon: {self.config_name or 'config'} -> {self.workdir} | {len(devices)} "
                 f"{devices[0].device_kind} device(s), {jax.process_count()} process(es) | "
-                f"mesh {mesh} | {self.cfg.sft.steps} SFT + {self.cfg.rollout.steps} RLCR "
-                f"steps{resumed}")
+                f"mesh {mesh} | {steps}{resumed}")
 
     def run(self) -> dict:
         cfg = self.cfg

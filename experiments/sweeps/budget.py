@@ -1,14 +1,22 @@
-"""The organisation budget sweep: the toy organisation trained and evaluated at hire budgets
-0..8 (the report's budget sweep), one run per budget.
+"""The organisation budget sweep (the report's budget sweep: b = 0..8 hires), in two forms.
 
+    # one trained organisation evaluated at budgets 0..8 (the report's measurement)
+    python -m experiments.sweeps.run --sweep=experiments/sweeps/budget.py:from=runs/toy \\
+        --workdir=runs/budget_eval
+    # one training run per budget (9 toy runs)
     python -m experiments.sweeps.run --sweep=experiments/sweeps/budget.py --workdir=runs/budget
     python -m experiments.sweeps.run --sweep=experiments/sweeps/budget.py:smoke --workdir=/tmp/b
 
-Budget b: rollouts are trained with budgets drawn up to b (`budget.max_budget`), the held-out
-organisation arm gets b (`eval.budget`; the single agent always 0), and the engine gets the
-slots a step needs (groups x K x (1 + b)). Budget 0 trains single agents only (`p_single=1`:
-the sampler's maximum must stay >= 1). `:smoke` runs the toy's smoke config at budgets 0, 1
-and 3.
+`from=RUN` (a trained run directory of the same config): every run is evaluation only
+(`init_from=RUN`, 0 SFT + 0 RLCR steps) of RUN's newest params, with the held-out organisation
+arm at budget b beside the single agent on the same tasks. This is how the report reads its
+budget numbers (one model trained with budgets sampled up to 8, evaluated with 1 or 8
+specialists); budgets above the ones RUN trained with show whether it uses head-count it never
+saw. The training form trains each budget from scratch: rollouts with budgets drawn up to b
+(`budget.max_budget`), the held-out organisation arm at b (`eval.budget`; the single agent
+always 0), and the engine with the slots a step needs (groups x K x (1 + b)). Budget 0 trains
+single agents only (`p_single=1`: the sampler's maximum must stay >= 1). `smoke` runs the toy's
+smoke config at budgets 0, 1 and 3 (`smoke,from=RUN` evaluates a smoke-config run).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from experiments.sweeps.sweep import Sweep
 
 TOY_GROUPS, TOY_K = 4, 8  # configs/toy_org.py: rollout.groups_per_step, rollouts_per_group
 SMOKE_GROUPS, SMOKE_K = 2, 4
+BUDGETS, SMOKE_BUDGETS = tuple(range(9)), (0, 1, 3)
 
 
 def budget_run(b: int, groups: int, k: int) -> dict:
@@ -26,11 +35,25 @@ def budget_run(b: int, groups: int, k: int) -> dict:
             "engine.slots": max(128, groups * k * (1 + b))}
 
 
+def eval_run(b: int) -> dict:
+    # The evaluation holds as many tasks at once as the slots allow, so the toy's 128 do.
+    # `budget.max_budget` only bounds `eval.budget` here (no rollout is sampled).
+    return {"eval.budget": b, "budget.max_budget": max(1, b)}
+
+
 def get_sweep(arg: str = "") -> Sweep:
-    if arg not in ("", "smoke"):
-        raise ValueError(f"budget sweep argument {arg!r}: takes 'smoke' or none")
-    if arg == "smoke":
-        return Sweep(config="configs/toy_org.py:smoke", x="eval.budget",
-                     runs=tuple(budget_run(b, SMOKE_GROUPS, SMOKE_K) for b in (0, 1, 3)))
-    return Sweep(config="configs/toy_org.py", x="eval.budget",
-                 runs=tuple(budget_run(b, TOY_GROUPS, TOY_K) for b in range(9)))
+    parts = [p for p in arg.split(",") if p]
+    smoke = "smoke" in parts
+    sources = [p.removeprefix("from=") for p in parts if p.startswith("from=")]
+    unknown = [p for p in parts if p != "smoke" and not p.startswith("from=")]
+    if unknown or len(sources) > 1 or (sources and not sources[0]):
+        raise ValueError(f"budget sweep argument {arg!r}: takes 'smoke', 'from=RUN_DIR' or "
+                         "both ('smoke,from=RUN_DIR')")
+    config = "configs/toy_org.py:smoke" if smoke else "configs/toy_org.py"
+    budgets = SMOKE_BUDGETS if smoke else BUDGETS
+    if sources:
+        return Sweep(config=config, x="eval.budget", runs=tuple(eval_run(b) for b in budgets),
+                     shared={"init_from": sources[0], "sft.steps": 0, "rollout.steps": 0})
+    groups, k = (SMOKE_GROUPS, SMOKE_K) if smoke else (TOY_GROUPS, TOY_K)
+    return Sweep(config=config, x="eval.budget",
+                 runs=tuple(budget_run(b, groups, k) for b in budgets))

@@ -2,9 +2,10 @@
 directories (`summary.json` and `metrics.jsonl`, as `avalon.main` writes them).
 
 Per run: the swept fields, the last evaluation's held-out reward of the organisation and of
-the single agent (with their std over evaluation rollouts) and the gap between them, the last
-RLCR step's training reward and hires per rollout, wall time, and a status (`done`, `running`
-or unfinished, `missing`, or `failed (rc N)` as the runner recorded).
+the single agent (with their std over evaluation rollouts) and the gap between them, what the
+evaluated organisation did (hires, messages, reviews, co-ordination share, tokens, derived
+latency), the last RLCR step's training reward and hires per rollout, wall time, and a status
+(`done`, `running` or unfinished, `missing`, or `failed (rc N)` as the runner recorded).
 """
 
 from __future__ import annotations
@@ -23,9 +24,14 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from avalon.train.telemetry import read_metrics  # noqa: E402
 from experiments.sweeps.sweep import Sweep, flag_value, run_name  # noqa: E402
 
+# What the last evaluation's organisation arm did (`org_metrics.rollout_metrics`), and the
+# single agent's derived latency beside the organisation's.
+EVAL_BEHAVIOUR = ("eval/org/hires_per_rollout", "eval/org/messages_per_agent",
+                  "eval/org/review_share", "eval/org/coordination_share",
+                  "eval/org/tokens_per_rollout", "eval/org/latency_s", "eval/single/latency_s")
 RESULTS = ("eval/org_reward", "eval/org_reward/std", "eval/single_reward",
-           "eval/single_reward/std", "org_minus_single", "reward/mean", "org/hires_per_rollout",
-           "rl_steps", "wall_s", "status")
+           "eval/single_reward/std", "org_minus_single", *EVAL_BEHAVIOUR, "reward/mean",
+           "org/hires_per_rollout", "rl_steps", "wall_s", "status")
 STATUS_FILE = "sweep_status.json"  # the runner's record of each run's exit code
 
 
@@ -54,6 +60,8 @@ def collect(sweep: Sweep, workdir: str) -> list[dict]:
             row["org_minus_single"] = ev["eval/org_reward"] - ev["eval/single_reward"]
         else:
             row["org_minus_single"] = None
+        for key in EVAL_BEHAVIOUR:
+            row[key] = ev.get(key)
         row["reward/mean"] = rl.get("reward/mean")
         row["org/hires_per_rollout"] = rl.get("org/hires_per_rollout")
         row["rl_steps"] = rl.get("rl_step", 0)

@@ -37,6 +37,21 @@ def test_budget_sweep_expands_to_nine_runs_with_the_slots_they_need():
         "launch/run_pod.sh configs/toy_org.py:smoke gs://b/t/eval.clock_s=120.0 ")
 
 
+def test_budget_sweep_from_a_trained_run_evaluates_it_at_every_budget():
+    s = sweeps.load(BUDGET + ":from=runs/toy")
+    assert [r["eval.budget"] for r in s.runs] == list(range(9))
+    cmd = sweeps.main_command(s, s.runs[8], "/runs/be")
+    assert {"--config.init_from=runs/toy", "--config.sft.steps=0", "--config.rollout.steps=0",
+            "--config.eval.budget=8", "--config.budget.max_budget=8"} <= set(cmd)
+    assert "--workdir=/runs/be/eval.budget=8" in cmd
+    smoke = sweeps.load(BUDGET + ":smoke,from=/r")
+    assert smoke.config == "configs/toy_org.py:smoke"
+    assert [r["eval.budget"] for r in smoke.runs] == [0, 1, 3]
+    for bad in ("from=", "nope", "from=a,from=b"):
+        with pytest.raises(ValueError, match="budget sweep argument"):
+            sweeps.load(f"{BUDGET}:{bad}")
+
+
 def test_every_expanded_command_is_a_valid_config():
     """Each run's overrides name keys the config has and values it accepts (checked by the
     config's own validation, so a sweep cannot silently drop a field)."""
@@ -45,7 +60,7 @@ def test_every_expanded_command_is_a_valid_config():
     from ml_collections import config_flags  # noqa: F401  (the same override parser as main)
 
     from avalon.train.config import from_config_dict
-    for path in (BUDGET, TIME, BUDGET + ":smoke", TIME + ":smoke"):
+    for path in (BUDGET, TIME, BUDGET + ":smoke", TIME + ":smoke", f"{BUDGET}:from={REPO}"):
         s = sweeps.load(path)
         file, _, arg = s.config.partition(":")
         spec = importlib.util.spec_from_file_location("c", os.path.join(REPO, file))
@@ -137,3 +152,19 @@ def test_budget_sweep_on_the_toy_smoke_config(tmp_path):
     assert [r["status"] for r in rows] == ["done"] * 3
     assert all(r["eval/org_reward"] is not None and r["rl_steps"] == 1 for r in rows)
     assert all(os.path.exists(p) for p in paths)
+
+    # The `from=` form: the budget-3 run evaluated at budgets 0, 1 and 3, evaluation only.
+    trained = os.path.join(str(tmp_path), "eval.budget=3")
+    e = sweeps.load(f"{BUDGET}:smoke,from={trained}")
+    out = tmp_path / "from"
+    evaluate_only = ["--config.eval.tasks=1", "--config.eval.seeds=1", "--config.plots=False",
+                     f"--jax_cache_dir={CACHE}"]  # later flags win: no SFT or RLCR override
+    run_sweep(e, str(out), evaluate_only, stream=open(os.devnull, "w"), cwd=REPO)
+    rows = table.collect(e, str(out))
+    assert [r["status"] for r in rows] == ["done"] * 3
+    assert all(r["rl_steps"] == 0 and r["eval/org/hires_per_rollout"] is not None
+               for r in rows)
+    # At budget 3 the evaluation is the trained run's own last one (same params and seeds).
+    want = table.collect(s, str(tmp_path))[2]
+    assert rows[2]["eval/org_reward"] == want["eval/org_reward"]
+    assert rows[2]["eval/single_reward"] == want["eval/single_reward"]
