@@ -162,6 +162,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # slots x 512, two interleaved pairs: 20.2 vs 24.6 and 57 vs 100 ms/step, fp32 vs bf16;
     # RESULTS.md) and a sampler/trainer mismatch besides. The accelerator configs use bf16.
     c.engine.decode_dtype = "float32"
+    c.engine.continuous = True  # rollouts feed the engine as they are ready (not per tick)
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 2 if smoke else 20  # after SFT, every 20 RLCR steps and at the end
     c.eval.tasks = 1 if smoke else 24  # per environment

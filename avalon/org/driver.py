@@ -1,4 +1,5 @@
-"""The rollout driver: many organisations at once, one policy call per tick.
+"""The rollout driver: many organisations at once, one policy call per tick, or fed
+continuously (each rollout's next turns handed over as soon as its last ones came back).
 
     driver = RolloutDriver(policy, chat, OrgConfig.scaled(2048), log_dir="runs/logs")
     result = driver.run([GroupSpec(group_id=0, rollouts=(RolloutSpec(session, budget=3,
@@ -14,6 +15,13 @@ against the replay of its event log (`schedule.verify_schedule`).
 An agent that will not act again is released from the policy (its engine slot freed) at the
 end of the tick. When every rollout of a group starts with the same CEO system segment, the
 policy may prefill it once and share it (`Policy.prefill_shared`).
+
+Continuous feeding (`continuous=True`, the engine's continuous batching): every rollout plays
+its own ticks, each batch going to the policy (`StreamingPolicy.submit`) as soon as that
+rollout's previous batch came back (`collect`) and was applied; its tools ran and its clock
+scheduler picked the next agents, while other rollouts' turns are still being sampled. Within
+a rollout the clock scheduler decides as in tick mode, so a rollout's events are the same for
+the same outputs; a scripted policy gives byte-identical logs in both modes (`TickStream`).
 
 Admission (`max_agents`, e.g. the engine's slots): when the specs hold more agents than the
 policy can keep alive, rollouts are admitted in spec order while the agents they may ever
@@ -46,7 +54,7 @@ from avalon.org.events import EventLog
 from avalon.org.organisation import Organisation
 from avalon.org.outcome import OrgReport, build_rollout, org_report
 from avalon.org.peers import PeerTeam
-from avalon.org.policy import Policy
+from avalon.org.policy import Policy, StreamingPolicy, TickStream
 from avalon.org.schedule import Scheduled, verify_schedule
 from avalon.org.workspace import Workspace
 from avalon.rl.types import RolloutGroup
@@ -88,12 +96,15 @@ class RolloutDriver:
     def __init__(self, policy: Policy, chat: ChatFormat, config: OrgConfig, *,
                  workdir: str | os.PathLike | None = None, log_dir: str | os.PathLike | None = None,
                  share_prefix: bool = True, keep_workspaces: bool = False,
-                 max_agents: int | None = None):
+                 max_agents: int | None = None, continuous: bool = False):
         if max_agents is not None and (isinstance(max_agents, bool)
                                        or not isinstance(max_agents, int) or max_agents < 1):
             raise ValueError(f"RolloutDriver: max_agents={max_agents!r} must be a positive int "
                              "or None")
         self.max_agents = max_agents
+        self.continuous = continuous
+        if continuous and not isinstance(policy, StreamingPolicy):
+            policy = TickStream(policy)
         self.policy, self.chat, self.config = policy, chat, config
         self.workdir = None if workdir is None else Path(workdir)
         self.log_dir = None if log_dir is None else paths.path(log_dir)
@@ -117,7 +128,8 @@ class RolloutDriver:
                                  f"rollout of budget {most} (1 + budget = {1 + most} agents)")
             orgs = [[self._organisation(root, g, i, r) for i, r in enumerate(g.rollouts)]
                     for g in groups]
-            ticks = self._loop([(gi, o) for gi, group in enumerate(orgs) for o in group])
+            loop = self._stream if self.continuous else self._loop
+            ticks = loop([(gi, o) for gi, group in enumerate(orgs) for o in group])
             for o in (o for group in orgs for o in group):  # one source of truth (schedule.py)
                 verify_schedule(o.log.events, o.scheduled, clock_order=not o.lock_step)
             if self.log_dir is not None:
@@ -190,3 +202,46 @@ class RolloutDriver:
             held -= sum(1 + o.budget for o in active if o.done)
             active[:] = [o for o in active if not o.done]
         return ticks
+
+    def _stream(self, orgs: list[tuple[int, Organisation]]) -> list[TickStat]:
+        """Continuous feeding: each rollout's next batch goes to the policy as soon as its
+        previous one came back and was applied, while other rollouts' turns still run. A
+        rollout's own sequence of batches (begin, act, apply, end) is the tick loop's; only
+        when it is played changes. A `TickStat` per batch."""
+        ticks = []
+        pending = collections.deque(orgs)
+        active: list[Organisation] = []
+        running: dict[int, tuple[Organisation, list]] = {}  # batch tag -> (rollout, turns)
+        busy: set[int] = set()  # ids of the rollouts with a batch running
+        held, tag = 0, 0
+        while pending or active:
+            held = self._admit(pending, active, held)
+            for o in active:
+                if id(o) in busy:
+                    continue
+                turns = o.begin_tick()
+                if turns:
+                    self.policy.submit(tag, turns)
+                    running[tag] = (o, turns)
+                    busy.add(id(o))
+                    tag += 1
+                else:  # a rollout that only committed effects or ended: no policy call
+                    self._finish_batch(o, [], [])
+            if running:
+                for done_tag, outputs in self.policy.collect():
+                    o, turns = running.pop(done_tag)
+                    if len(outputs) != len(turns):
+                        raise ValueError(f"policy returned {len(outputs)} outputs for "
+                                         f"{len(turns)} turns")
+                    self._finish_batch(o, turns, outputs)
+                    busy.discard(id(o))
+                    ticks.append(TickStat(active_rollouts=len(active), turns=len(turns)))
+            held -= sum(1 + o.budget for o in active if o.done)
+            active[:] = [o for o in active if not o.done]
+        return ticks
+
+    def _finish_batch(self, o: Organisation, turns: list, outputs: list) -> None:
+        o.apply(turns, outputs)
+        o.end_tick()
+        for key in o.take_retired():
+            self.policy.release(key)

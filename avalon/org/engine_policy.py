@@ -1,4 +1,6 @@
-"""The model as a policy: every turn of a tick goes to the engine in one `generate` call.
+"""The model as a policy: every turn of a tick goes to the engine in one `generate` call, or,
+fed continuously (`submit` / `collect`, `RolloutDriver(continuous=True)`), each rollout's batch
+joins the running engine (`Engine.submit` / `Engine.step`) as soon as that rollout is ready.
 
 Slots: each (rollout, agent) gets an engine slot at its first turn and keeps it for one context
 segment; a new segment (compaction rebuilt the context) releases the slot and takes a fresh one,
@@ -36,6 +38,16 @@ class _Slot:
     prefix_routing: np.ndarray | None = None
 
 
+@dataclasses.dataclass
+class _Batch:
+    built: list  # (TurnRequest, prefix routing or None) per turn, in turn order
+    results: dict = dataclasses.field(default_factory=dict)  # slot -> TurnResult
+
+    @property
+    def done(self) -> bool:
+        return len(self.results) == len(self.built)
+
+
 class EnginePolicy:
     """Adapts the slot engine (`avalon/inference/engine.py`) to the `Policy` interface."""
 
@@ -50,6 +62,8 @@ class EnginePolicy:
         self.sampling = sampling
         self.max_new_tokens = max_new_tokens
         self._slots: dict[AgentKey, _Slot] = {}
+        self._batches: dict[int, _Batch] = {}  # submitted, not yet collected (submission order)
+        self._tag_of: dict[int, int] = {}  # engine slot -> its running turn's batch
 
     def prefill_shared(self, keys: Sequence[AgentKey], prefix: np.ndarray) -> None:
         if not keys:
@@ -59,55 +73,108 @@ class EnginePolicy:
                 raise ValueError(f"prefill_shared: {key} already has a slot")
         prefix = np.asarray(prefix, np.int32)
         src = self.engine.allocate()
-        [res] = self.engine.generate([TurnRequest(slot=src, new_tokens=prefix, max_new_tokens=0,
-                                                  sampling=self.sampling,
-                                                  stop_tokens=(self.end_id,))])
+        res = self._run_alone(TurnRequest(slot=src, new_tokens=prefix, max_new_tokens=0,
+                                          sampling=self.sampling, stop_tokens=(self.end_id,)))
         slots = [src] + (list(self.engine.fork(src, len(keys) - 1)) if len(keys) > 1 else [])
         for key, slot in zip(keys, slots, strict=True):
             self._slots[key] = _Slot(slot, 0, prefix, res.routing)
 
     def act(self, turns: Sequence[Turn]) -> list[TurnOutput]:
-        requests, prefix_routing = [], []
-        for t in turns:
-            s = self._slots.get(t.key)
-            if s is not None and s.segment != t.segment:
-                self.engine.release(s.slot)
-                s = None
-            if s is None:
-                s = self._slots[t.key] = _Slot(self.engine.allocate(), t.segment)
-            new = np.asarray(t.new_tokens, np.int32)
-            routing = None
-            if s.prefix is not None:
-                n = len(s.prefix)
-                if len(new) < n or not np.array_equal(new[:n], s.prefix):
-                    raise ValueError(f"{t.key}: first turn does not start with the shared prefix")
-                new, routing = new[n:], s.prefix_routing
-                s.prefix = s.prefix_routing = None
-            prefix_routing.append(routing)
-            limit = t.max_new_tokens if self.max_new_tokens is None else min(
-                t.max_new_tokens, self.max_new_tokens)
-            requests.append(TurnRequest(
-                slot=s.slot, new_tokens=new, max_new_tokens=limit,
-                sampling=dataclasses.replace(self.sampling, seed=t.seed),
-                stop_tokens=(self.end_id,)))
+        built = [self._request(t) for t in turns]
+        requests = [r for r, _ in built]
         results = self.engine.generate(requests) if requests else []
         if len(results) != len(requests):
             raise RuntimeError(f"engine returned {len(results)} results for {len(requests)}")
+        return [self._output(req, res, pre) for (req, pre), res in zip(built, results)]
+
+    # ---- continuous feeding (`StreamingPolicy`) ----------------------------------------------
+    def submit(self, tag: int, turns: Sequence[Turn]) -> None:
+        """Start one rollout's batch in the running engine (`Engine.submit`): it joins the
+        dispatches of the batches already running."""
+        if tag in self._batches:
+            raise ValueError(f"submit: batch {tag} is still running")
+        built = [self._request(t) for t in turns]
+        self._batches[tag] = _Batch(built)
+        for req, _ in built:
+            self._tag_of[req.slot] = tag
+        self.engine.submit([req for req, _ in built])
+
+    def collect(self) -> list[tuple[int, list[TurnOutput]]]:
+        """Step the engine until some submitted batch has every result; return the done ones
+        in submission order."""
+        if not self._batches:
+            raise ValueError("collect: no batch was submitted")
+        while not any(b.done for b in self._batches.values()):
+            self._step_engine()
         out = []
-        for req, res, pre in zip(requests, results, prefix_routing):
-            if res.slot != req.slot:
-                raise RuntimeError(f"engine result for slot {res.slot}, request was {req.slot}")
-            if res.n_in_new != len(req.new_tokens):
-                raise RuntimeError(f"engine absorbed {res.n_in_new} of {len(req.new_tokens)} "
-                                   f"prompt tokens in slot {req.slot}: its max_context is "
-                                   "smaller than the organisation's window")
-            routing = res.routing
-            if pre is not None and routing is not None:
-                routing = np.concatenate([pre, routing], axis=0)
-            out.append(TurnOutput(tokens=np.asarray(res.tokens, np.int32),
-                                  logprobs=np.asarray(res.logprobs, np.float32),
-                                  routing=routing, stop=res.stop_reason))
+        for tag in [tag for tag, b in self._batches.items() if b.done]:
+            b = self._batches.pop(tag)
+            out.append((tag, [self._output(req, b.results[req.slot], pre)
+                              for req, pre in b.built]))
         return out
+
+    def _step_engine(self) -> list:
+        """One `Engine.step`; results of submitted batches are filed under their batch, the
+        others returned."""
+        if not self.engine.busy:
+            raise RuntimeError("engine policy: batches are outstanding but the engine is idle")
+        loose = []
+        for res in self.engine.step():
+            tag = self._tag_of.pop(res.slot, None)
+            if tag is None:
+                loose.append(res)
+            else:
+                self._batches[tag].results[res.slot] = res
+        return loose
+
+    def _run_alone(self, request: TurnRequest):
+        """One turn to its end: `generate` when nothing runs, else through the running engine
+        (other batches' results are filed as they come)."""
+        if not self._batches:
+            [res] = self.engine.generate([request])
+            return res
+        self.engine.submit([request])
+        while True:
+            for res in self._step_engine():
+                if res.slot == request.slot:
+                    return res
+
+    # ---- requests and outputs ----------------------------------------------------------------
+    def _request(self, t: Turn) -> tuple[TurnRequest, np.ndarray | None]:
+        s = self._slots.get(t.key)
+        if s is not None and s.segment != t.segment:
+            self.engine.release(s.slot)
+            s = None
+        if s is None:
+            s = self._slots[t.key] = _Slot(self.engine.allocate(), t.segment)
+        new = np.asarray(t.new_tokens, np.int32)
+        routing = None
+        if s.prefix is not None:
+            n = len(s.prefix)
+            if len(new) < n or not np.array_equal(new[:n], s.prefix):
+                raise ValueError(f"{t.key}: first turn does not start with the shared prefix")
+            new, routing = new[n:], s.prefix_routing
+            s.prefix = s.prefix_routing = None
+        limit = t.max_new_tokens if self.max_new_tokens is None else min(
+            t.max_new_tokens, self.max_new_tokens)
+        return TurnRequest(slot=s.slot, new_tokens=new, max_new_tokens=limit,
+                           sampling=dataclasses.replace(self.sampling, seed=t.seed),
+                           stop_tokens=(self.end_id,)), routing
+
+    @staticmethod
+    def _output(req: TurnRequest, res, pre: np.ndarray | None) -> TurnOutput:
+        if res.slot != req.slot:
+            raise RuntimeError(f"engine result for slot {res.slot}, request was {req.slot}")
+        if res.n_in_new != len(req.new_tokens):
+            raise RuntimeError(f"engine absorbed {res.n_in_new} of {len(req.new_tokens)} "
+                               f"prompt tokens in slot {req.slot}: its max_context is "
+                               "smaller than the organisation's window")
+        routing = res.routing
+        if pre is not None and routing is not None:
+            routing = np.concatenate([pre, routing], axis=0)
+        return TurnOutput(tokens=np.asarray(res.tokens, np.int32),
+                          logprobs=np.asarray(res.logprobs, np.float32),
+                          routing=routing, stop=res.stop_reason)
 
     def release(self, key: AgentKey) -> None:
         s = self._slots.pop(key, None)

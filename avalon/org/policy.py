@@ -11,13 +11,17 @@ agent will never act again (fired, stopped, episode over).
   tests and as SFT teachers. `Playbook` gives each agent a fixed list of steps.
 - `RoutedPolicy`: different policies for different agents (e.g. a scripted CEO with model
   specialists), still one call per policy per tick.
+
+Continuous feeding (`RolloutDriver(continuous=True)`): a `StreamingPolicy` takes each
+rollout's batch when that rollout is ready (`submit`) and hands batches back as they finish
+(`collect`); `TickStream` puts any tick policy behind that interface.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -78,6 +82,57 @@ class Policy(Protocol):
     def prefill_shared(self, keys: Sequence[AgentKey], prefix: np.ndarray) -> None:
         """Optional optimisation: these agents' contexts all start with `prefix`."""
         ...
+
+
+@runtime_checkable
+class StreamingPolicy(Policy, Protocol):
+    """A policy that takes batches as they become ready and returns each when it is done
+    (the engine policy: continuous batching), for `RolloutDriver(continuous=True)`."""
+
+    def submit(self, tag: int, turns: Sequence[Turn]) -> None:
+        """Start these turns (one rollout's batch); `tag` names the batch in `collect`."""
+        ...
+
+    def collect(self) -> list[tuple[int, list[TurnOutput]]]:
+        """Wait until at least one submitted batch is done; return the done ones as (tag,
+        outputs in turn order). Nothing is returned twice."""
+        ...
+
+
+class TickStream:
+    """Any tick policy behind the streaming interface: the batches submitted since the last
+    `collect` go to the policy in one `act` call (so a scripted policy plays a continuous run
+    exactly as it plays ticks)."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+        self._submitted: list[tuple[int, list[Turn]]] = []
+
+    def submit(self, tag: int, turns: Sequence[Turn]) -> None:
+        self._submitted.append((tag, list(turns)))
+
+    def collect(self) -> list[tuple[int, list[TurnOutput]]]:
+        batches, self._submitted = self._submitted, []
+        if not batches:
+            raise ValueError("collect: no batch was submitted")
+        flat = [t for _, turns in batches for t in turns]
+        outputs = self.policy.act(flat)
+        if len(outputs) != len(flat):
+            raise ValueError(f"policy returned {len(outputs)} outputs for {len(flat)} turns")
+        out, start = [], 0
+        for tag, turns in batches:
+            out.append((tag, list(outputs[start:start + len(turns)])))
+            start += len(turns)
+        return out
+
+    def act(self, turns: Sequence[Turn]) -> list[TurnOutput]:
+        return self.policy.act(turns)
+
+    def release(self, key: AgentKey) -> None:
+        self.policy.release(key)
+
+    def prefill_shared(self, keys: Sequence[AgentKey], prefix: np.ndarray) -> None:
+        self.policy.prefill_shared(keys, prefix)
 
 
 @dataclasses.dataclass(frozen=True)

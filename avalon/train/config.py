@@ -104,6 +104,10 @@ class EngineConfig:
     # "bfloat16" a bf16 view of its matrices (half the bytes per decoded token; the sampler /
     # trainer mismatch shows in train/ratio_*). On the accelerators bf16; see the configs.
     decode_dtype: str = "float32"
+    # Feed the engine continuously (`RolloutDriver(continuous=True)`): each rollout's next turns
+    # join the running dispatches as soon as its last ones came back and its tools ran, instead
+    # of every rollout waiting for the slowest turn of a tick. The same turns either way.
+    continuous: bool = True
 
     def __post_init__(self):
         if self.decode_dtype not in DECODE_DTYPES:

@@ -49,7 +49,8 @@ def evaluate(setup: Setup, engine, *, log_dir: str | None = None, at_step: int =
     (`avalon/analysis/logs.py`) go there, marked as played at global step `at_step`."""
     cfg = setup.cfg
     policy = EnginePolicy(engine, setup.chat, cfg.sampling)
-    driver = RolloutDriver(policy, setup.chat, cfg.org, log_dir=log_dir)
+    driver = RolloutDriver(policy, setup.chat, cfg.org, log_dir=log_dir,
+                           continuous=cfg.engine.continuous)
     arms = (("org", cfg.eval.budget), ("single", 0))
     # As many tasks at once as the engine has slots for (both arms of a task together).
     per_task = cfg.eval.seeds * (2 + cfg.eval.budget)

@@ -316,7 +316,7 @@ class Run:
         # More agents than engine slots: rollouts are admitted as slots free up (the driver's
         # `max_agents`), so a pod host plays its share in waves of what its HBM holds.
         driver = RolloutDriver(policy, setup.chat, cfg.org, log_dir=log_dir,
-                               max_agents=cfg.engine.slots)
+                               max_agents=cfg.engine.slots, continuous=cfg.engine.continuous)
         stats0 = self.engine.stats.snapshot()
         result = driver.run(specs)
         t_rollout = time.perf_counter() - t0
@@ -406,8 +406,13 @@ class Run:
             f"{cfg.eval.seeds} seeds, organisation and single agent")
         log_dir = step_dir(self.workdir, "eval", self.host.step) \
             if cfg.eval.log_events and self.main else None
+        stats0 = self.engine.stats.snapshot()
         m = evaluate(self.setup, self.engine, log_dir=log_dir, at_step=self.host.step,
                      at_rl_step=self.host.rl_step)
+        stats, t_eval = self.engine.stats, time.perf_counter() - t
+        m["perf/eval_generated_tokens_per_s"] = (
+            (stats.decode_tokens - stats0.decode_tokens) / max(t_eval, 1e-9))
+        m["engine/eval_dispatches"] = stats.dispatches - stats0.dispatches
         m = {k: (v if isinstance(v, dict) else _reduce_mean(v)) for k, v in m.items()}
         if baselines.enabled(self.cfg.eval) and self.main:
             # Main process only (it holds the logs S8 matches), after the cross-process means.
