@@ -74,7 +74,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                            "seq_bucket": 8, "temperature": 1.0, "top_p": 1.0})
     c.rl = ml_collections.ConfigDict({"lr": 4e-6, "temperature": 1.0, "micro_batches": 8})
     c.engine = ml_collections.ConfigDict({"slots": 1152, "steps_per_dispatch": 16,
-                                          "prefill_chunk": 1024, "decode_dtype": "bfloat16"})
+                                          "prefill_chunk": 1024, "decode_dtype": "bfloat16",
+                                          "continuous": True})
     c.eval = ml_collections.ConfigDict({"every": 20, "tasks": 8, "seeds": 2, "budget": 8,
                                         "clock_s": 1200.0})
     c.checkpoint = ml_collections.ConfigDict({"every": 10, "keep": 3})

@@ -94,6 +94,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.engine.slots = 8 if smoke else 128
     c.engine.steps_per_dispatch = 8
     c.engine.prefill_chunk = 256
+    c.engine.continuous = True
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 2 if smoke else 10
     c.eval.tasks = 1 if smoke else 16
