@@ -12,7 +12,7 @@ import pytest
 
 from avalon.train.telemetry import Telemetry
 from experiments.sweeps import sweep as sweeps
-from experiments.sweeps import table
+from experiments.sweeps import table, time_budget
 from experiments.sweeps.run import run_sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,6 +50,11 @@ def test_budget_sweep_from_a_trained_run_evaluates_it_at_every_budget():
     for bad in ("from=", "nope", "from=a,from=b"):
         with pytest.raises(ValueError, match="budget sweep argument"):
             sweeps.load(f"{BUDGET}:{bad}")
+    t = sweeps.load(TIME + ":from=runs/toy")
+    assert [r["eval.clock_s"] for r in t.runs] == list(time_budget.CAPS_S)
+    assert t.shared == {"init_from": "runs/toy", "sft.steps": 0, "rollout.steps": 0}
+    with pytest.raises(ValueError, match="time-budget sweep argument"):
+        sweeps.load(f"{TIME}:from=")
 
 
 def test_every_expanded_command_is_a_valid_config():
@@ -60,7 +65,8 @@ def test_every_expanded_command_is_a_valid_config():
     from ml_collections import config_flags  # noqa: F401  (the same override parser as main)
 
     from avalon.train.config import from_config_dict
-    for path in (BUDGET, TIME, BUDGET + ":smoke", TIME + ":smoke", f"{BUDGET}:from={REPO}"):
+    for path in (BUDGET, TIME, BUDGET + ":smoke", TIME + ":smoke", f"{BUDGET}:from={REPO}",
+                 f"{TIME}:from={REPO}"):
         s = sweeps.load(path)
         file, _, arg = s.config.partition(":")
         spec = importlib.util.spec_from_file_location("c", os.path.join(REPO, file))
