@@ -37,7 +37,8 @@ def eval_clock(cfg, env: Environment, task_id: str) -> float:
 def arm_metrics(groups, arm: str) -> dict:
     """`rollout_metrics` of one arm under `eval/<arm>/...`, plus `eval/<arm>_reward`."""
     m = rollout_metrics(groups)
-    out = {f"eval/{arm}_reward": m["reward/mean"], f"eval/{arm}_reward/std": m["reward/std"]}
+    out = {f"eval/{arm}_reward": m["reward/mean"], f"eval/{arm}_reward/std": m["reward/std"],
+           f"eval/{arm}_rollouts": sum(len(g.rollouts) for g in groups)}
     for key, value in m.items():
         out[f"eval/{arm}/{key.removeprefix('org/')}"] = value
     return out

@@ -2,7 +2,8 @@
 directories (`summary.json` and `metrics.jsonl`, as `avalon.main` writes them).
 
 Per run: the swept fields, the last evaluation's held-out reward of the organisation and of
-the single agent (with their std over evaluation rollouts) and the gap between them, what the
+the single agent (with their std over evaluation rollouts and their rollout counts) and the
+gap between them, what the
 evaluated organisation did (hires, messages, reviews, co-ordination share, tokens, derived
 latency), the last RLCR step's training reward and hires per rollout, wall time, and a status
 (`done`, `running` or unfinished, `missing`, or `failed (rc N)` as the runner recorded).
@@ -30,7 +31,8 @@ EVAL_BEHAVIOUR = ("eval/org/hires_per_rollout", "eval/org/messages_per_agent",
                   "eval/org/review_share", "eval/org/coordination_share",
                   "eval/org/tokens_per_rollout", "eval/org/latency_s", "eval/single/latency_s")
 RESULTS = ("eval/org_reward", "eval/org_reward/std", "eval/single_reward",
-           "eval/single_reward/std", "org_minus_single", *EVAL_BEHAVIOUR, "reward/mean",
+           "eval/single_reward/std", "eval/org_rollouts", "eval/single_rollouts",
+           "org_minus_single", *EVAL_BEHAVIOUR, "reward/mean",
            "org/hires_per_rollout", "rl_steps", "wall_s", "status")
 STATUS_FILE = "sweep_status.json"  # the runner's record of each run's exit code
 
@@ -54,7 +56,7 @@ def collect(sweep: Sweep, workdir: str) -> list[dict]:
         records = read_metrics(os.path.join(d, "metrics.jsonl"))
         ev, rl = _last(records, "eval"), _last(records, "rl")
         for key in ("eval/org_reward", "eval/org_reward/std", "eval/single_reward",
-                    "eval/single_reward/std"):
+                    "eval/single_reward/std", "eval/org_rollouts", "eval/single_rollouts"):
             row[key] = ev.get(key)
         if ev.get("eval/org_reward") is not None and ev.get("eval/single_reward") is not None:
             row["org_minus_single"] = ev["eval/org_reward"] - ev["eval/single_reward"]
@@ -112,12 +114,22 @@ def write_markdown(rows: list[dict], path: str) -> str:
     return path
 
 
+def _spread(row: dict, key: str, arm: str) -> float | None:
+    """The band of an arm's mean: its standard error where the rollout count is logged,
+    else the rollouts' std."""
+    sd, n = row.get(key + "/std"), row.get(f"eval/{arm}_rollouts")
+    if sd is None or not n:
+        return sd
+    return sd / math.sqrt(n)
+
+
 def write_plot(sweep: Sweep, rows: list[dict], path: str) -> str:
-    """Held-out reward of both arms against the swept field `sweep.x` (bands: eval std)."""
+    """Held-out reward of both arms against the swept field `sweep.x` (bands: +-1 standard
+    error of each mean, or +-1 std of the rollouts for runs that did not log their count)."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label, style in (("eval/single_reward", "single agent", "--s"),
-                              ("eval/org_reward", "organisation", "-o")):
-        pts = sorted((r[sweep.x], r[key], r.get(key + "/std")) for r in rows
+    for key, label, style, arm in (("eval/single_reward", "single agent", "--s", "single"),
+                                   ("eval/org_reward", "organisation", "-o", "org")):
+        pts = sorted((r[sweep.x], r[key], _spread(r, key, arm)) for r in rows
                      if r.get(key) is not None and isinstance(r[sweep.x], (int, float)))
         if not pts:
             continue
@@ -127,7 +139,10 @@ def write_plot(sweep: Sweep, rows: list[dict], path: str) -> str:
             ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)],
                             color=h.get_color(), alpha=0.15, linewidth=0)
     ax.set_xlabel(sweep.x)
-    ax.set_ylabel("held-out collective reward (last evaluation)")
+    se = all(r.get("eval/org_rollouts") for r in rows if r.get("eval/org_reward") is not None)
+    ax.set_ylabel("held-out collective reward (last evaluation)\n"
+                  + ("band: +-1 standard error" if se else "band: +-1 std of rollouts"),
+                  fontsize=9)
     if all(isinstance(r[sweep.x], int) for r in rows):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(f"{sweep.config}: sweep over {sweep.x}")

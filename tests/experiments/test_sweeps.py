@@ -131,6 +131,10 @@ def test_table_and_plot_over_run_directories(tmp_path):
     md = open(paths[1]).read().splitlines()
     assert md[0].startswith("| run | eval.budget |") and len(md) == 5
     assert open(paths[2], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    # Bands: the standard error where the rollout count is logged, else the rollouts' std.
+    row = {"eval/org_reward/std": 1.2, "eval/org_rollouts": 48}
+    assert table._spread(row, "eval/org_reward", "org") == pytest.approx(1.2 / 48 ** 0.5)
+    assert table._spread({"eval/org_reward/std": 1.2}, "eval/org_reward", "org") == 1.2
 
 
 def test_print_writes_one_pod_command_per_run(tmp_path):
