@@ -21,7 +21,7 @@ smoke config at budgets 0, 1 and 3 (`smoke,from=RUN` evaluates a smoke-config ru
 
 from __future__ import annotations
 
-from experiments.sweeps.sweep import Sweep
+from experiments.sweeps.sweep import Sweep, evaluation_only, smoke_and_source
 
 TOY_GROUPS, TOY_K = 4, 8  # configs/toy_org.py: rollout.groups_per_step, rollouts_per_group
 SMOKE_GROUPS, SMOKE_K = 2, 4
@@ -42,18 +42,12 @@ def eval_run(b: int) -> dict:
 
 
 def get_sweep(arg: str = "") -> Sweep:
-    parts = [p for p in arg.split(",") if p]
-    smoke = "smoke" in parts
-    sources = [p.removeprefix("from=") for p in parts if p.startswith("from=")]
-    unknown = [p for p in parts if p != "smoke" and not p.startswith("from=")]
-    if unknown or len(sources) > 1 or (sources and not sources[0]):
-        raise ValueError(f"budget sweep argument {arg!r}: takes 'smoke', 'from=RUN_DIR' or "
-                         "both ('smoke,from=RUN_DIR')")
+    smoke, source = smoke_and_source(arg, "budget sweep")
     config = "configs/toy_org.py:smoke" if smoke else "configs/toy_org.py"
     budgets = SMOKE_BUDGETS if smoke else BUDGETS
-    if sources:
+    if source:
         return Sweep(config=config, x="eval.budget", runs=tuple(eval_run(b) for b in budgets),
-                     shared={"init_from": sources[0], "sft.steps": 0, "rollout.steps": 0})
+                     shared=evaluation_only(source))
     groups, k = (SMOKE_GROUPS, SMOKE_K) if smoke else (TOY_GROUPS, TOY_K)
     return Sweep(config=config, x="eval.budget",
                  runs=tuple(budget_run(b, groups, k) for b in budgets))

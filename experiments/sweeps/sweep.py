@@ -51,6 +51,23 @@ def grid(**axes: Sequence) -> list[dict[str, object]]:
     return [dict(zip(keys, values)) for values in itertools.product(*(axes[k] for k in keys))]
 
 
+def smoke_and_source(arg: str, what: str) -> tuple[bool, str]:
+    """A sweep file's argument, `smoke`, `from=RUN_DIR` or both (`smoke,from=RUN_DIR`):
+    (smoke, RUN_DIR or "")."""
+    parts = [p for p in arg.split(",") if p]
+    sources = [p.removeprefix("from=") for p in parts if p.startswith("from=")]
+    unknown = [p for p in parts if p != "smoke" and not p.startswith("from=")]
+    if unknown or len(sources) > 1 or (sources and not sources[0]):
+        raise ValueError(f"{what} argument {arg!r}: takes 'smoke', 'from=RUN_DIR' or both "
+                         "('smoke,from=RUN_DIR')")
+    return "smoke" in parts, (sources[0] if sources else "")
+
+
+# Every run of a sweep's `from=RUN` form: RUN's params, evaluated once, nothing trained.
+def evaluation_only(run_dir: str) -> dict[str, object]:
+    return {"init_from": run_dir, "sft.steps": 0, "rollout.steps": 0}
+
+
 def flag_value(value) -> str:
     """A Python value as an absl `--config.x=` flag value."""
     if isinstance(value, (list, tuple)):

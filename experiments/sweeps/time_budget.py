@@ -24,7 +24,7 @@ advantage should peak in between. `smoke` runs the toy's smoke config at 2, 5 an
 
 from __future__ import annotations
 
-from experiments.sweeps.sweep import Sweep
+from experiments.sweeps.sweep import Sweep, evaluation_only, smoke_and_source
 
 CAPS_S = (120.0, 180.0, 300.0, 450.0, 600.0, 900.0, 1200.0)
 
@@ -36,17 +36,11 @@ def clock_run(cap_s: float) -> dict:
 
 
 def get_sweep(arg: str = "") -> Sweep:
-    parts = [p for p in arg.split(",") if p]
-    smoke = "smoke" in parts
-    sources = [p.removeprefix("from=") for p in parts if p.startswith("from=")]
-    unknown = [p for p in parts if p != "smoke" and not p.startswith("from=")]
-    if unknown or len(sources) > 1 or (sources and not sources[0]):
-        raise ValueError(f"time-budget sweep argument {arg!r}: takes 'smoke', 'from=RUN_DIR' "
-                         "or both ('smoke,from=RUN_DIR')")
+    smoke, source = smoke_and_source(arg, "time-budget sweep")
     config = "configs/toy_org.py:smoke" if smoke else "configs/toy_org.py"
     caps = (120.0, 300.0, 600.0) if smoke else CAPS_S
-    if sources:
+    if source:
         return Sweep(config=config, x="eval.clock_s",
                      runs=tuple({"eval.clock_s": c} for c in caps),
-                     shared={"init_from": sources[0], "sft.steps": 0, "rollout.steps": 0})
+                     shared=evaluation_only(source))
     return Sweep(config=config, x="eval.clock_s", runs=tuple(clock_run(c) for c in caps))
