@@ -46,7 +46,8 @@ class Remat(enum.Enum):
     NONE = "none"  # keep every activation
     FULL = "full"  # recompute the whole group
     DOTS = "dots"  # save matmul outputs without batch dims, recompute the rest
-    # Per layer: each Mamba and MoE layer recomputed (its input kept; an MoE layer keeps its
+    # Per layer: each Mamba and MoE layer recomputed (its input kept, or only the input of a
+    # scanned unit made of Mamba and MoE layers alone, e.g. Super's "EM"; an MoE layer keeps its
     # routed output too, and the routed dispatch chunks recompute themselves once); attention
     # layers not recomputed (the CAUSAL_SCAN / FLASH core keeps only q, k, v, its output and
     # log-sum-exp). Full remat's recompute without the attention core's and without the

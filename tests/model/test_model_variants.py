@@ -42,6 +42,18 @@ def test_remat_gives_the_same_gradients(tokens, remat):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
 
 
+def test_selective_remat_keeps_one_input_per_mamba_moe_unit(tokens):
+    """A scanned unit of Mamba and MoE layers ("ME") is one checkpoint under Remat.SELECTIVE:
+    the backward keeps the unit's input [reps, b, t, D], not each layer's (the pod's saved
+    inputs halve; the gradients are checked against no remat above)."""
+    cfg = SCANNED.replace(remat=Remat.SELECTIVE)
+    params = init_params(jax.random.key(5), cfg)
+    _, vjp = jax.vjp(lambda p: forward(p, tokens, cfg, return_logits=False).hidden, params)
+    param_ids = {id(a) for a in jax.tree.leaves(params)}
+    saved = [a.shape for a in jax.tree.leaves(vjp) if id(a) not in param_ids]
+    assert saved.count((2, *tokens.shape, cfg.hidden_size)) == 1, saved
+
+
 @pytest.mark.parametrize("impl", [AttentionImpl.QUERY_CHUNKED, AttentionImpl.BLOCK_CAUSAL])
 def test_chunked_attention_equals_naive(tokens, impl):
     params = init_params(jax.random.key(6), ATTN)
