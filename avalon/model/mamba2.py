@@ -91,6 +91,21 @@ def _in_proj(x, p: dict, *, merged: bool):
     return tuple(out)
 
 
+def _at_residual_split(z, xs, Bs, Cs, dt):
+    """The projections' outputs laid out like the residual stream (under sequence parallelism:
+    each chip's positions, every head), before the constraints that switch them to whole rows
+    with a share of the heads. So the switch is an all-to-all of these outputs, and the
+    projections (and their input gradients) run on a chip's own positions; without it the
+    partitioner all-gathers the layer input to whole rows first, and the backward builds whole
+    -row [b, t, D] input gradients (the pod: 1 GB each, RESULTS.md issue 15, fourth pass). A
+    no-op without sequence parallelism ("act_seq" unsplit)."""
+    heads = ("batch", "act_seq", "act_mixer_out", None)
+    return (constrain(z, heads), constrain(xs, heads),
+            constrain(Bs, ("batch", "act_seq", None, None)),
+            constrain(Cs, ("batch", "act_seq", None, None)),
+            constrain(dt, ("batch", "act_seq", "act_mixer_out")))
+
+
 def causal_conv(u, state, w, bias, segment_ids=None, *, cached: bool = False):
     """Depthwise causal conv along time. u [b, t, *c]; state [b, K-1, *c] (the inputs before u);
     w [K, *c] with w[K-1] on the current token. Positions of another segment contribute zero.
@@ -132,6 +147,8 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     dtype = x.dtype
     # z, xs [b, t, H, P]; Bs, Cs [b, t, G, N]; dt [b, t, H]
     z, xs, Bs, Cs, dt = _in_proj(x, p, merged=cache is None)
+    if cache is None:
+        z, xs, Bs, Cs, dt = _at_residual_split(z, xs, Bs, Cs, dt)
     xs = constrain(xs, ("batch", "mixer_seq", "act_mamba_heads", None))
     z = constrain(z, ("batch", "mixer_seq", "act_mamba_heads", None))
     if cache is None:
