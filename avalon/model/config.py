@@ -135,8 +135,9 @@ class ModelConfig:
     scan_layers: bool = True  # False: one block per layer (a Python loop), for debugging
     attention_impl: AttentionImpl = AttentionImpl.NAIVE
     attention_query_chunk: int = 1024
-    # Training forward (no cache): the chunked SSD over blocks of this many positions, each
-    # recomputed in the backward (ssd_blocked.py); 0: the whole row at once.
+    # Training forward (no cache): the Mamba mixer's conv, chunked SSD and gated norm over
+    # blocks of this many positions, each recomputed in the backward
+    # (mamba2.mixer_core_blocked); 0: the whole row at once.
     ssd_block: int = 0
     max_context: int = 131072  # the agent context window this preset is served at
     initializer_range: float = 0.02
