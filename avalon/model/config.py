@@ -46,13 +46,18 @@ class Remat(enum.Enum):
     NONE = "none"  # keep every activation
     FULL = "full"  # recompute the whole group
     DOTS = "dots"  # save matmul outputs without batch dims, recompute the rest
-    # Per layer: each Mamba and MoE layer recomputed (its input kept, or only the input of a
-    # scanned unit made of Mamba and MoE layers alone, e.g. Super's "EM"; an MoE layer keeps its
+    # Per layer: each Mamba and MoE layer recomputed (its input kept; an MoE layer keeps its
     # routed output too, and the routed dispatch chunks recompute themselves once); attention
     # layers not recomputed (the CAUSAL_SCAN / FLASH core keeps only q, k, v, its output and
     # log-sum-exp). Full remat's recompute without the attention core's and without the
     # routed experts' second one (model.py).
     SELECTIVE = "selective"
+    # As SELECTIVE, but a scanned unit made of Mamba and MoE layers alone (Super's "EM") is one
+    # checkpoint: only the unit's input is kept, half the saved inputs, for one more pass of
+    # the matmuls that make a unit's inner layer input (an MoE layer's shared-expert down and
+    # latent-out projections, or a Mamba out projection). Super on the pod: -10 GB per chip,
+    # +0.019x FLOPs (experiments/bench/RESULTS.md, issue 15 fourth pass).
+    SELECTIVE_UNITS = "selective_units"
 
 
 class AttentionImpl(enum.Enum):
