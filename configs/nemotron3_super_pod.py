@@ -44,8 +44,9 @@ Global batch of one update call: micro_batches x 32 rows (one per fsdp shard, sp
 host's 4 chips) of 131,072 tokens = 64 x 32 = 2,048 rows (268M token positions); the recipe's
 200-800 groups x K 16 x (1 + up to 8 agents) contexts are packed into such rows. Per chip that
 is 64 quarter-rows, and the batch itself (tokens, targets, ids, mask, log-probs, advantages,
-uint16 routing of 40 layers x 22 experts) is 3.7 GB beside 15.5 GB of params, AdamW moments
-and the fp32 gradient accumulator. Measured (experiments/bench/RESULTS.md, "The pod's update
+uint16 routing of 40 layers x 22 experts) is 3.7 GB beside 13.9 GB of fp32 params and AdamW
+moments (together the step's 17.6 GB of arguments) and a temporary fp32 gradient accumulator
+the size of the params (~4.6 GB). Measured (experiments/bench/RESULTS.md, "The pod's update
 step, fourth pass"; `python -m experiments.scale.aot --config=configs/nemotron3_super_pod.py
 --topology=v5p-256`): peak 77.6 GB per chip (arguments 17.6 + temporaries 60.0; 82% of HBM)
 and compiled matmul FLOPs 1.29x the model's. Smaller micro-batches cannot help (one row per
