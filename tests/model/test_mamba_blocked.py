@@ -29,7 +29,7 @@ def inputs():
     return lp, x, seg
 
 
-@pytest.mark.parametrize("block,segments", [(16, True), (32, True), (16, False)])
+@pytest.mark.parametrize("block,segments", [(16, True), (32, False)])
 def test_blocked_mixer_equals_whole_row(inputs, block, segments):
     lp, x, seg = inputs
     seg = seg if segments else None
@@ -39,10 +39,10 @@ def test_blocked_mixer_equals_whole_row(inputs, block, segments):
         return lambda lp, x: jnp.sum(mamba_mixer(lp, x, cfg, segment_ids=seg)[0] * probe)
 
     blocked = CFG.replace(ssd_block=block)
-    y_ref = mamba_mixer(lp, x, CFG, segment_ids=seg)[0]
+    y_ref = jax.jit(lambda lp, x: mamba_mixer(lp, x, CFG, segment_ids=seg)[0])(lp, x)
     y = jax.jit(lambda lp, x: mamba_mixer(lp, x, blocked, segment_ids=seg)[0])(lp, x)
     np.testing.assert_allclose(y, y_ref, atol=1e-5, rtol=1e-5)
-    g_ref = jax.grad(loss(CFG), argnums=(0, 1))(lp, x)
+    g_ref = jax.jit(jax.grad(loss(CFG), argnums=(0, 1)))(lp, x)
     g = jax.jit(jax.grad(loss(blocked), argnums=(0, 1)))(lp, x)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g_ref), jax.tree.leaves(g)):
         np.testing.assert_allclose(b, a, atol=1e-4, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
