@@ -18,11 +18,24 @@ update step runs sequence parallel (`rl.sequence_parallel`, sharding.TRAIN_SEQ_R
 over fsdp, each 131,072-token row's positions over the host's 4 chips; Mamba and attention
 layers switch by all-to-all to whole rows with a quarter of the heads, so each chip holds the
 activations of 32,768 tokens. The routed experts are reached by all-to-all over `expert`
-(avalon/model/moe_ep.py) with a capacity of 1.25 x the mean load (`rl.moe_capacity_factor`;
-drops are the step metric `moe_dropped_choices`); the MoE backend is `auto` (megablox on TPU:
-`lax.ragged_dot`'s weight gradient compiles to a dense masked product over the experts there).
-Attention is the causal block scan (blocks of 1,024: causal FLOPs, no [t, t] scores); remat is
-per layer (`selective`: Mamba layers and the experts' activations recomputed, attention kept).
+(avalon/model/moe_ep.py) with a capacity of 1.1 x the mean load (`rl.moe_capacity_factor`,
+below RLConfig's default 1.25): per 4,096-token dispatch chunk (90,112 choices) each chip's 128
+experts take at most 1.1 x a quarter of them (24,781 rows) from each chip, and choices past that
+are dropped (in token order) and counted: the step metric `moe_dropped_choices`, out of
+tokens x 22 x 40 choices. The trade-off: the routed experts run 4 passes over those buffers, so
+each 0.1 of the factor costs ~0.038x of the model FLOPs (compiled: 1.29x at 1.1, 1.35x at 1.25,
+against a 1.3x target), while a chunk drops choices only where one chip's quarter of the experts
+draws more than 27.5% of the chunk's choices (31.25% at 1.25). A balanced router's share per
+chip varies by ~0.6% of its mean over 90,112 choices, so it drops none; a window of one document
+that favours one quarter of the experts does. Not measured on Super's router (no weights on the
+CPU host): watch `moe_dropped_choices`, and raise the factor if it passes ~1% of the choices.
+The MoE backend is `auto` (megablox on TPU: `lax.ragged_dot`'s weight gradient compiles to a
+dense masked product over the experts there). Attention is the causal block scan (blocks of
+1,024: causal FLOPs, no [t, t] scores); remat is per layer (`selective`: Mamba layers and the
+experts' activations recomputed, attention kept); the Mamba layers' conv, SSD and gated norm
+run 8,192 positions at a time (`ssd_block`: only their bf16 inputs and outputs are whole rows).
+`selective_units` would keep one input per "EM" pair instead of two (-10 GB per chip) for
++0.019x FLOPs: the FLOP target binds here, the memory one does not.
 The engine of each host decodes from a bf16 view of the same params (`engine.decode_dtype`),
 re-laid out for decoding (DECODE_RULES: the dense layers tensor-parallel over the host's 4
 chips, experts split over them, the KV pool split by pages); that switch is timed every step.
@@ -31,12 +44,14 @@ Global batch of one update call: micro_batches x 32 rows (one per fsdp shard, sp
 host's 4 chips) of 131,072 tokens = 64 x 32 = 2,048 rows (268M token positions); the recipe's
 200-800 groups x K 16 x (1 + up to 8 agents) contexts are packed into such rows. Per chip that
 is 64 quarter-rows, and the batch itself (tokens, targets, ids, mask, log-probs, advantages,
-uint16 routing of 40 layers x 22 experts) is 3.7 GB beside 15.5 GB of params, AdamW moments
-and the fp32 gradient accumulator. Measured (experiments/bench/RESULTS.md, "The pod's update
-step with sequence parallelism"; `python -m experiments.scale.aot
---config=configs/nemotron3_super_pod.py --topology=v5p-256`): see there for the peak per chip
-and the compiled FLOPs against the model's. Smaller micro-batches cannot help (one row per
-fsdp shard is the floor); the micro-batch count only sets the global batch.
+uint16 routing of 40 layers x 22 experts) is 3.7 GB beside 13.9 GB of fp32 params and AdamW
+moments (together the step's 17.6 GB of arguments) and a temporary fp32 gradient accumulator
+the size of the params (~4.6 GB). Measured (experiments/bench/RESULTS.md, "The pod's update
+step, fourth pass"; `python -m experiments.scale.aot --config=configs/nemotron3_super_pod.py
+--topology=v5p-256`): peak 77.6 GB per chip (arguments 17.6 + temporaries 60.0; 82% of HBM)
+and compiled matmul FLOPs 1.29x the model's. Smaller micro-batches cannot help (one row per
+fsdp shard is the floor); the micro-batch count only sets the global batch (and the batch's
+bytes per chip: 3.7 GB at 64).
 """
 
 from __future__ import annotations
@@ -100,7 +115,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
         "seq_bucket": 32, "temperature": 1.0, "top_p": 1.0})
     c.rl = ml_collections.ConfigDict({"lr": 4e-6, "temperature": 1.0, "eps_high": 5.0,
                                       "cap_mode": "delta", "freeze_router": True,
-                                      "micro_batches": 64,
+                                      "micro_batches": 64, "moe_capacity_factor": 1.1,
                                       "sequence_parallel": True})  # see the module doc
     # One host's engine (4 chips, 95 GB each; measured: python -m experiments.scale.aot
     # --config=this --topology=v5p-256 --step=decode, RESULTS.md issue 16, helper i16d). Per

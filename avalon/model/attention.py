@@ -379,6 +379,12 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     q = dense(x, p["q"].astype(dtype))
     k = dense(x, p["k"].astype(dtype))
     v = dense(x, p["v"].astype(dtype))
+    if cache is None:
+        # Computed on the residual stream's positions, then switched by all-to-all (as
+        # mamba2._at_residual_split: no all-gather of the layer input to whole rows).
+        q = constrain(q, ("batch", "act_seq", "act_mixer_out", None))
+        k = constrain(k, ("batch", "act_seq", "act_mixer_out", None))
+        v = constrain(v, ("batch", "act_seq", "act_mixer_out", None))
     # Whole rows, heads split ("mixer_seq": under sequence parallelism an all-to-all from the
     # residual stream's position split; the same layout as before without it).
     q = constrain(q, ("batch", "mixer_seq", "act_heads", None))

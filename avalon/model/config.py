@@ -52,6 +52,12 @@ class Remat(enum.Enum):
     # log-sum-exp). Full remat's recompute without the attention core's and without the
     # routed experts' second one (model.py).
     SELECTIVE = "selective"
+    # As SELECTIVE, but a scanned unit made of Mamba and MoE layers alone (Super's "EM") is one
+    # checkpoint: only the unit's input is kept, half the saved inputs, for one more pass of
+    # the matmuls that make a unit's inner layer input (an MoE layer's shared-expert down and
+    # latent-out projections, or a Mamba out projection). Super on the pod: -10 GB per chip,
+    # +0.019x FLOPs (experiments/bench/RESULTS.md, issue 15 fourth pass).
+    SELECTIVE_UNITS = "selective_units"
 
 
 class AttentionImpl(enum.Enum):
@@ -134,8 +140,9 @@ class ModelConfig:
     scan_layers: bool = True  # False: one block per layer (a Python loop), for debugging
     attention_impl: AttentionImpl = AttentionImpl.NAIVE
     attention_query_chunk: int = 1024
-    # Training forward (no cache): the chunked SSD over blocks of this many positions, each
-    # recomputed in the backward (ssd_blocked.py); 0: the whole row at once.
+    # Training forward (no cache): the Mamba mixer's conv, chunked SSD and gated norm over
+    # blocks of this many positions, each recomputed in the backward
+    # (mamba2.mixer_core_blocked); 0: the whole row at once.
     ssd_block: int = 0
     max_context: int = 131072  # the agent context window this preset is served at
     initializer_range: float = 0.02

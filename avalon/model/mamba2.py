@@ -29,7 +29,6 @@ from avalon.model.config import ModelConfig
 from avalon.model.dense import dense
 from avalon.model.norms import gated_group_rms_norm
 from avalon.model.ssd import ssd_chunked, ssd_step
-from avalon.model.ssd_blocked import ssd_blocked
 from avalon.sharding import constrain
 
 
@@ -91,6 +90,21 @@ def _in_proj(x, p: dict, *, merged: bool):
     return tuple(out)
 
 
+def _at_residual_split(z, xs, Bs, Cs, dt):
+    """The projections' outputs laid out like the residual stream (under sequence parallelism:
+    each chip's positions, every head), before the constraints that switch them to whole rows
+    with a share of the heads. So the switch is an all-to-all of these outputs, and the
+    projections (and their input gradients) run on a chip's own positions; without it the
+    partitioner all-gathers the layer input to whole rows first, and the backward builds whole
+    -row [b, t, D] input gradients (the pod: 1 GB each, RESULTS.md issue 15, fourth pass). A
+    no-op without sequence parallelism ("act_seq" unsplit)."""
+    heads = ("batch", "act_seq", "act_mixer_out", None)
+    return (constrain(z, heads), constrain(xs, heads),
+            constrain(Bs, ("batch", "act_seq", None, None)),
+            constrain(Cs, ("batch", "act_seq", None, None)),
+            constrain(dt, ("batch", "act_seq", "act_mixer_out")))
+
+
 def causal_conv(u, state, w, bias, segment_ids=None, *, cached: bool = False):
     """Depthwise causal conv along time. u [b, t, *c]; state [b, K-1, *c] (the inputs before u);
     w [K, *c] with w[K-1] on the current token. Positions of another segment contribute zero.
@@ -126,12 +140,95 @@ def _next_conv_state(padded, k1: int, num_new):
     return jnp.take_along_axis(padded, idx, axis=1)
 
 
+def _out_proj(p: dict, y, *, training: bool):
+    """y [b, t, H, P] (the gated norm's output in the compute dtype) -> [b, t, D]."""
+    if training:  # back to the residual stream's position split before out_proj
+        y = constrain(y, ("batch", "act_seq", "act_mixer_out", None))
+    out = dense(y, p["out"].astype(y.dtype), 2)
+    if "out_bias" in p:
+        out = out + p["out_bias"].astype(y.dtype)
+    return out
+
+
+def mixer_core_blocked(p: dict, xs, Bs, Cs, dt, z, cfg: ModelConfig, segment_ids=None):
+    """The training mixer between the input projections and out_proj (causal conv, SiLU,
+    SSD, gated norm), `cfg.ssd_block` positions at a time: a `lax.scan` over blocks carrying
+    the SSM state, each block recomputed in its backward (`ModelConfig.ssd_block`).
+    xs, z [b, t, H, P], Bs, Cs [b, t, G, N], dt [b, t, H] as the projections give them
+    (compute dtype) -> y [b, t, H, P] in that dtype; equal to the whole-row path.
+
+    Why whole blocks and not only the SSD: on a whole 131K-token row every fp32 intermediate
+    of the conv, the SSD and the gated norm is 1 GB per chip at the pod's 32 heads, and a
+    Mamba layer's backward held a dozen of them (experiments/bench/RESULTS.md, issue 15 fourth
+    pass); here only the bf16 inputs and output are whole rows. The price is one more forward
+    of a block's SSD in the backward (its matmuls: a few percent of the layer's FLOPs).
+
+    The conv reads the K-1 positions before each block (its `halo`, with their segment ids:
+    a tap from another segment contributes zero, as on the whole row). Packed segments and the
+    carried state: `ssd_chunked` gives its initial state to the first segment of the block, so
+    the carried state enters only when the block's first position continues the segment that
+    ended the previous block; a segment that starts exactly at a block boundary starts from
+    zero."""
+    b, t = xs.shape[:2]
+    block, k1, dtype = cfg.ssd_block, cfg.conv_kernel - 1, xs.dtype
+    pad = (-t) % block  # padded positions come last: they cannot reach a real output
+    seg = jnp.zeros((b, t), jnp.int32) if segment_ids is None else segment_ids.astype(jnp.int32)
+
+    def blocks(a, mode="constant"):  # [b, t, ...] -> [n, b, block, ...]
+        a = jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2), mode=mode)
+        return a.reshape(b, -1, block, *a.shape[2:]).swapaxes(0, 1)
+
+    def halo(a, fill):  # [n, b, block, ...] -> the K-1 positions before each block
+        first = jnp.full_like(a[:1, :, :k1], fill)
+        return jnp.concatenate([first, a[:-1, :, block - k1:]], axis=0)
+
+    xb, Bb, Cb, dtb, zb = blocks(xs), blocks(Bs), blocks(Cs), blocks(dt), blocks(z)
+    sb = blocks(seg, mode="edge")
+    ins = (xb, Bb, Cb, dtb, zb, sb, halo(xb, 0), halo(Bb, 0), halo(Cb, 0), halo(sb, -1))
+    A = -jnp.exp(p["A_log"].astype(jnp.float32))
+    D = p["D"].astype(jnp.float32)
+    f32 = lambda a: a.astype(jnp.float32)
+
+    def one(blk, h0):
+        xk, Bk, Ck, dtk, zk, sk, hx, hB, hC, hs = blk
+        ext = jnp.concatenate([hs, sk], axis=1)
+        conv = []
+        for u, hu, name in ((xk, hx, "x"), (Bk, hB, "B"), (Ck, hC, "C")):
+            u_ext = jnp.concatenate([hu, u], axis=1)
+            o, _ = causal_conv(u_ext, jnp.zeros_like(hu), p[f"conv_{name}"],
+                               p.get(f"conv_bias_{name}"), ext)
+            conv.append(jax.nn.silu(o[:, k1:].astype(jnp.float32)).astype(dtype))
+        xc, Bc, Cc = conv
+        dtk = jax.nn.softplus(f32(dtk) + p["dt_bias"].astype(jnp.float32))
+        dtk = jnp.maximum(dtk, cfg.time_step_min)
+        y, state = ssd_chunked(f32(xc), dtk, A, f32(Bc), f32(Cc), D, cfg.chunk_size, h0=h0,
+                               segment_ids=sk)
+        y = gated_group_rms_norm(y, zk, p["gate_norm"], cfg.n_groups, cfg.layer_norm_epsilon)
+        return y.astype(dtype), state
+
+    one = jax.checkpoint(one)
+
+    def step(carry, blk):
+        state, last = carry
+        sk = blk[5]
+        h0 = state * (sk[:, 0] == last).astype(state.dtype)[:, None, None, None]
+        y, state = one(blk, h0)
+        return (state, sk[:, -1]), y
+
+    h, pdim, n = xs.shape[2], xs.shape[3], Bs.shape[3]
+    init = (jnp.zeros((b, h, pdim, n), jnp.float32), seg[:, 0])
+    _, ys = jax.lax.scan(step, init, ins)
+    return ys.swapaxes(0, 1).reshape(b, -1, *xs.shape[2:])[:, :t]
+
+
 def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
                 cache: MambaCache | None = None, num_new=None):
     b, t, _ = x.shape
     dtype = x.dtype
     # z, xs [b, t, H, P]; Bs, Cs [b, t, G, N]; dt [b, t, H]
     z, xs, Bs, Cs, dt = _in_proj(x, p, merged=cache is None)
+    if cache is None:
+        z, xs, Bs, Cs, dt = _at_residual_split(z, xs, Bs, Cs, dt)
     xs = constrain(xs, ("batch", "mixer_seq", "act_mamba_heads", None))
     z = constrain(z, ("batch", "mixer_seq", "act_mamba_heads", None))
     if cache is None:
@@ -140,6 +237,10 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
         Bs = constrain(Bs, ("batch", "mixer_seq", "act_mamba_groups", None))
         Cs = constrain(Cs, ("batch", "mixer_seq", "act_mamba_groups", None))
         dt = constrain(dt, ("batch", "mixer_seq", "act_mamba_heads"))
+
+    if cache is None and cfg.ssd_block and t > cfg.ssd_block:
+        y = mixer_core_blocked(p, xs, Bs, Cs, dt, z, cfg, segment_ids)
+        return _out_proj(p, y, training=True), None
 
     k1 = cfg.conv_kernel - 1
     if cache is None:
@@ -175,21 +276,11 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
         if num_new is not None:
             dt = dt * (jnp.arange(t)[None, :] < num_new[:, None])[..., None]
         h0 = None if cache is None else f32(cache.ssm)
-        if cache is None and cfg.ssd_block and t > cfg.ssd_block:
-            y, ssm = ssd_blocked(f32(xc), dt, A, f32(Bc), f32(Cc), D, cfg.chunk_size,
-                                 cfg.ssd_block, segment_ids=segment_ids)
-        else:
-            y, ssm = ssd_chunked(f32(xc), dt, A, f32(Bc), f32(Cc), D, cfg.chunk_size, h0=h0,
-                                 segment_ids=segment_ids)
+        y, ssm = ssd_chunked(f32(xc), dt, A, f32(Bc), f32(Cc), D, cfg.chunk_size, h0=h0,
+                             segment_ids=segment_ids)
 
     y = gated_group_rms_norm(y, z, p["gate_norm"], cfg.n_groups, cfg.layer_norm_epsilon)
-    y = y.astype(dtype)
-    if cache is None:  # back to the residual stream's position split before out_proj
-        y = constrain(y, ("batch", "act_seq", "act_mixer_out", None))
-    out = dense(y, p["out"].astype(dtype), 2)
-    if "out_bias" in p:
-        out = out + p["out_bias"].astype(dtype)
-
+    out = _out_proj(p, y.astype(dtype), training=cache is None)
     if cache is None:
         return out, None
     new_cache = MambaCache(

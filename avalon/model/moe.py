@@ -416,7 +416,7 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
             xl, idx, weights, up, down, mesh=mesh, batch_axes=axes, backend=chosen,
             chunk=cfg.moe_dispatch_chunk, capacity_factor=cfg.moe_capacity_factor,
             remat_chunks=cfg.remat != Remat.NONE)
-        # Named for Remat.SELECTIVE: the layer's recompute keeps this output instead of
+        # Named for Remat.SELECTIVE(_UNITS): the recompute keeps this output instead of
         # running the routed experts again (model.py); their chunks recompute themselves.
         routed = checkpoint_name(routed, ROUTED_NAME)
     else:

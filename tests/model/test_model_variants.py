@@ -32,7 +32,8 @@ def _loss_and_grad(cfg, params, tokens, segment_ids=None):
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
-@pytest.mark.parametrize("remat", [Remat.FULL, Remat.DOTS, Remat.SELECTIVE])
+@pytest.mark.parametrize("remat", [Remat.FULL, Remat.DOTS, Remat.SELECTIVE,
+                                   Remat.SELECTIVE_UNITS])
 def test_remat_gives_the_same_gradients(tokens, remat):
     params = init_params(jax.random.key(5), SCANNED)
     base_loss, base_grad = _loss_and_grad(SCANNED, params, tokens)
@@ -40,6 +41,19 @@ def test_remat_gives_the_same_gradients(tokens, remat):
     np.testing.assert_allclose(loss, base_loss, rtol=1e-6)
     for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(base_grad)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("remat,inputs", [(Remat.SELECTIVE, 2), (Remat.SELECTIVE_UNITS, 1)])
+def test_selective_remat_keeps_layer_or_unit_inputs(tokens, remat, inputs):
+    """The scanned "ME" unit's backward keeps each layer's input [reps, b, t, D] under
+    SELECTIVE, only the unit's under SELECTIVE_UNITS (one checkpoint over the unit; the
+    gradients are checked against no remat above)."""
+    cfg = SCANNED.replace(remat=remat)
+    params = init_params(jax.random.key(5), cfg)
+    _, vjp = jax.vjp(lambda p: forward(p, tokens, cfg, return_logits=False).hidden, params)
+    param_ids = {id(a) for a in jax.tree.leaves(params)}
+    saved = [a.shape for a in jax.tree.leaves(vjp) if id(a) not in param_ids]
+    assert saved.count((2, *tokens.shape, cfg.hidden_size)) == inputs, saved
 
 
 @pytest.mark.parametrize("impl", [AttentionImpl.QUERY_CHUNKED, AttentionImpl.BLOCK_CAUSAL])

@@ -40,12 +40,13 @@ def _batch():
 
 
 # The model's defaults (naive attention, no remat), and the pod's path: the causal-scan
-# attention in blocks smaller than a chip's whole row, per-layer (selective) remat.
-# The pod variant compiles for ~50 s of one core: slow (its parts, the causal scan and the
-# selective remat, have fast tests of their own in tests/model/).
+# attention in blocks smaller than a chip's whole row, per-layer (selective) remat, the Mamba
+# mixer in blocks of positions (2 per row).
+# The pod variant compiles for ~50 s of one core: slow (its parts, the causal scan, the
+# selective remat and the blocked mixer, have fast tests of their own in tests/model/).
 @pytest.mark.parametrize("variant", [
     {}, pytest.param({"attention_impl": AttentionImpl.CAUSAL_SCAN, "attention_query_chunk": 8,
-                      "remat": Remat.SELECTIVE}, marks=pytest.mark.slow)],
+                      "remat": Remat.SELECTIVE, "ssd_block": 16}, marks=pytest.mark.slow)],
     ids=["default", "pod"])
 def test_sequence_parallel_step_matches_single_device(variant):
     cfg = CFG.replace(**variant)
