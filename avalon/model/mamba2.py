@@ -140,6 +140,19 @@ def _next_conv_state(padded, k1: int, num_new):
     return jnp.take_along_axis(padded, idx, axis=1)
 
 
+def _conv_silu(p: dict, u, state, name: str, segment_ids, *, cached: bool = False):
+    """SiLU(causal_conv(u)) in u's dtype (the conv's activation runs in fp32), and the padded
+    input `causal_conv` returns for the next conv state. name: "x", "B" or "C"."""
+    o, padded = causal_conv(u, state, p[f"conv_{name}"], p.get(f"conv_bias_{name}"),
+                            segment_ids, cached=cached)
+    return jax.nn.silu(o.astype(jnp.float32)).astype(u.dtype), padded
+
+
+def _softplus_dt(p: dict, dt):
+    """The step sizes before any clamp: softplus(dt + dt_bias), fp32."""
+    return jax.nn.softplus(dt.astype(jnp.float32) + p["dt_bias"].astype(jnp.float32))
+
+
 def _out_proj(p: dict, y, *, training: bool):
     """y [b, t, H, P] (the gated norm's output in the compute dtype) -> [b, t, D]."""
     if training:  # back to the residual stream's position split before out_proj
@@ -192,15 +205,10 @@ def mixer_core_blocked(p: dict, xs, Bs, Cs, dt, z, cfg: ModelConfig, segment_ids
     def one(blk, h0):
         xk, Bk, Ck, dtk, zk, sk, hx, hB, hC, hs = blk
         ext = jnp.concatenate([hs, sk], axis=1)
-        conv = []
-        for u, hu, name in ((xk, hx, "x"), (Bk, hB, "B"), (Ck, hC, "C")):
-            u_ext = jnp.concatenate([hu, u], axis=1)
-            o, _ = causal_conv(u_ext, jnp.zeros_like(hu), p[f"conv_{name}"],
-                               p.get(f"conv_bias_{name}"), ext)
-            conv.append(jax.nn.silu(o[:, k1:].astype(jnp.float32)).astype(dtype))
-        xc, Bc, Cc = conv
-        dtk = jax.nn.softplus(f32(dtk) + p["dt_bias"].astype(jnp.float32))
-        dtk = jnp.maximum(dtk, cfg.time_step_min)
+        xc, Bc, Cc = (_conv_silu(p, jnp.concatenate([hu, u], axis=1), jnp.zeros_like(hu),
+                                 name, ext)[0][:, k1:]
+                      for u, hu, name in ((xk, hx, "x"), (Bk, hB, "B"), (Ck, hC, "C")))
+        dtk = jnp.maximum(_softplus_dt(p, dtk), cfg.time_step_min)
         y, state = ssd_chunked(f32(xc), dtk, A, f32(Bc), f32(Cc), D, cfg.chunk_size, h0=h0,
                                segment_ids=sk)
         y = gated_group_rms_norm(y, zk, p["gate_norm"], cfg.n_groups, cfg.layer_norm_epsilon)
@@ -248,16 +256,13 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
         states = (zeros(xs), zeros(Bs), zeros(Cs))
     else:
         states = (cache.conv_x, cache.conv_B, cache.conv_C)
-    conv_out, padded = [], []
-    for u, st, name in ((xs, states[0], "x"), (Bs, states[1], "B"), (Cs, states[2], "C")):
-        o, pad = causal_conv(u, st, p[f"conv_{name}"], p.get(f"conv_bias_{name}"), segment_ids,
-                             cached=cache is not None)
-        conv_out.append(jax.nn.silu(o.astype(jnp.float32)).astype(dtype))
-        padded.append(pad)
+    conv_out, padded = zip(*(
+        _conv_silu(p, u, st, name, segment_ids, cached=cache is not None)
+        for u, st, name in ((xs, states[0], "x"), (Bs, states[1], "B"), (Cs, states[2], "C"))))
     xc, Bc, Cc = conv_out
 
     A = -jnp.exp(p["A_log"].astype(jnp.float32))
-    dt = jax.nn.softplus(dt.astype(jnp.float32) + p["dt_bias"].astype(jnp.float32))
+    dt = _softplus_dt(p, dt)
     D = p["D"].astype(jnp.float32)
     f32 = lambda a: a.astype(jnp.float32)
     state_dtype = jnp.dtype(cfg.ssm_state_dtype)
