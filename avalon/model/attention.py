@@ -90,6 +90,53 @@ def _scores_to_out(q, k, v, mask, scale):
     return jnp.einsum("bhgqk,bhkd->bqhgd", probs, v)
 
 
+def _heads_parallel(q, k, v, segment_ids, cfg: ModelConfig, scale):
+    """`_full_attention` under the active rules as a `shard_map` over the query heads' mesh
+    axes (`act_heads`): each chip runs its whole rows and its query heads with the one or
+    more kv heads they read, sliced from the (small, unsplit) k and v. None when no rules
+    are active, the heads are not split, the rows are (`mixer_seq`), or a chip's heads do
+    not fall on whole kv-head groups.
+
+    Why: under sequence parallelism the partitioner left the block scan's tensors (the
+    output's cotangent, the log-sum-exp) split along the block axis, so every one of the
+    pod's 8,256 block pairs all-gathered a whole [128 blocks, ..] query-sized tensor (1 GB)
+    in the backward: 4.5 PB per update step per chip. Inside the shard_map there is nothing
+    left to partition."""
+    active = sharding.active()
+    if active is None:
+        return None
+    mesh, rules = active
+    b, t, nkv, g, hd = q.shape
+    nh = nkv * g
+    spec = sharding.logical_to_spec(("batch", "mixer_seq", "act_heads", None), rules, mesh,
+                                    (b, t, nh, hd))
+    spec = tuple(spec) + (None,) * (4 - len(spec))
+    heads = () if spec[2] is None else (spec[2],) if isinstance(spec[2], str) else spec[2]
+    shards = math.prod(mesh.shape[a] for a in heads)
+    local = nh // shards
+    if not heads or spec[1] is not None or (g % local and local % g):
+        return None
+    kv_local = max(local // g, 1)
+    rows = PartitionSpec(spec[0], None, None, None)
+    seg = jnp.zeros((b, t), jnp.int32) if segment_ids is None else segment_ids
+
+    def per_chip(q, k, v, seg):
+        idx = 0
+        for a in heads:  # the chip's place along the (major-to-minor) head axes
+            idx = idx * mesh.shape[a] + jax.lax.axis_index(a)
+        first = idx * local // g  # the first kv head its query heads read
+        kl = jax.lax.dynamic_slice_in_dim(k, first, kv_local, axis=2)
+        vl = jax.lax.dynamic_slice_in_dim(v, first, kv_local, axis=2)
+        ql = q.reshape(q.shape[0], t, kv_local, local // kv_local, hd)
+        return _full_attention(ql, kl, vl, seg, cfg, scale).reshape(q.shape)
+
+    out = jax.shard_map(per_chip, mesh=mesh,
+                        in_specs=(PartitionSpec(*spec), rows, rows, PartitionSpec(spec[0])),
+                        out_specs=PartitionSpec(*spec), check_vma=False)(
+        q.reshape(b, t, nh, hd), k, v, seg)
+    return out.reshape(b, t, nkv, g, hd)
+
+
 def _full_attention(q, k, v, segment_ids, cfg: ModelConfig, scale):
     """No cache: causal (and same-segment) attention over the sequence itself."""
     b, t = q.shape[:2]
@@ -394,7 +441,9 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     scale = hd ** -0.5
 
     if cache is None:
-        out = _full_attention(q, k, v, segment_ids, cfg, scale)
+        out = _heads_parallel(q, k, v, segment_ids, cfg, scale)
+        if out is None:
+            out = _full_attention(q, k, v, segment_ids, cfg, scale)
         new_cache = None
     elif isinstance(cache, PagedKV):
         if pages is None:

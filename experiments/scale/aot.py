@@ -10,9 +10,16 @@ its devices build the config's mesh; `make_update_step` (the very step the train
 lowered on abstract inputs (`ShapeDtypeStruct`s: no weight is materialised) and compiled by
 libtpu. One JSON object is printed:
 
-- per chip: `argument/output/alias/temp_bytes_per_chip` from XLA's memory analysis;
-  `peak_bytes_per_chip` = argument + output - alias + temp (what must fit at once; donated
-  state aliases its output), beside `hbm_bytes_per_chip` (v5p: 95 GB) and their ratio;
+- per chip: `peak_bytes_per_chip`, the bytes the compiled program's buffer assignment
+  allocates in HBM (libtpu's memory-usage report, default memory space: every argument,
+  output and temporary allocation, donated state aliased with its output), beside
+  `hbm_bytes_per_chip` (v5p: 95 GB) and their ratio. This is the figure libtpu's own
+  compile-time check compares with the chip's HBM (its RESOURCE_EXHAUSTED error quotes it as
+  "the total memory required"). XLA's memory analysis is printed too
+  (`argument/output/alias/temp_bytes_per_chip`, their sum as `memory_analysis_sum_bytes`,
+  `xla_peak_memory_in_bytes`): on TPU its temp counts more than the HBM temporaries (VMEM
+  scratch and more: 41 GB more on the pod), so its sum over-states what must fit; libtpu
+  compiles programs whose sum exceeds the HBM (RESULTS.md, issue 15, fifth pass);
 - `flops_per_chip`: the compiled program's matmul FLOPs with every loop body weighted by its
   trip count (`hlo_stats`; XLA's own `cost_analysis` counts a loop body once and is printed as
   `cost_analysis_flops_per_chip`), beside `model_flops_per_chip`: the model accounting
@@ -38,10 +45,13 @@ The JSON has the same memory fields, and what the weights, the slot state and th
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
+import re
 import sys
+import tempfile
 import time
 
 import ml_collections
@@ -110,7 +120,8 @@ def abstract_batch(cfg, rows: int, seq: int, with_routing: bool):
 
 
 def compile_train_step(model_cfg, rl_cfg, mesh_shape: dict, devices, rows: int, seq: int):
-    """Lower and compile the update step on abstract state and batch. Returns (compiled, s)."""
+    """Lower and compile the update step on abstract state and batch. Returns (compiled,
+    seconds, bytes per memory space)."""
     import jax
     import jax.numpy as jnp
 
@@ -125,17 +136,43 @@ def compile_train_step(model_cfg, rl_cfg, mesh_shape: dict, devices, rows: int, 
     state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
                        opt_state=jax.eval_shape(step.optimizer.init, params))
     batch = abstract_batch(step.model_cfg, rows, seq, rl_cfg.loss == LossKind.CISPO)
-    start = time.perf_counter()
-    compiled = step.step_fn.lower(state, batch).compile()
-    return compiled, time.perf_counter() - start
+    return compile_with_memory_report(step.step_fn.lower(state, batch))
 
 
-def report(compiled, model_cfg, rows: int, seq: int, chips: int, compile_s: float) -> dict:
+def memory_spaces(report_text: str) -> dict[str, int]:
+    """A libtpu memory-usage report (`*memory-usage-report.txt` of an XLA dump) -> bytes
+    allocated per memory space: {'default': HBM, 'vmem': ..., ...}."""
+    spaces = {m.group(1): int(m.group(2)) for m in re.finditer(
+        r"^Memory Space: (\S+) \(color=\d+\)\nTotal bytes: (\d+)", report_text, re.M)}
+    if "default" not in spaces:
+        raise AotError("libtpu's memory-usage report has no default (HBM) memory space")
+    return spaces
+
+
+def compile_with_memory_report(lowered):
+    """Compile `lowered`, dumping this one compile (no per-pass HLO) to a temporary directory
+    for libtpu's memory-usage report. Returns (compiled, seconds, bytes per memory space)."""
+    with tempfile.TemporaryDirectory(prefix="avalon-aot-") as dump:
+        start = time.perf_counter()
+        compiled = lowered.compile(compiler_options={"xla_dump_to": dump,
+                                                     "xla_dump_hlo_pass_re": "NONE"})
+        seconds = time.perf_counter() - start
+        reports = glob.glob(os.path.join(dump, "*memory-usage-report.txt"))
+        if len(reports) != 1:
+            raise AotError(f"expected one memory-usage report in the XLA dump, found "
+                           f"{len(reports)}: is this libtpu {LIBTPU_PIN}?")
+        with open(reports[0]) as f:
+            spaces = memory_spaces(f.read())
+    return compiled, seconds, spaces
+
+
+def report(compiled, model_cfg, rows: int, seq: int, chips: int, compile_s: float,
+           spaces: dict[str, int]) -> dict:
     from avalon.model.accounting import train_flops_per_token
 
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
-    compiled_part = compiled_report(compiled, compile_s)
+    compiled_part = compiled_report(compiled, compile_s, spaces)
     model_flops = train_flops_per_token(model_cfg, seq) * rows * seq / chips
     flops = compiled_part["flops_per_chip"]
     return {
@@ -148,23 +185,28 @@ def report(compiled, model_cfg, rows: int, seq: int, chips: int, compile_s: floa
     }
 
 
-def compiled_report(compiled, compile_s: float) -> dict:
-    """What both steps report of a compiled program: XLA's per-chip memory, the peak against
-    a v5p chip's HBM, matmul FLOPs and collectives from the HLO (`hlo_stats`)."""
+def compiled_report(compiled, compile_s: float, spaces: dict[str, int]) -> dict:
+    """What both steps report of a compiled program: its HBM allocation per chip (`spaces`,
+    from `compile_with_memory_report`) against a v5p chip's HBM, XLA's memory analysis,
+    matmul FLOPs and collectives from the HLO (`hlo_stats`)."""
     from experiments.scale import hlo_stats
 
     mem = compiled.memory_analysis()
     stats = hlo_stats.analyse(compiled.as_text())
-    peak = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-            + mem.temp_size_in_bytes)
+    peak = spaces["default"]
     return {
+        "peak_bytes_per_chip": peak,
+        "hbm_bytes_per_chip": V5P_HBM_BYTES,
+        "peak_fraction_of_hbm": round(peak / V5P_HBM_BYTES, 4),
+        "memory_space_bytes_per_chip": spaces,
         "argument_bytes_per_chip": mem.argument_size_in_bytes,
         "output_bytes_per_chip": mem.output_size_in_bytes,
         "alias_bytes_per_chip": mem.alias_size_in_bytes,
         "temp_bytes_per_chip": mem.temp_size_in_bytes,
-        "peak_bytes_per_chip": peak,
-        "hbm_bytes_per_chip": V5P_HBM_BYTES,
-        "peak_fraction_of_hbm": round(peak / V5P_HBM_BYTES, 4),
+        "memory_analysis_sum_bytes": (mem.argument_size_in_bytes + mem.output_size_in_bytes
+                                      - mem.alias_size_in_bytes + mem.temp_size_in_bytes),
+        "xla_peak_memory_in_bytes": mem.peak_memory_in_bytes,
+        "generated_code_bytes": mem.generated_code_size_in_bytes,
         "flops_per_chip": stats.flops,
         "collectives": stats.collectives,
         "unknown_trip_loops": stats.unknown_trip_loops,
@@ -179,7 +221,8 @@ def compile_decode_step(cfg, devices, slots: int, rows: int, kv_tokens: int, wid
     `engine.decode_dtype` laid out by DECODE_RULES on the host's mesh (`make_local_mesh` of
     the config's mesh: the engine runs per host), a slot state of `slots` slots whose KV pool
     holds `kv_tokens` positions, a dispatch of `rows` rows with page tables `width` pages
-    wide. Returns (compiled, seconds, the host mesh's shape, pool pages)."""
+    wide. Returns (compiled, seconds, bytes per memory space, the host mesh's shape, pool
+    pages)."""
     from avalon import sharding
     from avalon.inference import device as dev
     from avalon.inference.pages import pow2_at_least
@@ -196,13 +239,13 @@ def compile_decode_step(cfg, devices, slots: int, rows: int, kv_tokens: int, wid
     # The engine's pool is a power of two of pages, at least one page per slot's share.
     num_pages = pow2_at_least(max(-(-kv_tokens // page_size), 1))
     args = dev.abstract_decode_inputs(setup, slots, num_pages, rows, width)
-    start = time.perf_counter()
-    compiled = dev.decode.lower(params, *args, setup=setup).compile()
-    return compiled, time.perf_counter() - start, dict(local.shape), num_pages
+    compiled, seconds, spaces = compile_with_memory_report(
+        dev.decode.lower(params, *args, setup=setup))
+    return compiled, seconds, spaces, dict(local.shape), num_pages
 
 
 def decode_report(compiled, cfg, slots: int, rows: int, num_pages: int, page_size: int,
-                  chips: int, compile_s: float) -> dict:
+                  chips: int, compile_s: float, spaces: dict[str, int]) -> dict:
     """--step=decode's JSON: the memory of --step=train, plus what the arguments hold."""
     import jax
     import numpy as np
@@ -227,7 +270,7 @@ def decode_report(compiled, cfg, slots: int, rows: int, num_pages: int, page_siz
                                                             dtype=cfg.engine.decode_dtype)),
         "slot_state_bytes": nbytes(state), "kv_pool_bytes": kv_bytes,
         "per_slot_state_bytes": (nbytes(state) - kv_bytes) // slots,
-        **compiled_report(compiled, compile_s),
+        **compiled_report(compiled, compile_s, spaces),
     }
 
 
@@ -253,7 +296,7 @@ def run_decode(config, topology: str, slots: int | None = None, rows: int | None
     out = {"topology": topology, "step": "decode", "mesh": cfg.mesh,
            "decode_dtype": cfg.engine.decode_dtype, "window": cfg.org.window}
     try:
-        compiled, compile_s, host_mesh, num_pages = compile_decode_step(
+        compiled, compile_s, spaces, host_mesh, num_pages = compile_decode_step(
             cfg, devices, slots, rows, kv_tokens, width, page_size)
     except Exception as e:  # over HBM: the answer, reported
         if "RESOURCE_EXHAUSTED" not in str(e):
@@ -266,7 +309,7 @@ def run_decode(config, topology: str, slots: int | None = None, rows: int | None
             f.write(compiled.as_text())
     out.update({"fits": True, "host_mesh": host_mesh})
     out.update(decode_report(compiled, cfg, slots, rows, num_pages, page_size,
-                             int(np.prod(list(host_mesh.values()))), compile_s))
+                             int(np.prod(list(host_mesh.values()))), compile_s, spaces))
     return out
 
 
@@ -310,8 +353,8 @@ def run(config, topology: str, rows: int | None, seq: int | None, loss: str,
            "attention_impl": cfg.model.attention_impl.value,
            "moe_backend": cfg.model.moe_backend.value}
     try:
-        compiled, compile_s = compile_train_step(cfg.model, rl_cfg, cfg.mesh, devices, rows,
-                                                 seq)
+        compiled, compile_s, spaces = compile_train_step(cfg.model, rl_cfg, cfg.mesh,
+                                                         devices, rows, seq)
     except Exception as e:  # XLA refuses a program over HBM: that is the answer, reported
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
@@ -322,7 +365,7 @@ def run(config, topology: str, rows: int | None, seq: int | None, loss: str,
         with open(dump_hlo, "w") as f:
             f.write(compiled.as_text())
     out["fits"] = True
-    out.update(report(compiled, cfg.model, rows, seq, chips, compile_s))
+    out.update(report(compiled, cfg.model, rows, seq, chips, compile_s, spaces))
     return out
 
 

@@ -3,6 +3,8 @@ backward) equals the naive reference that materialises every score: values and g
 packed segments and a ragged last block; and the same under the sequence-parallel rules on
 an fsdp 2 x expert 4 mesh (heads split, whole rows per chip)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,7 @@ from avalon.model.attention import attention
 from avalon.model.attention_scan import causal_scan_attention
 from avalon.model.params import init_params
 from avalon.sharding import TRAIN_SEQ_RULES, make_mesh, use_rules
+from experiments.scale import hlo_stats
 from tests.model.attention_reference import SCALE, _naive, packed_inputs
 
 
@@ -34,10 +37,37 @@ def test_causal_scan_equals_naive_values_and_gradients(inputs, block):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=f"d{name}")
 
 
-def test_causal_scan_layer_under_sequence_parallel_mesh_equals_naive():
+def _collectives_in_loops(hlo_text: str) -> list[str]:
+    """The collectives of a compiled module that sit inside a `while` body (at any depth)."""
+    comps, entry = hlo_stats.parse_module(hlo_text)
+    found, seen = [], set()
+
+    def visit(name: str, in_loop: bool):
+        if (name, in_loop) in seen or name not in comps:
+            return
+        seen.add((name, in_loop))
+        for ins in comps[name].instrs:
+            base = ins.opcode.removesuffix("-start")
+            if in_loop and base in hlo_stats.COLLECTIVES:
+                found.append(f"{ins.opcode} {ins.shape}")
+            for key in ("body", "condition", "calls", "to_apply"):
+                callee = re.search(rf"\b{key}=%?([\w.\-]+)", ins.attrs)
+                if callee:
+                    visit(callee.group(1), in_loop or ins.opcode == "while")
+
+    visit(entry, False)
+    return found
+
+
+# (query heads, kv heads) over the 4 chips of a row: a chip's heads inside one kv group
+# (tiny: 1 of 2 per group; Super's 32 / 2: 8 of 16), or whole groups (16 / 8: 2 groups each).
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (32, 2), (16, 8)])
+def test_causal_scan_layer_under_sequence_parallel_mesh_equals_naive(heads, kv_heads):
     """The attention layer (projections included), its input split over positions on an
-    fsdp 2 x expert 4 mesh under TRAIN_SEQ_RULES, against the naive layer on one device."""
-    cfg = presets.get("tiny", pattern="*", attention_query_chunk=8)
+    fsdp 2 x expert 4 mesh under TRAIN_SEQ_RULES, against the naive layer on one device; and
+    its block scans hold no collective (each chip runs its heads of whole rows on its own)."""
+    cfg = presets.get("tiny", pattern="*", attention_query_chunk=8, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, head_dim=8)
     lp = init_params(jax.random.key(1), cfg)["blocks"][0]["0_attention"]
     lp = jax.tree.map(lambda a: a[0], lp)
     b, t = 2, 48
@@ -57,7 +87,9 @@ def test_causal_scan_layer_under_sequence_parallel_mesh_equals_naive():
 
     x_sh = jax.device_put(x, jax.sharding.NamedSharding(
         mesh, jax.sharding.PartitionSpec("fsdp", "expert")))
-    val, (g_lp, g_x) = jax.jit(sharded)(lp, x_sh)
+    compiled = jax.jit(sharded).lower(lp, x_sh).compile()
+    assert _collectives_in_loops(compiled.as_text()) == []
+    val, (g_lp, g_x) = compiled(lp, x_sh)
     ref, (r_lp, r_x) = jax.value_and_grad(loss, argnums=(1, 2))(AttentionImpl.NAIVE, lp, x)
     np.testing.assert_allclose(val, ref, rtol=1e-5)
     np.testing.assert_allclose(g_x, r_x, atol=1e-5, rtol=1e-5)

@@ -16,7 +16,7 @@ from avalon import sharding
 from avalon.model import init_params, presets
 from avalon.model.config import MoeBackend, Remat
 from avalon.model.moe import _experts_dense, moe_layer, resolve_backend, route
-from avalon.model.moe_ep import capacity
+from avalon.model.moe_ep import _grouped, capacity, megablox_gmm, megablox_row_tile
 from avalon.model.params import moe_specs
 from experiments.scale import hlo_stats
 
@@ -183,6 +183,42 @@ def test_capacity_rows():
     assert capacity(6, 2, 4, 1.25) == 4  # ceil(3.75)
     assert capacity(6, 2, 1, 1.25) == 12  # one destination: never more than n k
     assert capacity(4096, 22, 4, 1.25) == 28160  # the pod: 1.25 x 22,528
+    # Rounded up to whole megablox row tiles: the pod at 1.1 (24,781 -> 24,832 rows).
+    assert capacity(4096, 22, 4, 1.1) == 24781
+    assert capacity(4096, 22, 4, 1.1, 128) == 24832
+    assert capacity(6, 2, 4, 1.0, 128) == 12  # never past the worst case n k
+
+
+def test_megablox_row_tile():
+    # The pod: 4 x 24,832 rows, 128 local experts. 512 rows would add up to 127 x 512 rows.
+    assert megablox_row_tile(99328, 128) == 128
+    assert megablox_row_tile(4 * 4096, 8) == 512
+    assert megablox_row_tile(3 * 128, 2) == 128  # 384: no larger power of two divides it
+
+
+@pytest.mark.parametrize("rows", [300, 512])  # padded to whole tiles / already whole
+def test_megablox_gmm_equals_dense(rows):
+    """The Pallas kernel (in Pallas' interpreter on CPU) with our tiling and row padding:
+    values and gradients of the rows inside the groups equal the dense reference's."""
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    xs = jax.random.normal(k1, (rows, 128), jnp.float32)
+    w = 0.1 * jax.random.normal(k2, (4, 128, 256), jnp.float32)
+    counts = jnp.array([70, 0, rows // 2, 41], jnp.int32)  # an empty group; rows left over
+    valid = int(jnp.sum(counts))
+    probe = jax.random.normal(k3, (valid, 256), jnp.float32)
+
+    def loss(xs, w, grouped):
+        return jnp.sum(jnp.sin(grouped(xs, counts, w)[:valid]) * probe)
+
+    ref = jax.value_and_grad(loss, argnums=(0, 1))(
+        xs, w, lambda x, c, w: _grouped(x, c, w, MoeBackend.DENSE))
+    got = jax.value_and_grad(loss, argnums=(0, 1))(
+        xs, w, lambda x, c, w: megablox_gmm(x, w, c, interpret=True))
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
+    # The rows past the groups are unwritten by the kernel (NaN in the interpreter), in the
+    # output and in the input gradient alike; the dispatch never reads them.
+    np.testing.assert_allclose(got[1][0][:valid], ref[1][0][:valid], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[1][1], ref[1][1], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("bad", [0.5, float("inf"), True, "2"])

@@ -66,6 +66,73 @@ def test_hybrid_2b_compiled_flops_within_1_3x_of_model(hybrid_2b_v5p_8):
     assert 1.0 <= ratio <= 1.3, out
 
 
+_REPORT = """Memory Space: default (color=0)
+Total bytes: 108616063040 (101.16GiB)
+  cumulative_size;       size;       offset; used_by_n_values; shapes_list
+  ------------------------------------------------------------
+   64.00MiB(100%);   64.00MiB;            0;                1; bf16[8,1024,4096]
+
+Memory Space: vmem (color=1)
+Total bytes: 33554432 (32.00MiB)
+
+Memory Space: smem (color=2)
+Total bytes: 4 (4B)
+"""
+
+
+def test_memory_spaces_reads_each_spaces_total():
+    assert aot.memory_spaces(_REPORT) == {"default": 108616063040, "vmem": 33554432, "smem": 4}
+    with pytest.raises(aot.AotError, match="no default"):
+        aot.memory_spaces(_REPORT.split("\n\n", 1)[1])
+
+
+def _scan_grad(rows: int):
+    """d/dW of a 32-layer scan of tanh(h @ W_i), W [32, 8192, 8192] bf16 over fsdp 4, h
+    [rows, 8192] bf16 over fsdp 4, every layer's input saved for the backward: a program whose
+    size one argument sets, on a v5p-8 (4 chips)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(aot.tpu_devices("v5p-8")), ("fsdp",))
+    split = lambda *spec: NamedSharding(mesh, PartitionSpec(*spec))
+    w = jax.ShapeDtypeStruct((32, 8192, 8192), jnp.bfloat16, sharding=split(None, "fsdp"))
+    x = jax.ShapeDtypeStruct((rows, 8192), jnp.bfloat16, sharding=split("fsdp"))
+
+    def loss(w, x):
+        h, _ = jax.lax.scan(lambda h, wi: (jnp.tanh(h @ wi), None), x, w)
+        return jnp.sum(h.astype(jnp.float32) ** 2)
+
+    return jax.jit(jax.grad(loss), out_shardings=split(None, "fsdp")).lower(w, x)
+
+
+@pytest.mark.slow
+@_NEEDS_LIBTPU
+def test_libtpu_checks_the_hbm_allocation_not_the_memory_analysis_sum(tmp_path):
+    """Why `peak_bytes_per_chip` is the memory-usage report's HBM total: libtpu refuses a
+    program over HBM quoting that total as "the total memory required", and compiles one
+    whose memory-analysis sum (argument + output - alias + temp) is over HBM while the total
+    is under it. ~1 min: two TPU compiles."""
+    import re
+
+    with pytest.raises(Exception, match="RESOURCE_EXHAUSTED") as refused:
+        _scan_grad(262144).compile(compiler_options={"xla_dump_to": str(tmp_path),
+                                                     "xla_dump_hlo_pass_re": "NONE"})
+    required, available = (float(g) * 2**30 for g in re.search(
+        r"required for HLO temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)",
+        str(refused.value)).groups())
+    (report,) = tmp_path.glob("*memory-usage-report.txt")
+    total = aot.memory_spaces(report.read_text())["default"]
+    assert abs(total - required) <= 0.005 * 2**30 and total > available
+
+    compiled, _, spaces = aot.compile_with_memory_report(_scan_grad(245760))
+    mem = compiled.memory_analysis()
+    over = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+            + mem.temp_size_in_bytes)
+    assert spaces["default"] < available < over, (spaces, over, available)
+
+
 _POD = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "nemotron3_super_pod.py")
 
 
