@@ -47,9 +47,10 @@ is 64 quarter-rows, and the batch itself (tokens, targets, ids, mask, log-probs,
 uint16 routing of 40 layers x 22 experts) is 3.7 GB beside 13.9 GB of fp32 params and AdamW
 moments (together the step's 17.6 GB of arguments) and a temporary fp32 gradient accumulator
 the size of the params (~4.6 GB). Measured (experiments/bench/RESULTS.md, "The pod's update
-step, fourth pass"; `python -m experiments.scale.aot --config=configs/nemotron3_super_pod.py
---topology=v5p-256`): peak 77.6 GB per chip (arguments 17.6 + temporaries 60.0; 82% of HBM)
-and compiled matmul FLOPs 1.29x the model's. Smaller micro-batches cannot help (one row per
+step, fifth pass"; `python -m experiments.scale.aot --config=configs/nemotron3_super_pod.py
+--topology=v5p-256`, a 20-minute compile on one CPU core): peak 77.4 GB of HBM allocated per
+chip (arguments 17.6 + temporaries 59.8; 81.5% of HBM) and compiled matmul FLOPs 1.29x the
+model's. Smaller micro-batches cannot help (one row per
 fsdp shard is the floor); the micro-batch count only sets the global batch (and the batch's
 bytes per chip: 3.7 GB at 64).
 """
