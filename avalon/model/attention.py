@@ -112,19 +112,18 @@ def _heads_parallel(q, k, v, segment_ids, cfg: ModelConfig, scale):
                                     (b, t, nh, hd))
     spec = tuple(spec) + (None,) * (4 - len(spec))
     heads = () if spec[2] is None else (spec[2],) if isinstance(spec[2], str) else spec[2]
-    shards = math.prod(mesh.shape[a] for a in heads)
-    local = nh // shards
-    if not heads or spec[1] is not None or (g % local and local % g):
+    if not heads or spec[1] is not None:
+        return None
+    local = nh // math.prod(mesh.shape[a] for a in heads)
+    if g % local and local % g:
         return None
     kv_local = max(local // g, 1)
     rows = PartitionSpec(spec[0], None, None, None)
     seg = jnp.zeros((b, t), jnp.int32) if segment_ids is None else segment_ids
 
     def per_chip(q, k, v, seg):
-        idx = 0
-        for a in heads:  # the chip's place along the (major-to-minor) head axes
-            idx = idx * mesh.shape[a] + jax.lax.axis_index(a)
-        first = idx * local // g  # the first kv head its query heads read
+        # The chip's place along the head axes, then the first kv head its query heads read.
+        first = jax.lax.axis_index(heads) * local // g
         kl = jax.lax.dynamic_slice_in_dim(k, first, kv_local, axis=2)
         vl = jax.lax.dynamic_slice_in_dim(v, first, kv_local, axis=2)
         ql = q.reshape(q.shape[0], t, kv_local, local // kv_local, hd)

@@ -149,13 +149,18 @@ def memory_spaces(report_text: str) -> dict[str, int]:
     return spaces
 
 
+def dump_options(dump_dir: str) -> dict[str, str]:
+    """`compile(compiler_options=...)` that dump one compile (no per-pass HLO) to `dump_dir`,
+    libtpu's memory-usage report among its files."""
+    return {"xla_dump_to": dump_dir, "xla_dump_hlo_pass_re": "NONE"}
+
+
 def compile_with_memory_report(lowered):
-    """Compile `lowered`, dumping this one compile (no per-pass HLO) to a temporary directory
-    for libtpu's memory-usage report. Returns (compiled, seconds, bytes per memory space)."""
+    """Compile `lowered`, dumped to a temporary directory for libtpu's memory-usage report.
+    Returns (compiled, seconds, bytes per memory space)."""
     with tempfile.TemporaryDirectory(prefix="avalon-aot-") as dump:
         start = time.perf_counter()
-        compiled = lowered.compile(compiler_options={"xla_dump_to": dump,
-                                                     "xla_dump_hlo_pass_re": "NONE"})
+        compiled = lowered.compile(compiler_options=dump_options(dump))
         seconds = time.perf_counter() - start
         reports = glob.glob(os.path.join(dump, "*memory-usage-report.txt"))
         if len(reports) != 1:

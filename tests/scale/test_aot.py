@@ -117,8 +117,7 @@ def test_libtpu_checks_the_hbm_allocation_not_the_memory_analysis_sum(tmp_path):
     import re
 
     with pytest.raises(Exception, match="RESOURCE_EXHAUSTED") as refused:
-        _scan_grad(262144).compile(compiler_options={"xla_dump_to": str(tmp_path),
-                                                     "xla_dump_hlo_pass_re": "NONE"})
+        _scan_grad(262144).compile(compiler_options=aot.dump_options(str(tmp_path)))
     required, available = (float(g) * 2**30 for g in re.search(
         r"required for HLO temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)",
         str(refused.value)).groups())
