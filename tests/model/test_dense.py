@@ -52,3 +52,20 @@ def test_dense_under_a_mesh_equals_einsum():
 def test_dense_rejects_mismatched_axes():
     with pytest.raises(ValueError, match="input axes"):
         dense(jnp.ones((2, 3, 4)), jnp.ones((5, 6)))
+
+
+def test_dense_gradients_keep_each_operand_dtype():
+    """A bf16 activation against an fp32 weight (mixed-precision training): the weight's
+    gradient comes back fp32 and equals the einsum reference's."""
+    x = jax.random.normal(jax.random.key(3), (4, 6, 8)).astype(jnp.bfloat16)
+    w = jax.random.normal(jax.random.key(4), (8, 5))
+
+    def loss(fn, x, w):
+        return jnp.sum(fn(x, w).astype(jnp.float32) ** 2)
+
+    gx, gw = jax.jit(jax.grad(lambda x, w: loss(dense, x, w), argnums=(0, 1)))(x, w)
+    rx, rw = jax.grad(lambda x, w: loss(dense_einsum, x, w), argnums=(0, 1))(x, w)
+    assert (gx.dtype, gw.dtype) == (jnp.bfloat16, jnp.float32)
+    np.testing.assert_allclose(gw, rw, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(gx.astype(jnp.float32), rx.astype(jnp.float32), rtol=2e-2,
+                               atol=2e-2)
