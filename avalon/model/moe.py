@@ -71,8 +71,8 @@ def resolve_backend(backend: MoeBackend, platform: str,
     default. Raises for a known-slow or impossible pair. `mean_load` (choices per expert, when
     known): on CPU, AUTO takes GROUPED once experts average a whole tile of GROUP_TILE rows
     (the update step, long prefills: issue-22 update step 0.71x -> 0.81x transformers, one
-    shared core), and keeps capacity buckets below (decode, where a weight copy per tile costs
-    more than the padding)."""
+    shared core), and keeps capacity buckets below (decode; that threshold was set when GROUPED
+    still copied each tile's weights, and is not re-measured for its loop of tiles)."""
     if platform not in PLATFORM_DEFAULT:
         raise ValueError(f"ModelConfig.moe_backend: unknown platform {platform!r}")
     if backend == MoeBackend.AUTO:
@@ -313,6 +313,11 @@ def _grouped_maps(order, slot_sorted, rows: int):
     return slot, src
 
 
+def _tile_rows(src, i, tile: int):
+    """The buffer rows of tile i: each row's choice (n*k for an empty row)."""
+    return jax.lax.dynamic_slice_in_dim(src, i * tile, tile)
+
+
 def _transposed(a):
     """a.T as its own array. The barrier stops XLA folding the transpose into the next dot:
     XLA:CPU runs a product whose left operand contracts its leading axis at 40-60 GFLOP/s
@@ -346,7 +351,7 @@ def _grouped_fwd(xl, up, down, order, slot_sorted, tile_expert, used):
     def one_tile(i, carry):
         y, pre = carry
         e = tile_expert[i]
-        buf = jnp.take(rows_in, jax.lax.dynamic_slice_in_dim(src, i * tile, tile) // k, axis=0)
+        buf = jnp.take(rows_in, _tile_rows(src, i, tile) // k, axis=0)
         pre_i = buf @ up[e]
         y = jax.lax.dynamic_update_slice_in_dim(y, relu2(pre_i) @ down[e], i * tile, 0)
         return y, jax.lax.dynamic_update_index_in_dim(pre, pre_i, i, 0)
@@ -369,7 +374,7 @@ def _grouped_bwd(res, g):
     def one_tile(i, carry):
         g_up, g_down, g_rows = carry
         e = tile_expert[i]
-        rows = jax.lax.dynamic_slice_in_dim(src, i * tile, tile)
+        rows = _tile_rows(src, i, tile)
         buf = jnp.take(rows_in, rows // k, axis=0)
         g_y = jnp.take(rows_g, rows, axis=0)
         pre_i = pre[i]
