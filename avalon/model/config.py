@@ -27,10 +27,9 @@ class MoeBackend(enum.Enum):
     """How routed experts are dispatched (all dropless, all equal to `DENSE` up to float error).
 
     `AUTO` picks per platform when the layer is traced (`moe.resolve_backend`): TPU megablox,
-    GPU capacity buckets, CPU grouped tiles once each expert averages a tile of rows (training)
-    and capacity buckets below (decode). Known-slow pairs are refused at that point: `RAGGED_DOT` on
-    GPU (it densifies: 6 TFLOP/s against 509 for a batched matmul on an H200) and `MEGABLOX`
-    off TPU (a Mosaic TPU kernel)."""
+    GPU capacity buckets, CPU grouped tiles (training and decode alike). Known-slow pairs are
+    refused at that point: `RAGGED_DOT` on GPU (it densifies: 6 TFLOP/s against 509 for a
+    batched matmul on an H200) and `MEGABLOX` off TPU (a Mosaic TPU kernel)."""
 
     AUTO = "auto"  # the platform's fastest (see above)
     DENSE = "dense"  # every expert on every token, then masked: the readable reference

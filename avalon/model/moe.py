@@ -55,29 +55,26 @@ from avalon.sharding import constrain
 
 ROUTED_NAME = "moe_routed"  # checkpoint name of the expert-parallel routed output
 
-# Per platform, the backend AUTO means (CPU: toy layer fwd+bwd at 4,096 tokens, 2 cores:
-# ragged_dot 144 ms, dense 99 ms, capacity buckets 58 ms; GPU: performance.md).
+# Per platform, the backend AUTO means (CPU: GROUPED at every load, see `resolve_backend`;
+# GPU: performance.md).
 PLATFORM_DEFAULT = {"tpu": MoeBackend.MEGABLOX, "gpu": MoeBackend.CAPACITY_BUCKETS,
                     "cuda": MoeBackend.CAPACITY_BUCKETS, "rocm": MoeBackend.CAPACITY_BUCKETS,
-                    "cpu": MoeBackend.CAPACITY_BUCKETS}
+                    "cpu": MoeBackend.GROUPED}
 _SLOW = {("gpu", MoeBackend.RAGGED_DOT): "lax.ragged_dot densifies on GPU (6 TFLOP/s against "
          "509 for a batched matmul on an H200); use capacity_buckets",
          ("cuda", MoeBackend.RAGGED_DOT): "lax.ragged_dot densifies on GPU; use capacity_buckets"}
 
 
-def resolve_backend(backend: MoeBackend, platform: str,
-                    mean_load: float | None = None) -> MoeBackend:
+def resolve_backend(backend: MoeBackend, platform: str) -> MoeBackend:
     """The concrete backend for `platform` ('cpu', 'gpu', 'tpu'); AUTO picks the platform's
-    default. Raises for a known-slow or impossible pair. `mean_load` (choices per expert, when
-    known): on CPU, AUTO takes GROUPED once experts average a whole tile of GROUP_TILE rows
-    (the update step, long prefills: issue-22 update step 0.71x -> 0.81x transformers, one
-    shared core), and keeps capacity buckets below (decode; that threshold was set when GROUPED
-    still copied each tile's weights, and is not re-measured for its loop of tiles)."""
+    default. Raises for a known-slow or impossible pair. On CPU that is GROUPED at any load:
+    in the update step (issue 22: 0.71x -> 0.81x transformers against capacity buckets) and,
+    since its loop runs only the occupied tiles against each expert's weights in place, in
+    decode too (issue-22 model, `Engine.generate` in one process, alternating, one core:
+    1.44x / 1.32x / 1.11x capacity buckets' tokens/s at batch 1 / 8 / 32, tokens identical)."""
     if platform not in PLATFORM_DEFAULT:
         raise ValueError(f"ModelConfig.moe_backend: unknown platform {platform!r}")
     if backend == MoeBackend.AUTO:
-        if platform == "cpu" and mean_load is not None and mean_load >= GROUP_TILE:
-            return MoeBackend.GROUPED
         return PLATFORM_DEFAULT[platform]
     if (platform, backend) in _SLOW:
         raise ValueError(f"ModelConfig.moe_backend={backend.value!r} on {platform}: "
@@ -446,8 +443,7 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
             xl = xl + p["latent_in_bias"].astype(dtype)
     up, down = p["experts_up"].astype(dtype), p["experts_down"].astype(dtype)
     platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-    chosen = resolve_backend(backend or cfg.moe_backend, platform,
-                             mean_load=b * t * cfg.num_experts_per_tok / up.shape[0])
+    chosen = resolve_backend(backend or cfg.moe_backend, platform)
     if mesh is not None:
         routed, dropped = moe_ep.expert_parallel(
             xl, idx, weights, up, down, mesh=mesh, batch_axes=axes, backend=chosen,

@@ -88,10 +88,7 @@ def test_expert_parallel_equals_dense(setup, local, remat):
 
 def test_backend_per_platform():
     assert resolve_backend(MoeBackend.AUTO, "tpu") == MoeBackend.MEGABLOX
-    assert resolve_backend(MoeBackend.AUTO, "cpu") == MoeBackend.CAPACITY_BUCKETS
-    assert resolve_backend(MoeBackend.AUTO, "cpu", mean_load=16) == MoeBackend.CAPACITY_BUCKETS
-    assert resolve_backend(MoeBackend.AUTO, "cpu", mean_load=1024) == MoeBackend.GROUPED
-    assert resolve_backend(MoeBackend.AUTO, "gpu", mean_load=1024) == MoeBackend.CAPACITY_BUCKETS
+    assert resolve_backend(MoeBackend.AUTO, "cpu") == MoeBackend.GROUPED
     assert resolve_backend(MoeBackend.AUTO, "gpu") == MoeBackend.CAPACITY_BUCKETS
     with pytest.raises(ValueError, match="ragged_dot.*gpu"):
         resolve_backend(MoeBackend.RAGGED_DOT, "gpu")
