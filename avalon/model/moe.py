@@ -51,6 +51,7 @@ from jax.sharding import PartitionSpec
 from avalon import sharding
 from avalon.model import moe_ep
 from avalon.model.config import ModelConfig, MoeBackend, Remat
+from avalon.model.dense import OutIn, dense, out_in_product
 from avalon.sharding import constrain
 
 ROUTED_NAME = "moe_routed"  # checkpoint name of the expert-parallel routed output
@@ -277,14 +278,11 @@ def group_tile(nk: int, e: int) -> int:
     return t
 
 
-def _experts_grouped(xl, idx, up, down):
-    """Sort by expert, pad each expert's rows to whole tiles of `group_tile` rows, and run the
-    occupied tiles one by one in a loop, each against its own expert's weights read in place.
-    Padding is under one tile per expert, whatever the load (the capacity buffer pads every
-    expert to the busiest one, 1.6-2x the mean), and the tiles past the last occupied one are
-    not computed at all."""
+def _grouped_plan(idx, e: int):
+    """The grouped backend's layout of the choices idx [n, k] over e experts: (tile rows,
+    order [n*k], slot_sorted [n*k] (buffer row of sorted choice j), tile_expert [tiles],
+    occupied tiles (int32 scalar))."""
     n, k = idx.shape
-    e = up.shape[0]
     tile = group_tile(n * k, e)
     flat, order, counts = _sort_choices(idx, e)
     starts = jnp.cumsum(counts) - counts
@@ -298,8 +296,38 @@ def _experts_grouped(xl, idx, up, down):
     tile_expert = jnp.minimum(jnp.searchsorted(jnp.cumsum(tiles_of), jnp.arange(num_tiles),
                                                side="right"), e - 1)
     i32 = lambda a: a.astype(jnp.int32)  # noqa: E731
-    return _grouped_experts(xl, up, down, i32(order), i32(slot_sorted), i32(tile_expert),
-                            i32(jnp.sum(tiles_of)))
+    return tile, i32(order), i32(slot_sorted), i32(tile_expert), i32(jnp.sum(tiles_of))
+
+
+def _experts_grouped(xl, idx, up, down):
+    """Sort by expert, pad each expert's rows to whole tiles of `group_tile` rows, and run the
+    occupied tiles one by one in a loop, each against its own expert's weights read in place.
+    Padding is under one tile per expert, whatever the load (the capacity buffer pads every
+    expert to the busiest one, 1.6-2x the mean), and the tiles past the last occupied one are
+    not computed at all."""
+    _, order, slot_sorted, tile_expert, used = _grouped_plan(idx, up.shape[0])
+    return _grouped_experts(xl, up, down, order, slot_sorted, tile_expert, used)
+
+
+def _experts_grouped_out_in(xl, idx, up_t, down_t):
+    """GROUPED's forward on expert weights held output-first (`dense.OutIn`: up_t [E, f, w],
+    down_t [E, w, f]; the engine's decode layout on CPU): the same tiles, each product as
+    `dense.out_in_product`. Forward only (the engine does not differentiate)."""
+    n, k = idx.shape
+    w = xl.shape[1]
+    tile, order, slot_sorted, tile_expert, used = _grouped_plan(idx, up_t.shape[0])
+    tiles = tile_expert.shape[0]
+    slot, src = _grouped_maps(order, slot_sorted, tiles * tile)
+    rows_in = _with_zero_row(xl)
+
+    def one_tile(i, y):
+        e = tile_expert[i]
+        buf = jnp.take(rows_in, _tile_rows(src, i, tile) // k, axis=0)
+        h = relu2(out_in_product(buf, up_t[e]))
+        return jax.lax.dynamic_update_slice_in_dim(y, out_in_product(h, down_t[e]), i * tile, 0)
+
+    y = jax.lax.fori_loop(0, used, one_tile, jnp.zeros((tiles * tile, w), xl.dtype))
+    return jnp.take(y, slot, axis=0).reshape(n, k, w)
 
 
 def _grouped_maps(order, slot_sorted, rows: int):
@@ -406,10 +434,10 @@ _DISPATCH = {
 def _shared_expert(p: dict, x2):
     """The shared expert: relu2(x2 W_up + b) W_down + b, in x2's dtype."""
     dtype = x2.dtype
-    h = x2 @ p["shared_up"].astype(dtype)
+    h = dense(x2, p["shared_up"].astype(dtype))
     if "shared_up_bias" in p:
         h = h + p["shared_up_bias"].astype(dtype)
-    shared = relu2(h) @ p["shared_down"].astype(dtype)
+    shared = dense(relu2(h), p["shared_down"].astype(dtype))
     if "shared_down_bias" in p:
         shared = shared + p["shared_down_bias"].astype(dtype)
     return shared
@@ -438,7 +466,7 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
 
     xl = x2
     if cfg.moe_latent_size is not None:
-        xl = x2 @ p["latent_in"].astype(dtype)
+        xl = dense(x2, p["latent_in"].astype(dtype))
         if "latent_in_bias" in p:
             xl = xl + p["latent_in_bias"].astype(dtype)
     up, down = p["experts_up"].astype(dtype), p["experts_down"].astype(dtype)
@@ -456,12 +484,18 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
         if chosen == MoeBackend.MEGABLOX:
             raise ValueError("ModelConfig.moe_backend='megablox' runs only expert-parallel "
                              "under a mesh")
-        per_choice = _DISPATCH[chosen](xl, idx, up, down)
+        if isinstance(up, OutIn) and chosen == MoeBackend.GROUPED:
+            # The engine's decode layout on CPU (params.out_in_params).
+            per_choice = _experts_grouped_out_in(xl, idx, up.t, down.t)
+        elif isinstance(up, OutIn):  # another backend: back to [E, in, out] (a copy)
+            per_choice = _DISPATCH[chosen](xl, idx, up.as_in_out(), down.as_in_out())
+        else:
+            per_choice = _DISPATCH[chosen](xl, idx, up, down)
         dropped = jnp.zeros((), jnp.int32)  # the single-device backends are dropless
         routed = jnp.einsum("nkw,nk->nw", per_choice.astype(jnp.float32),
                             weights).astype(dtype)
     if cfg.moe_latent_size is not None:
-        routed = routed @ p["latent_out"].astype(dtype)
+        routed = dense(routed, p["latent_out"].astype(dtype))
         if "latent_out_bias" in p:
             routed = routed + p["latent_out_bias"].astype(dtype)
 

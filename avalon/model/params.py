@@ -26,7 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from avalon.model.config import LETTERS, ModelConfig
+from avalon.model.config import LETTERS, ModelConfig, MoeBackend
+from avalon.model.dense import OutIn
+from avalon.model.moe import resolve_backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +256,40 @@ def unstack_params(cfg: ModelConfig, params: dict) -> dict:
                 blocks.append({layer_key(0, ch): jax.tree.map(lambda a, r=r: a[r:r + 1],
                                                               bp[layer_key(j, ch)])})
     return {**params, "blocks": blocks}
+
+
+# The projections `dense.dense` computes, per layer kind: param key -> number of input axes.
+PROJECTIONS = {
+    "mamba": {"in_z": 1, "in_x": 1, "in_B": 1, "in_C": 1, "in_dt": 1, "out": 2},
+    "attention": {"q": 1, "k": 1, "v": 1, "o": 2},
+    "mlp": {"up": 1, "down": 1},
+    "moe": {"shared_up": 1, "shared_down": 1, "latent_in": 1, "latent_out": 1,
+            "experts_up": 1, "experts_down": 1},
+}
+# Leading axes in front of a projection's input axes in its leaf: the layer stack, and for the
+# routed experts the expert axis too.
+_LEAD = {"experts_up": 2, "experts_down": 2}
+
+
+def out_in_params(cfg: ModelConfig, params: dict) -> dict:
+    """`params` with every projection weight (PROJECTIONS, and the untied LM head) held as a
+    `dense.OutIn`, output axes first: the engine's decode layout on CPU (dense.py says why). One
+    transposed copy per weight; everything else is the same arrays. The routed experts only
+    when `cfg` runs them grouped on CPU (the one backend with an output-first loop)."""
+    experts = resolve_backend(cfg.moe_backend, "cpu") == MoeBackend.GROUPED
+    blocks = []
+    for bp in params["blocks"]:
+        block = {}
+        for key, lp in bp.items():
+            table = PROJECTIONS.get(key.split("_", 1)[1], {})
+            block[key] = {n: OutIn.of(a, table[n], _LEAD.get(n, 1))
+                          if n in table and (experts or n not in _LEAD) else a
+                          for n, a in lp.items()}
+        blocks.append(block)
+    out = {**params, "blocks": blocks}
+    if "lm_head" in params:
+        out["lm_head"] = OutIn.of(params["lm_head"], 1)
+    return out
 
 
 # ---- things derived from the description ---------------------------------------------------

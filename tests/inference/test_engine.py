@@ -27,6 +27,8 @@ import pytest
 from avalon import model as M
 from avalon.inference.api import SamplingParams, StopReason, TurnRequest
 from avalon.inference.engine import Engine
+from avalon.model.config import MoeBackend
+from avalon.model.dense import OutIn
 from avalon.sharding import DECODE_RULES, make_mesh, param_shardings
 
 CFG = M.presets.get("tiny", time_step_min=0.0)
@@ -406,3 +408,34 @@ def test_unstacked_layers_engine_equals_stacked(engines, params):
         np.testing.assert_array_equal(x.tokens, y.tokens)
         np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-6, rtol=0)
         np.testing.assert_array_equal(x.routing, y.routing)
+
+
+@pytest.mark.parametrize("backend", [MoeBackend.RAGGED_DOT, MoeBackend.GROUPED])
+def test_out_in_weights_engine_equals_in_out(params, backend):
+    """The CPU default (`out_in_weights`: projections held output-first, and with GROUPED the
+    routed experts too) serves the same tokens, log-probs and routing as the engine reading the
+    params in their own [in, out] layout, through prefill chunks and decode dispatches."""
+    cfg = CFG.replace(moe_backend=backend)
+    engs = [Engine(cfg, params, num_slots=4, max_context=WINDOW, steps_per_dispatch=4,
+                   prefill_chunk=8, out_in_weights=flag) for flag in (True, False)]
+    assert engs[0].out_in_weights and not engs[1].out_in_weights
+    layers = {k: lp for blk in engs[0]._run_params["blocks"] for k, lp in blk.items()}
+    assert isinstance(layers["0_mamba"]["in_x"], OutIn)
+    assert isinstance(layers["0_moe"]["experts_up"], OutIn) == (backend == MoeBackend.GROUPED)
+    assert not isinstance(layers["0_moe"]["router"], OutIn)
+    outs = []
+    for eng in engs:
+        a, b = eng.allocate(), eng.allocate()
+        outs.append(eng.generate([
+            TurnRequest(a, _prompt(42, 19), 9, GREEDY),
+            TurnRequest(b, _prompt(43, 3), 6, SamplingParams(temperature=0.8, seed=5))]))
+    for x, y in zip(*outs):
+        np.testing.assert_array_equal(x.tokens, y.tokens)
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(x.routing, y.routing)
+
+
+def test_out_in_weights_rejected_under_a_mesh(params):
+    with pytest.raises(ValueError, match="out_in_weights=True"):
+        Engine(CFG, params, num_slots=2, max_context=WINDOW, mesh=make_mesh({"data": 8}),
+               out_in_weights=True)
