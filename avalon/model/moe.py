@@ -487,8 +487,9 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
         if isinstance(up, OutIn) and chosen == MoeBackend.GROUPED:
             # The engine's decode layout on CPU (params.out_in_params).
             per_choice = _experts_grouped_out_in(xl, idx, up.t, down.t)
-        elif isinstance(up, OutIn):  # another backend: back to [E, in, out] (a copy)
-            per_choice = _DISPATCH[chosen](xl, idx, up.as_in_out(), down.as_in_out())
+        elif isinstance(up, OutIn):
+            raise ValueError(f"moe_layer: output-first experts run grouped only, not backend="
+                             f"{chosen.value!r} (params.out_in_params keeps them [E, in, out])")
         else:
             per_choice = _DISPATCH[chosen](xl, idx, up, down)
         dropped = jnp.zeros((), jnp.int32)  # the single-device backends are dropless

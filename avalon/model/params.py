@@ -274,17 +274,18 @@ _LEAD = {"experts_up": 2, "experts_down": 2}
 def out_in_params(cfg: ModelConfig, params: dict) -> dict:
     """`params` with every projection weight (PROJECTIONS, and the untied LM head) held as a
     `dense.OutIn`, output axes first: the engine's decode layout on CPU (dense.py says why). One
-    transposed copy per weight; everything else is the same arrays. The routed experts only
+    transposed copy per weight; everything else is the same arrays. `cfg` describes the params'
+    blocks (the engine's run config, unstacked or not). The routed experts only
     when `cfg` runs them grouped on CPU (the one backend with an output-first loop)."""
     experts = resolve_backend(cfg.moe_backend, "cpu") == MoeBackend.GROUPED
     blocks = []
-    for bp in params["blocks"]:
+    for bp, (unit, _) in zip(params["blocks"], cfg.blocks):
         block = {}
-        for key, lp in bp.items():
-            table = PROJECTIONS.get(key.split("_", 1)[1], {})
+        for j, ch in enumerate(unit):
+            key, table = layer_key(j, ch), PROJECTIONS.get(LETTERS[ch], {})
             block[key] = {n: OutIn.of(a, table[n], _LEAD.get(n, 1))
                           if n in table and (experts or n not in _LEAD) else a
-                          for n, a in lp.items()}
+                          for n, a in bp[key].items()}
         blocks.append(block)
     out = {**params, "blocks": blocks}
     if "lm_head" in params:

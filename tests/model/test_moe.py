@@ -81,7 +81,8 @@ def test_out_in_experts_equal_dense(layer_params, tokens):
     x = jax.random.normal(jax.random.key(9), (*tokens, CFG.hidden_size))
     cfg = CFG.replace(moe_backend=MoeBackend.GROUPED)
     params = {"blocks": [{"0_moe": jax.tree.map(lambda a: a[None], layer_params)}]}
-    out_in = jax.tree.map(lambda a: a[0], out_in_params(cfg, params)["blocks"][0]["0_moe"])
+    one_layer = cfg.replace(pattern="E")  # the config the one-block params describe
+    out_in = jax.tree.map(lambda a: a[0], out_in_params(one_layer, params)["blocks"][0]["0_moe"])
     assert isinstance(out_in["experts_up"], OutIn) and isinstance(out_in["shared_up"], OutIn)
     y_dense, idx_dense, _ = moe_layer(layer_params, x, CFG, backend=MoeBackend.DENSE)
     y, idx, _ = jax.jit(lambda p, x: moe_layer(p, x, cfg))(out_in, x)
