@@ -24,8 +24,10 @@ Serving (`submit` + `step`; `generate` = submit, then step until those turns are
    and it still does not fit (the pool is full of idle contexts), it samples only as many
    tokens as fit and ends CONTEXT_FULL (none absorbed if even its new tokens do not fit).
 2. Prefill has priority: while some turns still have new tokens to absorb, each step runs one
-   chunk of up to `prefill_chunk` tokens over exactly those turns' slots (padded to a
-   power-of-two chunk, `num_new` per row); slots without new tokens are not in the dispatch.
+   chunk of up to `prefill_chunk` tokens over exactly those turns' slots (padded to a rung of
+   the chunk ladder, `num_new` per row; where padding would cost more than another dispatch,
+   the chunk is a smaller rung and the rest follows, `pages.chunk_take`); slots without new
+   tokens are not in the dispatch.
    Attention over pages is an online softmax over page blocks, so the chunk never has to shrink
    with the number of rows.
 3. Decode: dispatches of `steps_per_dispatch` tokens over the slots of the turns still sampling,
@@ -75,7 +77,7 @@ from jax.sharding import Mesh
 
 from avalon.inference import device as dev
 from avalon.inference.api import EngineStats, StopReason, TurnRequest, TurnResult
-from avalon.inference.pages import PagePool, bucket, ladder, pow2_at_least
+from avalon.inference.pages import PagePool, bucket, chunk_take, ladder, pow2_at_least
 from avalon.inference.requests import Turn, find_stop_string, validate_requests
 from avalon.inference.sampling import SamplingKnobs
 from avalon.inference.turns import ActiveTurn, Record
@@ -89,6 +91,11 @@ MIN_CHUNK = 8
 # combination is one compiled program (on XLA:CPU ~500 memory maps of JIT code), so doubling
 # ladders everywhere let a long toy run compile hundreds of them (RESULTS.md).
 DECODE_ROW_RATIO = 2
+# One prefill dispatch's fixed cost, in token x row units of padded prefill work: on the toy
+# (CPU, one core) a dispatch costs ~13-17 ms besides ~0.3 ms per row and token, so a 64-token
+# prompt runs faster as two 32-token chunks than padded to the 128 rung (`pages.chunk_take`;
+# RESULTS.md, issue 22).
+PREFILL_DISPATCH_WORK = 48
 BUCKET_RATIO = 4
 MIN_ROWS = 8
 MIN_PAGES = 16
@@ -542,7 +549,10 @@ class Engine:
         return Record(experts, self._fetch), slots
 
     def _prefill_chunk(self, feeding: list[ActiveTurn]) -> None:
-        feed = {a.slot: a.turn.new_tokens[a.fed:a.fed + self.prefill_chunk] for a in feeding}
+        need = min(self.prefill_chunk, max(len(a.turn.new_tokens) - a.fed for a in feeding))
+        rows = bucket(len(feeding), self.buckets["prefill_rows"])
+        take = chunk_take(need, self.buckets["chunk"], -(-PREFILL_DISPATCH_WORK // rows))
+        feed = {a.slot: a.turn.new_tokens[a.fed:a.fed + take] for a in feeding}
         rec, slots = self._run_prefill(feed, None)
         done = []
         for r, a in enumerate(feeding):

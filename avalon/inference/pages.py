@@ -17,6 +17,8 @@ page on its chip at the same local offset, so its id changes (`grow` renumbers t
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -38,6 +40,32 @@ def bucket(n: int, sizes: tuple[int, ...]) -> int:
         if n <= size:
             return size
     raise ValueError(f"bucket: {n} exceeds the largest bucket {sizes[-1]}")
+
+
+def chunk_take(need: int, sizes: tuple[int, ...], dispatch_cost: int) -> int:
+    """How many of `need` tokens (<= sizes[-1]) one prefill dispatch should feed.
+
+    Feeding all of them pads to bucket(need); a 4x ladder pads a 64-token prompt to 128, and a
+    CPU's prefill costs in proportion to the padded tokens. Feeding a smaller rung first and
+    the rest in later dispatches costs the rung, `dispatch_cost` padded tokens' worth of
+    per-dispatch work, and the best plan for the rest. Returns `need` when one dispatch is no
+    dearer (ties go to fewer dispatches), else the first rung of the cheapest plan."""
+    if not 0 < need <= sizes[-1]:
+        raise ValueError(f"chunk_take: need={need} must be in [1, {sizes[-1]}]")
+    return _chunk_plan(need, tuple(sizes), dispatch_cost)[1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _chunk_plan(need: int, sizes: tuple[int, ...], dispatch_cost: int) -> tuple[int, int]:
+    """(padded work of the cheapest way to feed `need` tokens, tokens its first dispatch feeds)."""
+    best = (bucket(need, sizes), need)
+    for rung in sizes:
+        if rung >= need:
+            break
+        work = rung + dispatch_cost + _chunk_plan(need - rung, sizes, dispatch_cost)[0]
+        if work < best[0]:
+            best = (work, rung)
+    return best
 
 
 class PagePool:

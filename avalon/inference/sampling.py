@@ -74,6 +74,20 @@ def inverse_cdf(logits: jax.Array, u: jax.Array) -> jax.Array:
     return jnp.sum(cdf <= x[:, None], axis=-1).astype(jnp.int32)
 
 
+def _draw(scaled: jax.Array, knobs: SamplingKnobs, positions: jax.Array) -> jax.Array:
+    """Each row's token drawn from its (truncated) scaled softmax; greedy rows' draws unused."""
+    needs_truncation = jnp.any(~knobs.greedy & ((knobs.top_p < 1.0) | (knobs.top_k > 0)))
+    masked = jax.lax.cond(needs_truncation, truncate, _untruncated, scaled, knobs.top_p,
+                          knobs.top_k)
+    u = jax.vmap(_uniform)(knobs.seed, positions)
+    return inverse_cdf(masked, u)
+
+
+def _no_draw(scaled: jax.Array, knobs: SamplingKnobs, positions: jax.Array) -> jax.Array:
+    del knobs, positions
+    return jnp.zeros(scaled.shape[0], jnp.int32)
+
+
 def _untruncated(scaled, top_p, top_k):
     del top_p, top_k
     return scaled
@@ -93,11 +107,9 @@ def sample(logits: jax.Array, knobs: SamplingKnobs, positions: jax.Array):
     scaled = logits / temperature[:, None]
     log_norm = jax.nn.logsumexp(scaled, axis=-1)  # a reduction: no [r, v] log-probs are kept
 
-    needs_truncation = jnp.any(~knobs.greedy & ((knobs.top_p < 1.0) | (knobs.top_k > 0)))
-    masked = jax.lax.cond(needs_truncation, truncate, _untruncated, scaled, knobs.top_p,
-                          knobs.top_k)
-    u = jax.vmap(_uniform)(knobs.seed, positions)
-    drawn = inverse_cdf(masked, u)
+    # A batch of greedy rows only (evaluation, the benchmarks) skips the draw: its exp and
+    # cumulative sum over the vocabulary cost ~2% of a toy decode step at 8 rows.
+    drawn = jax.lax.cond(jnp.all(knobs.greedy), _no_draw, _draw, scaled, knobs, positions)
     tokens = jnp.where(knobs.greedy, jnp.argmax(logits, axis=-1).astype(jnp.int32), drawn)
     logprobs = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0] - log_norm
     return tokens, logprobs

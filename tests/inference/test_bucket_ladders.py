@@ -11,7 +11,7 @@ from avalon import model as M
 from avalon.inference import device as dev
 from avalon.inference.api import SamplingParams, TurnRequest
 from avalon.inference.engine import Engine
-from avalon.inference.pages import bucket, ladder
+from avalon.inference.pages import bucket, chunk_take, ladder
 from tests.inference.test_engine import CFG
 
 WINDOW = 256
@@ -27,6 +27,66 @@ def test_ladders():
     assert [bucket(n, (1, 4, 16)) for n in (1, 2, 4, 5, 16)] == [1, 4, 4, 16, 16]
     with pytest.raises(ValueError, match="17 exceeds the largest bucket 16"):
         bucket(17, (1, 4, 16))
+
+
+def _plan_work(need, sizes, cost):
+    """Padded work of feeding `need` tokens by repeated chunk_take: the rungs' padded tokens
+    plus `cost` for every dispatch after the first; also the chunks fed."""
+    work, fed = -cost, []
+    while need:
+        take = chunk_take(need, sizes, cost)
+        assert take == need or (take in sizes and take < need), (need, take)
+        work += bucket(take, sizes) + cost
+        fed.append(take)
+        need -= take
+    return work, fed
+
+
+def _cheapest_work(need, sizes, cost):
+    """Bottom-up over every amount <= need: the least padded work of any sequence of chunks
+    (each padded to its rung), the reference chunk_take's plans must reach."""
+    best = [0] * (need + 1)
+    for m in range(1, need + 1):
+        best[m] = min(bucket(c, sizes) + (cost if c < m else 0) + best[m - c]
+                      for c in range(1, m + 1))
+    return best[need]
+
+
+@pytest.mark.parametrize("cost", [0, 6, 48])
+def test_chunk_take_pads_least(cost):
+    sizes = ladder(8, 256, 4)
+    for need in range(1, 257):
+        work, fed = _plan_work(need, sizes, cost)
+        assert work <= bucket(need, sizes)  # never worse than one padded dispatch
+        assert work == _cheapest_work(need, sizes, cost), (need, fed)
+
+
+def test_chunk_take_examples():
+    sizes = ladder(8, 256, 4)
+    assert _plan_work(64, sizes, 6)[1] == [32, 32]  # not one dispatch padded to 128
+    assert _plan_work(64, sizes, 48)[1] == [32, 32]
+    assert _plan_work(100, sizes, 48)[1] == [100]  # padding 28 beats three more dispatches
+    assert _plan_work(20, sizes, 48)[1] == [20]
+    assert _plan_work(256, sizes, 6)[1] == [256]
+    with pytest.raises(ValueError, match="need=300"):
+        chunk_take(300, sizes, 6)
+
+
+def test_engine_splits_a_prompt_that_would_pad_to_twice_its_length():
+    """A 64-token prompt on the (8, 32, 128) chunk ladder prefills as two 32-token dispatches,
+    and generates what an engine whose ladder holds 64 (one dispatch) generates."""
+    params = M.init_params(jax.random.key(0), M.presets.get("tiny"))
+    prompt = np.random.default_rng(1).integers(0, CFG.vocab_size, 64).astype(np.int32)
+    out = {}
+    for chunk in (128, 64):
+        eng = Engine(CFG, params, num_slots=8, max_context=96, steps_per_dispatch=4,
+                     prefill_chunk=chunk, page_size=PAGE)
+        s = eng.allocate()
+        (res,) = eng.generate([TurnRequest(s, prompt, 6, SamplingParams(greedy=True))])
+        out[chunk] = (eng.stats.prefill_dispatches, list(res.tokens), np.asarray(res.logprobs))
+    assert out[128][0] == 2 and out[64][0] == 1
+    assert out[128][1] == out[64][1]
+    np.testing.assert_allclose(out[128][2], out[64][2], atol=1e-5)
 
 
 @pytest.mark.slow  # ~30 compiles of the tiny model on one loaded core

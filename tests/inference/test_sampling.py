@@ -104,3 +104,21 @@ def test_draws_depend_on_seed_and_position_only():
     perm = np.random.default_rng(4).permutation(R)
     d, _ = _sample(logits[perm], jax.tree.map(lambda x: x[perm], knobs), np.arange(R)[perm])
     np.testing.assert_array_equal(np.asarray(c)[perm], np.asarray(d))
+
+
+def test_greedy_rows_beside_sampled_rows_keep_both_behaviours():
+    """A batch of greedy rows only skips the draw; a mixed batch draws. Either way greedy rows
+    are the argmax and a sampled row's token does not depend on whether its neighbours are
+    greedy (seed and position only)."""
+    logits = np.random.default_rng(5).normal(size=(R, V)).astype(np.float32)
+    positions = np.arange(R)
+    drawn, lp_drawn = _sample(jnp.asarray(logits), _knobs(R), positions)
+    mixed = _knobs(R)
+    mixed = mixed.replace(greedy=np.arange(R) % 2 == 0)
+    tokens, lps = _sample(jnp.asarray(logits), mixed, positions)
+    tokens, lps, drawn = np.asarray(tokens), np.asarray(lps), np.asarray(drawn)
+    np.testing.assert_array_equal(tokens[0::2], logits.argmax(-1)[0::2])
+    np.testing.assert_array_equal(tokens[1::2], drawn[1::2])
+    np.testing.assert_allclose(lps[1::2], np.asarray(lp_drawn)[1::2], atol=1e-6)
+    assert len(set(drawn.tolist())) > V // 4  # the draws are draws, not the argmax
+    assert (drawn != logits.argmax(-1)).mean() > 0.3
