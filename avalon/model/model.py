@@ -29,7 +29,7 @@ from flax import struct
 from avalon.model.attention import attention
 from avalon.model.cache import Cache
 from avalon.model.config import LETTERS, ModelConfig, Remat
-from avalon.model.dense import dense
+from avalon.model.dense import dense_head
 from avalon.model.mamba2 import mamba_mixer
 from avalon.model.mlp import mlp
 from avalon.model.moe import ROUTED_NAME, moe_layer
@@ -236,7 +236,7 @@ def lm_logits(params: dict, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
     """Final norm + LM head on the pre-norm hidden [..., D] -> fp32 logits [..., V]."""
     h = rms_norm(hidden, params["final_norm"], cfg.layer_norm_epsilon)
     w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
-    logits = dense(h, w.astype(h.dtype)).astype(jnp.float32)
+    logits = dense_head(h, w.astype(h.dtype)).astype(jnp.float32)
     return constrain(logits, ("batch", "act_seq", "act_vocab")) if logits.ndim == 3 else logits
 
 
@@ -257,4 +257,4 @@ def mtp_logits(params: dict, hidden: jax.Array, next_tokens: jax.Array, cfg: Mod
         h, _, _ = apply_layer(ch, lp, h, cfg)
     h = rms_norm(h, mp["final_norm"], eps)
     w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
-    return dense(h, w.astype(h.dtype)).astype(jnp.float32)
+    return dense_head(h, w.astype(h.dtype)).astype(jnp.float32)

@@ -51,12 +51,15 @@ from avalon.sharding import (
 
 FROZEN_LEAVES = ("router", "router_bias")
 
-# XLA:CPU compiles the update step's programs without YNNPACK library fusions: dots run on
-# Eigen, reductions and elementwise passes on XLA's own emitters. YNNPACK's batched dots (the
-# MoE tiles) and its reduce fusions (norms, softmax, the SSD's dt gradient) were the slower
-# ones here (issue 22: the vs_torch update step 12% less CPU time, the toy preset's likewise;
-# experiments/bench/RESULTS.md). Other platforms compile with their defaults.
-CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# XLA:CPU compiles the update step's programs with YNNPACK for single dots only: reductions
+# and elementwise passes run on XLA's own emitters. YNNPACK's reduce fusions (norms, softmax,
+# the SSD's dt gradient) were the slower ones here (issue 22: without any YNNPACK fusion the
+# vs_torch update step took 12% less CPU time); its single dots are faster than Eigen's once
+# the LM head's weight gradient is an untransposed product (`dense.dense_head`): 1.05x / 1.08x
+# on the step, medians of 5 / 7 alternating pairs (experiments/bench/RESULTS.md). Other
+# platforms compile with their defaults.
+CPU_COMPILER_OPTIONS = {
+    "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 
 
 def compiler_options(mesh: Mesh | None) -> dict | None:

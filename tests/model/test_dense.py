@@ -101,3 +101,26 @@ def test_out_in_weight_under_a_mesh_equals_einsum():
 
     got = jax.jit(fn)(x, OutIn.of(w, 1).t)
     np.testing.assert_allclose(got, dense_einsum(x, w), rtol=1e-6, atol=1e-6)
+
+
+def test_dense_head_value_and_gradients_equal_the_plain_product():
+    """The LM head's custom gradient (weight gradient on a transposed copy of x) against
+    autodiff of x @ w; under a mesh it is `dense` itself."""
+    from avalon.model.dense import dense_head
+
+    kx, kw, kg = jax.random.split(jax.random.key(11), 3)
+    x = jax.random.normal(kx, (3, 40, 24))
+    w = jax.random.normal(kw, (24, 96))
+    c = jax.random.normal(kg, (3, 40, 96))
+
+    def loss(fn):
+        return lambda x, w: jnp.sum(c * jnp.tanh(fn(x, w)))
+
+    ref = jax.jit(jax.value_and_grad(loss(lambda x, w: jnp.einsum("bsd,dv->bsv", x, w)),
+                                     argnums=(0, 1)))(x, w)
+    got = jax.jit(jax.value_and_grad(loss(dense_head), argnums=(0, 1)))(x, w)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
+    for a, b in zip(got[1], ref[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="dense_head: x"):
+        dense_head(x, w[:5])
