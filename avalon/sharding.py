@@ -241,6 +241,13 @@ def active() -> tuple[Mesh, Rules] | None:
     return _ACTIVE.get()
 
 
+def active_mesh() -> Mesh | None:
+    """The enclosing `use_rules`' mesh when it spans more than one device, else None (one
+    device lays every array out whole, as without a mesh)."""
+    got = _ACTIVE.get()
+    return got[0] if got is not None and got[0].size > 1 else None
+
+
 def batch_axes(mesh: Mesh, rules: Rules) -> tuple[str, ...]:
     """The mesh axes (of size > 1) the batch is split over under `rules`."""
     return tuple(a for a in _mesh_axes_of(rules["batch"]) if mesh.shape[a] > 1)

@@ -99,8 +99,7 @@ def dense(x: jax.Array, w, n_in: int = 1) -> jax.Array:
     if x.shape[x.ndim - n_in:] != w.shape[:n_in]:
         raise ValueError(f"dense: x {x.shape} does not end with the {n_in} input axes of "
                          f"w {w.shape}")
-    active = sharding.active()
-    if active is not None and active[0].size > 1:
+    if sharding.active_mesh() is not None:
         return dense_einsum(x, w, n_in)
     lead, out = x.shape[:x.ndim - n_in], w.shape[n_in:]
     k = math.prod(w.shape[:n_in])
@@ -111,14 +110,21 @@ def dense(x: jax.Array, w, n_in: int = 1) -> jax.Array:
     return y.reshape(*lead, *out)
 
 
+def transposed(a: jax.Array) -> jax.Array:
+    """a.T as its own array. The barrier stops XLA folding the transpose into the next dot:
+    XLA:CPU runs a product whose left operand contracts its leading axis at 40-60 GFLOP/s
+    against 80-88 for the same product on the transposed copy (one AVX2 core; RESULTS.md,
+    issue 22), and the copy is one pass over the operand."""
+    return jax.lax.optimization_barrier(a.T)
+
+
 def dense_head(x: jax.Array, w) -> jax.Array:
     """`dense(x, w)` for an LM head (w [D, V], V >> D), whose weight gradient x2.T @ g is
     computed on a transposed copy of x2 [N, D]. XLA:CPU's product contracting the rows of the
     [N, V] logits' gradient in place runs at 31 GFLOP/s, on the copy at 59 (one AVX2 core,
     N = 4,096, D = 256, V = 4,096; RESULTS.md, issue 22); the copy is N x D, a sixteenth of
     the gradient. Under a mesh, or for an output-first head, this is `dense`."""
-    active = sharding.active()
-    if isinstance(w, OutIn) or (active is not None and active[0].size > 1):
+    if isinstance(w, OutIn) or sharding.active_mesh() is not None:
         return dense(x, w)
     if x.shape[-1:] != w.shape[:1] or w.ndim != 2:
         raise ValueError(f"dense_head: x {x.shape} and w {w.shape} are not [..., D] and [D, V]")
@@ -137,8 +143,7 @@ def _head_fwd(x2, w):
 
 def _head_bwd(res, g):
     x2, w = res
-    # The barrier keeps XLA from folding the transpose back into the product.
-    return g @ w.T, jax.lax.optimization_barrier(x2.T) @ g
+    return g @ w.T, transposed(x2) @ g
 
 
 _head_product.defvjp(_head_fwd, _head_bwd)

@@ -51,7 +51,7 @@ from jax.sharding import PartitionSpec
 from avalon import sharding
 from avalon.model import moe_ep
 from avalon.model.config import ModelConfig, MoeBackend, Remat
-from avalon.model.dense import OutIn, dense, out_in_product
+from avalon.model.dense import OutIn, dense, out_in_product, transposed
 from avalon.sharding import constrain
 
 ROUTED_NAME = "moe_routed"  # checkpoint name of the expert-parallel routed output
@@ -343,14 +343,6 @@ def _tile_rows(src, i, tile: int):
     return jax.lax.dynamic_slice_in_dim(src, i * tile, tile)
 
 
-def _transposed(a):
-    """a.T as its own array. The barrier stops XLA folding the transpose into the next dot:
-    XLA:CPU runs a product whose left operand contracts its leading axis at 40-60 GFLOP/s
-    against 80-88 for the same product on the transposed copy (one AVX2 core; RESULTS.md,
-    issue 22), and the copy is one pass over a tile."""
-    return jax.lax.optimization_barrier(a.T)
-
-
 @jax.custom_vjp
 def _grouped_experts(xl, up, down, order, slot_sorted, tile_expert, used):
     """x_l [n, w] -> per-choice outputs [n, k, w], `used` occupied tiles of rows in a loop.
@@ -403,9 +395,9 @@ def _grouped_bwd(res, g):
         buf = jnp.take(rows_in, rows // k, axis=0)
         g_y = jnp.take(rows_g, rows, axis=0)
         pre_i = pre[i]
-        g_down = g_down.at[e].add(_transposed(relu2(pre_i)) @ g_y)
+        g_down = g_down.at[e].add(transposed(relu2(pre_i)) @ g_y)
         g_pre = (g_y @ down[e].T) * (2 * jax.nn.relu(pre_i))
-        g_up = g_up.at[e].add(_transposed(buf) @ g_pre)
+        g_up = g_up.at[e].add(transposed(buf) @ g_pre)
         g_rows = jax.lax.dynamic_update_slice_in_dim(g_rows, g_pre @ up[e].T, i * tile, 0)
         return g_up, g_down, g_rows
 
@@ -452,7 +444,7 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
     x2 = x.reshape(b * t, d)
     replay = None if routing is None else routing.reshape(b * t, -1)
     active = sharding.active()
-    mesh = active[0] if active is not None and active[0].size > 1 else None
+    mesh = sharding.active_mesh()
     if mesh is None:
         idx, weights = route(p, x2, cfg, replay)
     else:

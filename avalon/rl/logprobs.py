@@ -41,15 +41,14 @@ def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: Mod
     if chunk <= 0:
         raise ValueError(f"chunk={chunk}: must be a positive number of positions")
 
-    active = sharding.active()
-    mesh_size = 1 if active is None else active[0].size
+    on_mesh = sharding.active_mesh() is not None
 
     def one(h, tgt):  # h [b, c, d], tgt [b, c]
         logits = M.lm_logits(params, h, cfg)  # [b, c, v] fp32
         if temperature != 1.0:
             logits = logits / temperature
         lse = jax.nn.logsumexp(logits, axis=-1)
-        if mesh_size > 1:
+        if on_mesh:
             # A one-hot select instead of a gather: elementwise on the vocab-sharded logits, so
             # no cross-shard gather is needed.
             hit = jnp.arange(logits.shape[-1], dtype=jnp.int32) == tgt[..., None].astype(jnp.int32)
