@@ -24,6 +24,11 @@
    process CPU time too (`update_paired_cpu`): pinned to one core, a step's CPU time is what
    its wall time would be on an idle core, and it leaves out the time the step waited for
    the core while other jobs ran on it.
+   Host allocator: Avalon's workers apply `avalon.host_memory`'s settings first, as
+   `avalon.main` does; the transformers worker runs with glibc's defaults unless
+   `--torch_host_memory`; the paired worker is one process, so both libraries share Avalon's
+   settings there. Each worker reports whether the settings were applied and the median minor
+   page faults of an update step.
 4. Prints one JSON object: the agreement numbers, tokens/s per side and Avalon / transformers
    ratios. `--count_copies` adds the copies of whole decode-state leaves and of per-layer
    weight slices in the compiled decode program (`copies.py`).
@@ -37,6 +42,7 @@ import dataclasses
 import functools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -71,6 +77,9 @@ flags.DEFINE_bool("timing", True, "run the timing processes (False: agreement on
 flags.DEFINE_enum("role", "driver", ["driver", "torch", "avalon", "paired"],
                   "internal: a timing worker for one library")
 flags.DEFINE_string("ckpt", None, "internal/optional: an existing checkpoint directory")
+flags.DEFINE_bool("torch_host_memory", False, "run the transformers worker with Avalon's host "
+                  "allocator settings too (avalon.host_memory; off: glibc's defaults, as "
+                  "transformers runs by itself)")
 
 # Tolerances of the agreement checks: fp32 on both sides.
 LOGIT_TOL = 1e-4  # relative, as tests/checkpoint/test_hf_parity.py
@@ -294,19 +303,27 @@ def agreement(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict
 
 
 # ---- timing workers ---------------------------------------------------------------------------
-def _median_time(fn, repeats: int) -> tuple[float, float]:
-    """Medians of (wall seconds, process CPU seconds) of `fn` over `repeats` after a warm-up."""
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _median_time(fn, repeats: int) -> tuple[float, float, float]:
+    """Medians of (wall seconds, process CPU seconds, minor page faults) of `fn` over
+    `repeats` after a warm-up."""
     fn()  # warm-up (compilation on Avalon's side)
-    times, cpu = [], []
+    times, cpu, faults = [], [], []
     for _ in range(repeats):
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, f0 = time.perf_counter(), time.process_time(), _minor_faults()
         fn()
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-    return statistics.median(times), statistics.median(cpu)
+        faults.append(_minor_faults() - f0)
+    return statistics.median(times), statistics.median(cpu), statistics.median(faults)
 
 
-def _rates(tokens: int, seconds: tuple[float, float]) -> tuple[float, float]:
+
+
+def _rates(tokens: int, seconds: tuple[float, ...]) -> tuple[float, float]:
     return tokens / seconds[0], tokens / seconds[1]
 
 
@@ -327,6 +344,7 @@ def time_torch(path: str, shapes: Shapes, seed: int = 0) -> dict:
     s = _median_time(lambda: torch_train_step(model, opt, params, clip, ids), shapes.repeats)
     out["update_tokens_per_s"], out["update_tokens_per_cpu_s"] = _rates(
         shapes.train_batch * shapes.train_seq, s)
+    out["update_minor_faults"] = s[2]
     return out
 
 
@@ -347,6 +365,7 @@ def time_avalon(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> di
     s = _median_time(avalon_update_once(cfg, params, ids, shapes.lr), shapes.repeats)
     out["update_tokens_per_s"], out["update_tokens_per_cpu_s"] = _rates(
         shapes.train_batch * shapes.train_seq, s)
+    out["update_minor_faults"] = s[2]
     return out
 
 
@@ -383,20 +402,23 @@ def time_update_paired(path: str, shapes: Shapes, overrides: dict, seed: int = 0
             "avalon": avalon_update_once(cfg, params, ids, shapes.lr)}
     times = {k: [] for k in runs}
     cpu = {k: [] for k in runs}
+    faults = {k: [] for k in runs}
     for fn in runs.values():
         fn()  # warm-up (compilation on Avalon's side)
     for _ in range(shapes.repeats):
         for k, fn in runs.items():
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, f0 = time.perf_counter(), time.process_time(), _minor_faults()
             fn()
             times[k].append(time.perf_counter() - t0)
             cpu[k].append(time.process_time() - c0)
+            faults[k].append(_minor_faults() - f0)
     tokens = shapes.train_batch * shapes.train_seq
     ratio = lambda d: statistics.median(  # noqa: E731
         [t / a for t, a in zip(d["transformers"], d["avalon"])])
     return {**{f"{k}_tokens_per_s": tokens / statistics.median(v) for k, v in times.items()},
             **{f"{k}_tokens_per_cpu_s": tokens / statistics.median(v) for k, v in cpu.items()},
             "ratio_median_of_pairs": ratio(times), "ratio_median_of_pairs_cpu": ratio(cpu),
+            "minor_faults": {k: statistics.median(v) for k, v in faults.items()},
             "seconds": {k: [round(t, 3) for t in v] for k, v in times.items()},
             "cpu_seconds": {k: [round(t, 3) for t in v] for k, v in cpu.items()}}
 
@@ -422,14 +444,19 @@ def _shapes() -> Shapes:
 def main(argv):
     del argv
     shapes = _shapes()
-    if FLAGS.role == "torch":
-        print(json.dumps(time_torch(FLAGS.ckpt, shapes)))
-        return
-    if FLAGS.role == "avalon":
-        print(json.dumps(time_avalon(FLAGS.ckpt, shapes, avalon_overrides())))
-        return
-    if FLAGS.role == "paired":
-        print(json.dumps(time_update_paired(FLAGS.ckpt, shapes, avalon_overrides())))
+    if FLAGS.role != "driver":
+        from avalon import host_memory
+
+        # First, before any library starts its threads, as avalon.main does.
+        kept = (FLAGS.role != "torch" or FLAGS.torch_host_memory) and \
+            host_memory.keep_freed_memory()
+        if FLAGS.role == "torch":
+            out = time_torch(FLAGS.ckpt, shapes)
+        elif FLAGS.role == "avalon":
+            out = time_avalon(FLAGS.ckpt, shapes, avalon_overrides())
+        else:
+            out = time_update_paired(FLAGS.ckpt, shapes, avalon_overrides())
+        print(json.dumps({**out, "host_memory_kept": kept}))
         return
     tmp = None
     path = FLAGS.ckpt
