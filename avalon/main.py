@@ -19,7 +19,6 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from avalon import host_memory
 from avalon.train import cli, distributed
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
@@ -38,8 +37,6 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)  # orbax and XLA info lines drown the progress bar
-    # Before JAX starts its threads: buffers on pages the process holds (host_memory).
-    host_memory.keep_freed_memory()
     distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                            auto=_AUTO.value)
     if _CACHE.value:

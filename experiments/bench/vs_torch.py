@@ -24,11 +24,11 @@
    process CPU time too (`update_paired_cpu`): pinned to one core, a step's CPU time is what
    its wall time would be on an idle core, and it leaves out the time the step waited for
    the core while other jobs ran on it.
-   Host allocator: Avalon's workers apply `avalon.host_memory`'s settings first, as
-   `avalon.main` does; the transformers worker runs with glibc's defaults unless
-   `--torch_host_memory`; the paired worker is one process, so both libraries share Avalon's
-   settings there. Each worker reports whether the settings were applied and the median minor
-   page faults of an update step.
+   Each worker reports the median minor page faults of an update step: XLA:CPU's buffers
+   come from glibc arenas of its worker threads, which hand large blocks back to the kernel,
+   so each call faults its buffers in again (RESULTS.md, sixteenth session).
+   `--keep_freed_memory` starts every worker, both libraries alike, with glibc's allocator
+   variables set to keep freed memory (one arena, no mmap, a 2 GiB trim threshold).
 4. Prints one JSON object: the agreement numbers, tokens/s per side and Avalon / transformers
    ratios. `--count_copies` adds the copies of whole decode-state leaves and of per-layer
    weight slices in the compiled decode program (`copies.py`).
@@ -77,9 +77,13 @@ flags.DEFINE_bool("timing", True, "run the timing processes (False: agreement on
 flags.DEFINE_enum("role", "driver", ["driver", "torch", "avalon", "paired"],
                   "internal: a timing worker for one library")
 flags.DEFINE_string("ckpt", None, "internal/optional: an existing checkpoint directory")
-flags.DEFINE_bool("torch_host_memory", False, "run the transformers worker with Avalon's host "
-                  "allocator settings too (avalon.host_memory; off: glibc's defaults, as "
-                  "transformers runs by itself)")
+flags.DEFINE_bool("keep_freed_memory", False, "start every timing worker with glibc's "
+                  "allocator variables set to keep freed memory (KEEP_FREED_MEMORY_ENV); off: "
+                  "glibc's defaults")
+
+# glibc reads these at start-up (mallopt(3): M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD).
+KEEP_FREED_MEMORY_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
+                         "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
 
 # Tolerances of the agreement checks: fp32 on both sides.
 LOGIT_TOL = 1e-4  # relative, as tests/checkpoint/test_hf_parity.py
@@ -321,8 +325,6 @@ def _median_time(fn, repeats: int) -> tuple[float, float, float]:
     return statistics.median(times), statistics.median(cpu), statistics.median(faults)
 
 
-
-
 def _rates(tokens: int, seconds: tuple[float, ...]) -> tuple[float, float]:
     return tokens / seconds[0], tokens / seconds[1]
 
@@ -428,7 +430,8 @@ def _run_worker(role: str, path: str) -> dict:
     args = [sys.executable, "-m", "experiments.bench.vs_torch", f"--role={role}",
             f"--ckpt={path}"] + [a for a in sys.argv[1:] if not a.startswith(("--role",
                                                                               "--ckpt"))]
-    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    env = {**os.environ, **(KEEP_FREED_MEMORY_ENV if FLAGS.keep_freed_memory else {})}
+    done = subprocess.run(args, capture_output=True, text=True, check=False, env=env)
     if done.returncode:
         raise RuntimeError(f"{role} worker failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -444,19 +447,14 @@ def _shapes() -> Shapes:
 def main(argv):
     del argv
     shapes = _shapes()
-    if FLAGS.role != "driver":
-        from avalon import host_memory
-
-        # First, before any library starts its threads, as avalon.main does.
-        kept = (FLAGS.role != "torch" or FLAGS.torch_host_memory) and \
-            host_memory.keep_freed_memory()
-        if FLAGS.role == "torch":
-            out = time_torch(FLAGS.ckpt, shapes)
-        elif FLAGS.role == "avalon":
-            out = time_avalon(FLAGS.ckpt, shapes, avalon_overrides())
-        else:
-            out = time_update_paired(FLAGS.ckpt, shapes, avalon_overrides())
-        print(json.dumps({**out, "host_memory_kept": kept}))
+    if FLAGS.role == "torch":
+        print(json.dumps(time_torch(FLAGS.ckpt, shapes)))
+        return
+    if FLAGS.role == "avalon":
+        print(json.dumps(time_avalon(FLAGS.ckpt, shapes, avalon_overrides())))
+        return
+    if FLAGS.role == "paired":
+        print(json.dumps(time_update_paired(FLAGS.ckpt, shapes, avalon_overrides())))
         return
     tmp = None
     path = FLAGS.ckpt
@@ -466,6 +464,7 @@ def main(argv):
         build_checkpoint(path, FLAGS.size)
     load = os.getloadavg()
     result = {"size": FLAGS.size, "cpu_threads": cpu_threads(), "load_avg_1m_before": load[0],
+              "keep_freed_memory": FLAGS.keep_freed_memory,
               "shapes": dataclasses.asdict(shapes),
               "agreement": agreement(path, shapes, avalon_overrides())}
     if FLAGS.count_copies:
