@@ -230,6 +230,12 @@ class Engine:
         run = _unstack(self.cfg, params) if self.unstack_layers else params
         self._run_params = _out_in(self._setup.cfg, run) if self.out_in_weights else run
 
+    @staticmethod
+    def release_programs() -> None:
+        """Drop the process's compiled prefill and decode programs and the memory maps of their
+        JIT code; they compile again on their next dispatch (`train.program_maps`)."""
+        dev.release_programs()
+
     @property
     def busy(self) -> bool:
         """Some submitted turn has not been returned by `step` yet."""

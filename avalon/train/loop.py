@@ -56,7 +56,7 @@ from avalon.rl.roles import role_grad_norms
 from avalon.rl.update import TrainState
 from avalon.tokenizer.record import RECORD_FILE
 from avalon.tokenizer.record import describe as tokenizer_record
-from avalon.train import baselines, org_metrics, plots, telemetry
+from avalon.train import baselines, org_metrics, plots, program_maps, telemetry
 from avalon.train.config import TrainConfig, describe, from_config_dict, groups_at
 from avalon.train.distributed import host_shard
 from avalon.train.evaluation import EVAL_SEED, evaluate
@@ -301,6 +301,7 @@ class Run:
 
     def _rl_step(self) -> None:
         cfg, setup = self.cfg, self.setup
+        maps = program_maps.release_near_limit(self.engine.release_programs)
         t0 = time.perf_counter()
         first = "; the first compiles the update step" \
             if not self.telemetry.progress.seconds.get("rl") else ""
@@ -387,7 +388,7 @@ class Run:
             "rollouts": _reduce_sum(sum(len(g.rollouts) for g in groups)),
             "processes": info.num_processes,
             "engine/dispatches": engine_stats.dispatches - stats0.dispatches,
-            "engine/ticks": len(result.ticks),
+            "engine/ticks": len(result.ticks), **maps,
         }
         if self.peak_flops is not None:  # against this device's peak (none known for CPUs)
             record["perf/mfu"] = flops / max(t_update, 1e-9) / (self.peak_flops
@@ -399,6 +400,7 @@ class Run:
                             f"reward {record.get('reward/mean', 0.0):.2f}")
 
     def _evaluate(self) -> None:
+        maps = program_maps.release_near_limit(self.engine.release_programs)
         t = time.perf_counter()
         cfg = self.cfg
         self.telemetry.progress.status(
@@ -425,7 +427,7 @@ class Run:
                 clock_start_s=self.cfg.clock.start_s))
         self.telemetry.progress.record("eval", time.perf_counter() - t)
         self.telemetry.log(self.host.step, {"phase": "eval", "rl_step": self.host.rl_step, **m,
-                                            "time/eval_s": time.perf_counter() - t})
+                                            **maps, "time/eval_s": time.perf_counter() - t})
 
     def _summary(self) -> dict:
         from avalon.train.telemetry import read_metrics

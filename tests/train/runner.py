@@ -43,5 +43,5 @@ def metrics(workdir) -> list[dict]:
 
 
 def deterministic(record: dict) -> dict:
-    """A metrics record without the fields that measure time."""
-    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/"))}
+    """A metrics record without the fields that measure time or the host process."""
+    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/", "host/"))}
