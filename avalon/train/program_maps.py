@@ -51,15 +51,16 @@ def map_limit(path: str = LIMIT_FILE) -> int | None:
 
 
 def release_near_limit(release_engine: Callable[[], None], *, limit: int | None = None,
-                       maps_file: str = MAPS_FILE, stream=sys.stderr) -> dict:
+                       count: Callable[[], int | None] = count_maps, stream=sys.stderr) -> dict:
     """Drop compiled programs when the process's maps pass `RELEASE_AT` of the limit.
 
     release_engine: drops the engine's own program caches (the first, cheaper step).
     limit: the limit to hold to (default: the kernel's, from `LIMIT_FILE`).
+    count: the process's maps now (default: `count_maps`).
     Returns metrics: `host/memory_maps` (the count on return) and, when anything was dropped,
     `host/memory_maps_before_release` and `host/programs_released` (1: the engine's, 2: all).
     """
-    maps = count_maps(maps_file)
+    maps = count()
     limit = map_limit() if limit is None else limit
     if maps is None or limit is None:
         return {}
@@ -69,12 +70,12 @@ def release_near_limit(release_engine: Callable[[], None], *, limit: int | None 
     before, level = maps, 1
     release_engine()
     gc.collect()
-    maps = count_maps(maps_file)
+    maps = count()
     if maps >= threshold:
         level = 2
         jax.clear_caches()
         gc.collect()
-        maps = count_maps(maps_file)
+        maps = count()
     what = "the engine's compiled programs" if level == 1 else "every compiled program"
     # On a line of its own: the progress bar redraws its line with a carriage return.
     print(f"\navalon: {before:,} memory maps of the kernel's limit of {limit:,} "
