@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from avalon import sharding
+from avalon.model.cpu_gemm import Packed, rows_product
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -85,7 +86,7 @@ def out_in_product(x2: jax.Array, t: jax.Array) -> jax.Array:
 
 def dense_einsum(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     """The reference: the same contraction as one einsum."""
-    if isinstance(w, OutIn):
+    if isinstance(w, (OutIn, Packed)):
         w = w.as_in_out()
     lead = x.ndim - n_in
     xs = _LETTERS[:x.ndim]
@@ -94,8 +95,8 @@ def dense_einsum(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
 
 
 def dense(x: jax.Array, w, n_in: int = 1) -> jax.Array:
-    """x [..., *w.shape[:n_in]] @ w -> [..., *w.shape[n_in:]] (w cast to x's dtype; w an array
-    or an `OutIn`)."""
+    """x [..., *w.shape[:n_in]] @ w -> [..., *w.shape[n_in:]] (w cast to x's dtype; w an array,
+    an `OutIn`, or a `cpu_gemm.Packed`, whose product runs on the CPU kernel)."""
     if x.shape[x.ndim - n_in:] != w.shape[:n_in]:
         raise ValueError(f"dense: x {x.shape} does not end with the {n_in} input axes of "
                          f"w {w.shape}")
@@ -105,6 +106,8 @@ def dense(x: jax.Array, w, n_in: int = 1) -> jax.Array:
     k = math.prod(w.shape[:n_in])
     if isinstance(w, OutIn):
         y = out_in_product(x.reshape(-1, k), w.t.astype(x.dtype))
+    elif isinstance(w, Packed):
+        y = rows_product(x.reshape(-1, k), w)
     else:
         y = x.reshape(-1, k) @ w.reshape(k, -1).astype(x.dtype)
     return y.reshape(*lead, *out)
@@ -123,8 +126,8 @@ def dense_head(x: jax.Array, w) -> jax.Array:
     computed on a transposed copy of x2 [N, D]. XLA:CPU's product contracting the rows of the
     [N, V] logits' gradient in place runs at 31 GFLOP/s, on the copy at 59 (one AVX2 core,
     N = 4,096, D = 256, V = 4,096; RESULTS.md, issue 22); the copy is N x D, a sixteenth of
-    the gradient. Under a mesh, or for an output-first head, this is `dense`."""
-    if isinstance(w, OutIn) or sharding.active_mesh() is not None:
+    the gradient. Under a mesh, or for an output-first or packed head, this is `dense`."""
+    if isinstance(w, (OutIn, Packed)) or sharding.active_mesh() is not None:
         return dense(x, w)
     if x.shape[-1:] != w.shape[:1] or w.ndim != 2:
         raise ValueError(f"dense_head: x {x.shape} and w {w.shape} are not [..., D] and [D, V]")

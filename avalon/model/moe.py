@@ -51,6 +51,7 @@ from jax.sharding import PartitionSpec
 from avalon import sharding
 from avalon.model import moe_ep
 from avalon.model.config import ModelConfig, MoeBackend, Remat
+from avalon.model.cpu_gemm import Packed, grouped_rows_product
 from avalon.model.dense import OutIn, dense, out_in_product, transposed
 from avalon.sharding import constrain
 
@@ -330,6 +331,20 @@ def _experts_grouped_out_in(xl, idx, up_t, down_t):
     return jnp.take(y, slot, axis=0).reshape(n, k, w)
 
 
+def _experts_packed(xl, idx, up: Packed, down: Packed):
+    """The engine's experts on the CPU kernel (`cpu_gemm.Packed`, forward only): choices sorted
+    by expert, each expert's rows one run, and each run's products read that expert's weights in
+    place, once, for however many rows it has (no tiles, no padding rows, no weight copies)."""
+    n, k = idx.shape
+    flat, order, _ = _sort_choices(idx, up.shape[0])
+    expert = flat[order].astype(jnp.int32)
+    rows = jnp.take(xl, order // k, axis=0)  # [n*k, w], grouped by expert
+    h = relu2(grouped_rows_product(rows, expert, up))
+    y = grouped_rows_product(h, expert, down)
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(n * k, dtype=order.dtype))
+    return jnp.take(y, inverse, axis=0).reshape(n, k, -1)
+
+
 def _grouped_maps(order, slot_sorted, rows: int):
     """slot [n*k]: buffer row of choice c; src [rows]: the choice in each row (n*k: empty)."""
     nk = order.shape[0]
@@ -479,9 +494,13 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
         if isinstance(up, OutIn) and chosen == MoeBackend.GROUPED:
             # The engine's decode layout on CPU (params.out_in_params).
             per_choice = _experts_grouped_out_in(xl, idx, up.t, down.t)
-        elif isinstance(up, OutIn):
-            raise ValueError(f"moe_layer: output-first experts run grouped only, not backend="
-                             f"{chosen.value!r} (params.out_in_params keeps them [E, in, out])")
+        elif isinstance(up, Packed) and chosen == MoeBackend.GROUPED:
+            # The engine's layout on CPU with the kernel (params.out_in_params, packed).
+            per_choice = _experts_packed(xl, idx, up, down)
+        elif isinstance(up, (OutIn, Packed)):
+            raise ValueError(f"moe_layer: the engine's expert layouts run grouped only, not "
+                             f"backend={chosen.value!r} (params.out_in_params keeps them "
+                             "[E, in, out])")
         else:
             per_choice = _DISPATCH[chosen](xl, idx, up, down)
         dropped = jnp.zeros((), jnp.int32)  # the single-device backends are dropless

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from avalon.model.config import LETTERS, ModelConfig, MoeBackend
+from avalon.model.cpu_gemm import Packed
 from avalon.model.dense import OutIn
 from avalon.model.moe import resolve_backend
 
@@ -271,25 +272,27 @@ PROJECTIONS = {
 _LEAD = {"experts_up": 2, "experts_down": 2}
 
 
-def out_in_params(cfg: ModelConfig, params: dict) -> dict:
+def out_in_params(cfg: ModelConfig, params: dict, packed: bool = False) -> dict:
     """`params` with every projection weight (PROJECTIONS, and the untied LM head) held as a
-    `dense.OutIn`, output axes first: the engine's decode layout on CPU (dense.py says why). One
-    transposed copy per weight; everything else is the same arrays. `cfg` describes the params'
-    blocks (the engine's run config, unstacked or not). The routed experts only
-    when `cfg` runs them grouped on CPU (the one backend with an output-first loop)."""
+    `dense.OutIn`, output axes first: the engine's decode layout on CPU (dense.py says why), or,
+    with `packed`, as a `cpu_gemm.Packed` for the CPU kernel (float32 only). One copy per
+    weight; everything else is the same arrays. `cfg` describes the params' blocks (the engine's
+    run config, unstacked or not). The routed experts only when `cfg` runs them grouped on CPU
+    (the one backend with an output-first loop and a packed path)."""
+    layout = Packed if packed else OutIn
     experts = resolve_backend(cfg.moe_backend, "cpu") == MoeBackend.GROUPED
     blocks = []
     for bp, (unit, _) in zip(params["blocks"], cfg.blocks):
         block = {}
         for j, ch in enumerate(unit):
             key, table = layer_key(j, ch), PROJECTIONS.get(LETTERS[ch], {})
-            block[key] = {n: OutIn.of(a, table[n], _LEAD.get(n, 1))
+            block[key] = {n: layout.of(a, table[n], _LEAD.get(n, 1))
                           if n in table and (experts or n not in _LEAD) else a
                           for n, a in bp[key].items()}
         blocks.append(block)
     out = {**params, "blocks": blocks}
     if "lm_head" in params:
-        out["lm_head"] = OutIn.of(params["lm_head"], 1)
+        out["lm_head"] = layout.of(params["lm_head"], 1)
     return out
 
 

@@ -16,8 +16,10 @@
    batch of `--batches` (a `--prompt`-token random prompt, `--new_tokens` greedy tokens,
    prefill included: `Engine.generate` against `model.generate`) and the update step
    (`--train_batch` x `--train_seq` tokens, SFT, clip + AdamW; jitted and donated on Avalon's
-   side). Each measurement is repeated `--repeats` times after one warm-up; medians of wall
-   time and of process CPU time (the `_cpu` rates and ratios) reported.
+   side; the engine's CPU default, weights packed for `model/cpu_gemm.py`'s kernel where it
+   builds, `--packed_weights=off` for XLA's products). Each measurement is repeated
+   `--repeats` times after one warm-up; medians of wall time and of process CPU time (the
+   `_cpu` rates and ratios) reported.
    Then the update step once more with both libraries in one process, alternating a step of
    each (`update_paired`: the median of the per-round ratios), since the load of a shared
    machine moves between the separate processes' measurements; it records each step's
@@ -72,6 +74,9 @@ flags.DEFINE_bool("scan_layers", False, "Avalon: scan repeated layer runs (off: 
                   "either way)")
 flags.DEFINE_integer("chunk_size", 64, "Avalon: the SSD chunk (0 keeps the checkpoint's "
                      "128); any chunk computes the same scan, 64 is faster on CPU")
+flags.DEFINE_enum("packed_weights", "auto", ["auto", "on", "off"], "Avalon: the engine's "
+                  "weights packed for the CPU product kernel (model/cpu_gemm.py; auto: where it "
+                  "builds) or held output-first for XLA's products")
 flags.DEFINE_bool("count_copies", False, "count state / weight copies in the decode program")
 flags.DEFINE_bool("timing", True, "run the timing processes (False: agreement only)")
 flags.DEFINE_enum("role", "driver", ["driver", "torch", "avalon", "paired"],
@@ -121,6 +126,7 @@ class Shapes:
     agree_steps: int = 7
     lr: float = 1e-3
     repeats: int = 5
+    packed_weights: bool | None = None  # the engine's (None: its CPU default)
 
 
 def cpu_threads() -> int:
@@ -242,10 +248,11 @@ def avalon_generate(engine, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
     return np.stack([r.tokens for r in results])
 
 
-def make_engine(cfg, params, batch: int, context: int):
+def make_engine(cfg, params, batch: int, context: int, packed_weights: bool | None):
     from avalon.inference.engine import Engine
 
-    return Engine(cfg, params, num_slots=batch, max_context=context)
+    return Engine(cfg, params, num_slots=batch, max_context=context,
+                  packed_weights=packed_weights)
 
 
 def torch_generate(model, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
@@ -283,7 +290,7 @@ def agreement(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict
 
     new = min(shapes.new_tokens, 32)
     t_tokens = torch_generate(model, ids, new)
-    engine = make_engine(cfg, params, 2, shapes.prompt + new)
+    engine = make_engine(cfg, params, 2, shapes.prompt + new, shapes.packed_weights)
     a_tokens = avalon_generate(engine, ids, new)
     same_tokens = float(np.mean(t_tokens == a_tokens))
 
@@ -359,10 +366,12 @@ def time_avalon(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> di
            "decode_cpu": {}}
     for b in shapes.batches:
         prompts = random_ids(rng, cfg.vocab_size, (b, shapes.prompt))
-        engine = make_engine(cfg, params, b, shapes.prompt + shapes.new_tokens)
+        engine = make_engine(cfg, params, b, shapes.prompt + shapes.new_tokens,
+                             shapes.packed_weights)
         s = _median_time(functools.partial(avalon_generate, engine, prompts, shapes.new_tokens),
                          shapes.repeats)
         out["decode"][str(b)], out["decode_cpu"][str(b)] = _rates(b * shapes.new_tokens, s)
+        out["packed_weights"] = engine.packed_weights
     ids = random_ids(rng, cfg.vocab_size, (shapes.train_batch, shapes.train_seq))
     s = _median_time(avalon_update_once(cfg, params, ids, shapes.lr), shapes.repeats)
     out["update_tokens_per_s"], out["update_tokens_per_cpu_s"] = _rates(
@@ -441,7 +450,8 @@ def _shapes() -> Shapes:
     return Shapes(batches=tuple(int(b) for b in FLAGS.batches), prompt=FLAGS.prompt,
                   new_tokens=FLAGS.new_tokens, train_batch=FLAGS.train_batch,
                   train_seq=FLAGS.train_seq, agree_steps=FLAGS.agree_steps, lr=FLAGS.lr,
-                  repeats=FLAGS.repeats)
+                  repeats=FLAGS.repeats,
+                  packed_weights={"auto": None, "on": True, "off": False}[FLAGS.packed_weights])
 
 
 def main(argv):

@@ -18,6 +18,8 @@ state), contexts stay within two KV buckets (16, 32), prefill chunks are one buc
 """
 
 import functools
+import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +29,7 @@ import pytest
 from avalon import model as M
 from avalon.inference.api import SamplingParams, StopReason, TurnRequest
 from avalon.inference.engine import Engine
+from avalon.model import cpu_gemm
 from avalon.model.config import MoeBackend
 from avalon.model.dense import OutIn
 from avalon.sharding import DECODE_RULES, make_mesh, param_shardings
@@ -417,7 +420,8 @@ def test_out_in_weights_engine_equals_in_out(params, backend):
     params in their own [in, out] layout, through prefill chunks and decode dispatches."""
     cfg = CFG.replace(moe_backend=backend)
     engs = [Engine(cfg, params, num_slots=4, max_context=WINDOW, steps_per_dispatch=4,
-                   prefill_chunk=8, out_in_weights=flag) for flag in (True, False)]
+                   prefill_chunk=8, out_in_weights=flag, packed_weights=False)
+            for flag in (True, False)]
     assert engs[0].out_in_weights and not engs[1].out_in_weights
     layers = {k: lp for blk in engs[0]._run_params["blocks"] for k, lp in blk.items()}
     assert isinstance(layers["0_mamba"]["in_x"], OutIn)
@@ -433,6 +437,51 @@ def test_out_in_weights_engine_equals_in_out(params, backend):
         np.testing.assert_array_equal(x.tokens, y.tokens)
         np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
         np.testing.assert_array_equal(x.routing, y.routing)
+
+
+@pytest.fixture(scope="module")
+def cpu_kernel():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ok = cpu_gemm.ready()
+    if not ok:
+        if os.environ.get("AVALON_REQUIRE_CPU_KERNEL") == "1":
+            pytest.fail("AVALON_REQUIRE_CPU_KERNEL=1 but the CPU kernel did not build")
+        pytest.skip("the CPU kernel did not build here (no C++ compiler?)")
+
+
+def test_packed_weights_engine_equals_out_in(params, cpu_kernel):
+    """The CPU default where the kernel builds (`packed_weights`: projections, LM head and the
+    grouped experts packed for `cpu_gemm`) serves the same tokens, log-probs and routing as the
+    output-first engine on XLA's products, through prefill chunks and decode dispatches; a bf16
+    view of the params keeps the output-first layout (the kernel is float32 only)."""
+    cfg = CFG.replace(moe_backend=MoeBackend.GROUPED)
+    engs = [Engine(cfg, params, num_slots=4, max_context=WINDOW, steps_per_dispatch=4,
+                   prefill_chunk=8, packed_weights=flag) for flag in (None, False)]
+    assert engs[0].packed_weights and not engs[1].packed_weights
+    layers = {k: lp for blk in engs[0]._run_params["blocks"] for k, lp in blk.items()}
+    assert isinstance(layers["0_mamba"]["in_x"], cpu_gemm.Packed)
+    assert isinstance(layers["0_moe"]["experts_up"], cpu_gemm.Packed)
+    assert isinstance(engs[0]._run_params["lm_head"], cpu_gemm.Packed)
+    outs = []
+    for eng in engs:
+        a, b = eng.allocate(), eng.allocate()
+        outs.append(eng.generate([
+            TurnRequest(a, _prompt(44, 19), 9, GREEDY),
+            TurnRequest(b, _prompt(45, 3), 6, SamplingParams(temperature=0.8, seed=5))]))
+    for x, y in zip(*outs):
+        np.testing.assert_array_equal(x.tokens, y.tokens)
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(x.routing, y.routing)
+    engs[0].set_params(jax.tree.map(lambda a: a.astype(jnp.bfloat16), params))
+    layers = {k: lp for blk in engs[0]._run_params["blocks"] for k, lp in blk.items()}
+    assert isinstance(layers["0_mamba"]["in_x"], OutIn)
+
+
+def test_packed_weights_need_out_in_weights(params):
+    with pytest.raises(ValueError, match="packed_weights=True"):
+        Engine(CFG, params, num_slots=2, max_context=WINDOW, out_in_weights=False,
+               packed_weights=True)
 
 
 def test_out_in_weights_rejected_under_a_mesh(params):
