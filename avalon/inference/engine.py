@@ -62,7 +62,7 @@ token rows in that layout (decode on the issue-22 model, in one process: 1.22x /
 per CPU second at batch 8 / 32, tokens identical). A third, `packed_weights` (default: with
 `out_in_weights`, when the CPU product kernel builds; `model/cpu_gemm.py`): a float32 model's
 projections and experts are packed once per `set_params` for that kernel instead, which streams
-each weight from memory in one pass (the issue-22 model: ~2.6x XLA's rate for an 8-row product,
+each weight from memory in one pass (the issue-22 model: ~2.3x XLA's rate for an 8-row product,
 so decode and prefill run their products on it).
 
 Sampling and its log-probabilities: see `sampling.py`.

@@ -3,8 +3,8 @@
 // Why: in decode every weight is read once per step for a handful of rows, so a product's speed
 // is how fast it streams the weight from memory. XLA:CPU's 8-row product streams a cold weight at
 // ~6 GB/s where a plain read runs at ~28 (issue 22, RESULTS.md); these loops read the weight in
-// one pass, in the order it is stored, and run ~2.6x faster at 8 rows (1.8x at 1 row, 1.3x at 64,
-// level at 512).
+// one pass, in the order it is stored, and run 2.3-2.5x faster at 8 rows (1.3-1.9x at 1 row, 1.1x
+// at 64, level at 512; experiments/bench/cpu_gemm.py).
 //
 // Layout ("packed"): a weight w [K, O] is stored as p [O / B, K, B] (B = 32 columns, O padded up
 // to a multiple of B with zero columns): block b holds columns [b B, (b + 1) B) of every row k
