@@ -19,7 +19,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from avalon.train import cli, distributed
+from avalon.train import cli, cpu_memory, distributed
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                           lock_config=True)
@@ -42,6 +42,8 @@ def main(argv):
     if _CACHE.value:
         jax.config.update("jax_compilation_cache_dir", _CACHE.value)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    # Before JAX's CPU client starts: each step's temporaries stay mapped between steps.
+    cpu_memory.keep_step_memory()
     from avalon.train import loop  # after distributed start-up: importing touches no backend
     try:
         job = loop.prepare(_CONFIG.value, _WORKDIR.value,

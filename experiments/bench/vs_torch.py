@@ -26,9 +26,10 @@
    process CPU time too (`update_paired_cpu`): pinned to one core, a step's CPU time is what
    its wall time would be on an idle core, and it leaves out the time the step waited for
    the core while other jobs ran on it.
-   Each worker reports the median minor page faults of an update step: XLA:CPU's buffers
-   come from glibc arenas of its worker threads, which hand large blocks back to the kernel,
-   so each call faults its buffers in again (RESULTS.md, sixteenth session).
+   Each worker reports the median minor page faults of an update step. The Avalon and paired
+   workers start their process as `avalon.main` does (`train/cpu_memory.keep_step_memory`:
+   executions on the calling thread, glibc keeping freed memory), so the update step's
+   temporaries stay mapped between steps (`keeps_step_memory` in their JSON).
    `--keep_freed_memory` starts every worker, both libraries alike, with glibc's allocator
    variables set to keep freed memory (one arena, no mmap, a 2 GiB trim threshold).
 4. Prints one JSON object: the agreement numbers, tokens/s per side and Avalon / transformers
@@ -460,11 +461,14 @@ def main(argv):
     if FLAGS.role == "torch":
         print(json.dumps(time_torch(FLAGS.ckpt, shapes)))
         return
-    if FLAGS.role == "avalon":
-        print(json.dumps(time_avalon(FLAGS.ckpt, shapes, avalon_overrides())))
-        return
-    if FLAGS.role == "paired":
-        print(json.dumps(time_update_paired(FLAGS.ckpt, shapes, avalon_overrides())))
+    if FLAGS.role in ("avalon", "paired"):
+        # As avalon.main starts its process (train/cpu_memory.py), before JAX's CPU client.
+        from avalon.train.cpu_memory import keep_step_memory
+
+        kept = keep_step_memory()
+        run = time_avalon if FLAGS.role == "avalon" else time_update_paired
+        print(json.dumps({**run(FLAGS.ckpt, shapes, avalon_overrides()),
+                          "keeps_step_memory": kept}))
         return
     tmp = None
     path = FLAGS.ckpt
