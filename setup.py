@@ -41,6 +41,9 @@ setuptools.setup(
     version="0.1.0",
     description="RLCR: training one model to work as an organisation of copies of itself",
     packages=setuptools.find_packages(include=["avalon", "avalon.*"]),
+    # The engine's CPU product kernel, compiled on the user's machine at first use
+    # (avalon/model/cpu_gemm.py).
+    package_data={"avalon": ["model/*.cc"]},
     python_requires=">=3.11",  # the pinned jax needs 3.11
     install_requires=RUNTIME,
     extras_require=EXTRAS,
