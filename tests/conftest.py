@@ -21,3 +21,24 @@ jax.config.update("jax_compilation_cache_dir",
                                  os.path.join(tempfile.gettempdir(), "avalon-test-jax-cache")))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+import warnings  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def cpu_kernel():
+    """The engine's CPU product kernel (`avalon/model/cpu_gemm.py`), built and registered.
+    `.ci/run` sets AVALON_REQUIRE_CPU_KERNEL=1, so in CI a kernel that does not build fails the
+    tests that use this; elsewhere (no C++ compiler) they skip."""
+    from avalon.model import cpu_gemm
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ok = cpu_gemm.ready()
+    if not ok:
+        if os.environ.get("AVALON_REQUIRE_CPU_KERNEL") == "1":
+            pytest.fail("AVALON_REQUIRE_CPU_KERNEL=1 but the CPU kernel did not build")
+        pytest.skip("the CPU kernel did not build here (no C++ compiler?)")

@@ -7,9 +7,6 @@ dense-backend references; and the fallback when no compiler can build it.
 `.ci/run` sets AVALON_REQUIRE_CPU_KERNEL=1, so in CI a kernel that does not build fails these
 tests; elsewhere (a machine without a C++ compiler) they skip."""
 
-import os
-import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,15 +20,9 @@ from avalon.model.moe import moe_layer
 from avalon.model.params import out_in_params
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ok = cpu_gemm.ready()
-    if not ok:
-        if os.environ.get("AVALON_REQUIRE_CPU_KERNEL") == "1":
-            pytest.fail("AVALON_REQUIRE_CPU_KERNEL=1 but the CPU kernel did not build")
-        pytest.skip("the CPU kernel did not build here (no C++ compiler?)")
+@pytest.fixture(autouse=True)
+def kernel(cpu_kernel):
+    """Every test here needs the kernel (tests/conftest.py: fail in CI, skip without c++)."""
 
 
 def _f64(a):
