@@ -218,7 +218,8 @@ class Run:
             paths.join(self.workdir, "summary.json").write_text(
                 json.dumps(summary, indent=1, sort_keys=True))
         say(f"avalon: done in {telemetry.fmt_seconds(summary['wall_s'])} "
-            f"({summary['steps']} steps). {_eval_text(summary)}Wrote {self.workdir}/: "
+            f"({summary['steps']} steps, {telemetry.fmt_seconds(summary['compile_s'])} of it "
+            f"compiling). {_eval_text(summary)}Wrote {self.workdir}/: "
             + ", ".join(summary["files"] + ["summary.json"]))
         return summary
 
@@ -265,12 +266,13 @@ class Run:
             if not self.telemetry.progress.seconds.get("sft"):
                 self.telemetry.progress.status("SFT: compiling the update step")
             t = time.perf_counter()
+            self.telemetry.progress.begin("sft")
             batch = global_batch(batches.batch(self.host.sft_step), step_fn.batch_sharding)
             self.state, m = step_fn(self.state, batch)
             m = {k: float(v) for k, v in m.items()}
             self.host.sft_step += 1
             dt = time.perf_counter() - t
-            self.telemetry.progress.record("sft", dt)
+            self.telemetry.progress.record("sft")
             self.telemetry.log(self.host.step, {"phase": "sft", "sft_step": self.host.sft_step,
                                                 **{f"sft/{k}": v for k, v in m.items()},
                                                 "time/step_s": dt,
@@ -303,6 +305,7 @@ class Run:
         cfg, setup = self.cfg, self.setup
         maps = program_maps.release_near_limit(self.engine.release_programs)
         t0 = time.perf_counter()
+        self.telemetry.progress.begin("rl")
         first = "; the first compiles the update step" \
             if not self.telemetry.progress.seconds.get("rl") else ""
         self.telemetry.progress.status(f"RL {self.host.rl_step + 1}/{cfg.rollout.steps}: "
@@ -393,7 +396,7 @@ class Run:
         if self.peak_flops is not None:  # against this device's peak (none known for CPUs)
             record["perf/mfu"] = flops / max(t_update, 1e-9) / (self.peak_flops
                                                                * jax.device_count())
-        self.telemetry.progress.record("rl", total)
+        self.telemetry.progress.record("rl")
         self.telemetry.log(self.host.step, record)
         self.telemetry.progress.update(
             self.host.step, f"RL {self.host.rl_step}/{cfg.rollout.steps} "
@@ -402,6 +405,7 @@ class Run:
     def _evaluate(self) -> None:
         maps = program_maps.release_near_limit(self.engine.release_programs)
         t = time.perf_counter()
+        self.telemetry.progress.begin("eval")
         cfg = self.cfg
         self.telemetry.progress.status(
             f"evaluating at RL step {self.host.rl_step}: {cfg.eval.tasks} held-out tasks x "
@@ -425,7 +429,7 @@ class Run:
                 log_dir=log_dir or step_dir(self.workdir, "eval", self.host.step),
                 at_step=self.host.step, at_rl_step=self.host.rl_step, eval_seed=EVAL_SEED,
                 clock_start_s=self.cfg.clock.start_s))
-        self.telemetry.progress.record("eval", time.perf_counter() - t)
+        self.telemetry.progress.record("eval")
         self.telemetry.log(self.host.step, {"phase": "eval", "rl_step": self.host.rl_step, **m,
                                             **maps, "time/eval_s": time.perf_counter() - t})
 
@@ -442,6 +446,7 @@ class Run:
                                              "eval/single_reward")} for r in evals],
             "config": self.config_name, "command": list(self.command),
             "wall_s": time.time() - self.t_start,  # this invocation (a resumed run: since resume)
+            "compile_s": telemetry.CompileClock.process()(),  # of it, JAX compiling
             "resumed_at_step": self.resumed_at, "files": files,
         }
 

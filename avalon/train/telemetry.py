@@ -10,12 +10,14 @@ dropped first (the resumed run logs them again), so a killed run leaves no dupli
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
@@ -56,7 +58,8 @@ class Telemetry:
                  total_steps: int = 0, stream=sys.stderr):
         self.enabled = enabled
         self.path = paths.join(workdir, "metrics.jsonl")
-        self.progress = ProgressBar(total_steps, stream=stream, enabled=enabled)
+        self.progress = ProgressBar(total_steps, stream=stream, enabled=enabled,
+                                    compile_clock=CompileClock.process())
         self._tb = None
         if not enabled:
             return
@@ -104,43 +107,115 @@ class Telemetry:
         self.progress.close()
 
 
-class ProgressBar:
-    """`[#####.....] 12/40  RL 2/30 reward 0.41  ETA 3m12s` on one console line.
+class CompileClock:
+    """Seconds this process has spent compiling: the union of the time spans of JAX's tracing,
+    lowering and XLA compile events (a cache hit of the persistent compilation cache counts as
+    its read). Nested spans (a jit traced inside another's trace) count once, and spans from
+    several threads that overlap count once, so the total never exceeds the wall time."""
 
-    The ETA is per phase: each phase's remaining units (`plan`) times its measured seconds per
-    unit (`record`), the first unit left out once there are two (it includes the compile). A
+    EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+              "/jax/core/compile/jaxpr_to_mlir_module_duration",
+              "/jax/core/compile/backend_compile_duration")
+    _instance: CompileClock | None = None
+
+    def __init__(self):
+        self._starts: list[float] = []  # disjoint spans, sorted: their ends are sorted too
+        self._ends: list[float] = []
+        self._total = 0.0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def process(cls) -> CompileClock:
+        """The one clock of this process, listening to JAX's monitoring events."""
+        if cls._instance is None:
+            import jax.monitoring
+            cls._instance = cls()
+            jax.monitoring.register_event_time_span_listener(cls._instance._on_span)
+        return cls._instance
+
+    def _on_span(self, event: str, start: float, end: float, **_) -> None:
+        if event in self.EVENTS:
+            self.add(start, end)
+
+    def add(self, start: float, end: float) -> None:
+        """Count [start, end] (seconds), merged with every span it overlaps."""
+        with self._lock:
+            i = j = bisect.bisect_left(self._ends, start)
+            while j < len(self._starts) and self._starts[j] <= end:
+                start, end = min(start, self._starts[j]), max(end, self._ends[j])
+                self._total -= self._ends[j] - self._starts[j]
+                j += 1
+            self._starts[i:j], self._ends[i:j] = [start], [end]
+            self._total += end - start
+
+    def __call__(self) -> float:
+        return self._total
+
+
+class ProgressBar:
+    """`[#####.....] 12/40  RL 2/30 reward 0.41  ETA 3m12s  compiled 4m10s` on one line.
+
+    Compilation is a phase of its own: a unit of work (an SFT step, an evaluation, an RLCR step)
+    is timed between `begin(phase)` and `record(phase)`, and the seconds JAX spent compiling in
+    between (`compile_clock`) go to the compile phase's elapsed time, not to the unit's. The
+    ETA is then each phase's remaining units (`plan`) times its mean post-compile seconds per
+    unit (over the last `window` units: steps that lengthen as the organisation grows move it).
+    Compiles still to come are not forecast; the time spent so far is shown beside the ETA. A
     phase with work left and nothing measured yet shows as `+ PHASE ?`, so SFT step times are
     never extrapolated over RLCR steps. `status(text)` redraws the line with a note of what is
     happening now (compiling, evaluating)."""
 
-    def __init__(self, total: int, *, stream=sys.stderr, enabled: bool = True, width: int = 28):
+    def __init__(self, total: int, *, stream=sys.stderr, enabled: bool = True, width: int = 28,
+                 clock=time.perf_counter, compile_clock=None, window: int = 10):
         self.total, self.stream, self.enabled, self.width = total, stream, enabled, width
+        self.clock, self.window = clock, window
+        self.compile_clock = compile_clock if compile_clock is not None else (lambda: 0.0)
         self.remaining: dict[str, int] = {}
         self.seconds: dict[str, list[float]] = {}
+        self.compile_s = 0.0
         self.step, self.note = 0, ""
+        self._begun: dict[str, tuple[float, float]] = {}
         self._width = 0
 
     def plan(self, remaining: dict[str, int]) -> None:
         """Units of work left per phase (e.g. {"sft": 300, "eval": 4, "rl": 30})."""
         self.remaining = dict(remaining)
 
-    def record(self, phase: str, seconds: float) -> None:
-        """One unit of `phase` finished in `seconds`."""
-        self.seconds.setdefault(phase, []).append(float(seconds))
+    def begin(self, phase: str) -> None:
+        """A unit of `phase` starts now (read the wall and the compile clocks)."""
+        self._begun[phase] = (self.clock(), self.compile_clock())
+
+    def record(self, phase: str, seconds: float | None = None) -> tuple[float, float]:
+        """One unit of `phase` finished: since its `begin`, or in `seconds` (of which nothing
+        compiled) when it was not begun. Returns (post-compile seconds, compile seconds)."""
+        if phase in self._begun:
+            t0, c0 = self._begun.pop(phase)
+            wall, compiled = self.clock() - t0, self.compile_clock() - c0
+            compiled = min(max(compiled, 0.0), wall)
+        else:
+            wall, compiled = float(seconds or 0.0), 0.0
+        self.compile_s += compiled
+        self.seconds.setdefault(phase, []).append(wall - compiled)
         if self.remaining.get(phase, 0) > 0:
             self.remaining[phase] -= 1
+        return wall - compiled, compiled
 
-    def eta(self) -> str:
+    def eta_seconds(self) -> tuple[float, list[str]]:
+        """(seconds of measured phases' remaining work, phases with work left but no unit
+        measured yet)."""
         known, unknown = 0.0, []
         for phase, left in self.remaining.items():
             if left <= 0:
                 continue
-            times = self.seconds.get(phase, [])
+            times = self.seconds.get(phase, [])[-self.window:]
             if not times:
                 unknown.append(phase)
                 continue
-            steady = times[1:] if len(times) > 1 else times
-            known += left * sum(steady) / len(steady)
+            known += left * sum(times) / len(times)
+        return known, unknown
+
+    def eta(self) -> str:
+        known, unknown = self.eta_seconds()
         text = fmt_seconds(known) if known or not unknown else ""
         return " + ".join([text] * bool(text) + [f"{p.upper()} ?" for p in unknown]) or "0m00s"
 
@@ -157,7 +232,8 @@ class ProgressBar:
             return
         frac = min(1.0, self.step / self.total)
         bar = "#" * int(frac * self.width) + "." * (self.width - int(frac * self.width))
-        line = f"[{bar}] {self.step}/{self.total}  {note}  ETA {self.eta()}"
+        compiled = f"  compiled {fmt_seconds(self.compile_s)}" if self.compile_s >= 1 else ""
+        line = f"[{bar}] {self.step}/{self.total}  {note}  ETA {self.eta()}{compiled}"
         self.stream.write("\r" + line.ljust(self._width))  # blank what a longer line left
         self._width = len(line)
         self.stream.flush()
@@ -166,6 +242,7 @@ class ProgressBar:
         if self.enabled and self.total > 0:
             self.stream.write("\n")
             self.stream.flush()
+            self.total = 0  # closed: nothing more is drawn on this line
 
 
 # Dense bf16 peak FLOP/s of one device, by `jax.Device.device_kind` (datasheets). MFU is logged
