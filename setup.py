@@ -26,8 +26,10 @@ EXTRAS = {
     # A gs:// workdir (pod runs): etils.epath and TensorBoard reach GCS through gcsfs.
     "gcs": ["gcsfs"],
     # The Hugging Face oracle and checkpoint formats (parity tests, import/export); jinja2
-    # renders a checkpoint's chat template (avalon/tokenizer/template.py).
-    "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors", "tokenizers", "jinja2"],
+    # renders a checkpoint's chat template (avalon/tokenizer/template.py); gguf reads GGUF files
+    # (avalon/checkpoint/gguf.py), and transformers needs accelerate to load one.
+    "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors", "tokenizers", "jinja2",
+           "gguf", "accelerate"],
     # The Open Reward Standard's SDK: only the ORS tests use it (a reference server and
     # client); OrsEnvironment and the ORS server are stdlib.
     "ors": ["openreward>=0.1.160,<0.2"],
