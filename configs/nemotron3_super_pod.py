@@ -109,11 +109,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                             "unvisited_weight": 0.02})
     # SPEC §4: 38,374 examples, 600M tokens, 3 epochs.
     c.sft = ml_collections.ConfigDict({"teacher_episodes": 38374, "steps": 3 * 2300,
-                                       "batch_seqs": 256, "lr": 1e-5})
+                                       "batch_seqs": 256, "micro_batches": 8, "lr": 1e-5})
     c.rollout = ml_collections.ConfigDict({
         "steps": 800, "groups_per_step": 200, "groups_per_step_end": 800,
         "groups_ramp_steps": 400, "rollouts_per_group": 16, "seq_len": 131072,
-        "seq_bucket": 32, "temperature": 1.0, "top_p": 1.0})
+        "seq_bucket": 32, "max_update_rows": 2048, "temperature": 1.0, "top_p": 1.0})
     c.rl = ml_collections.ConfigDict({"lr": 4e-6, "temperature": 1.0, "eps_high": 5.0,
                                       "cap_mode": "delta", "freeze_router": True,
                                       "micro_batches": 64, "moe_capacity_factor": 1.1,

@@ -122,7 +122,8 @@ class RolloutDriver:
                 raise ValueError(f"group {g.group_id} mixes tasks {sorted(ids)}")
         root = Path(tempfile.mkdtemp(prefix="avalon-org-", dir=self.workdir))
         try:
-            most = max(r.budget for g in groups for r in g.rollouts)
+            # A host whose share of the step is empty plays nothing (and must not fail).
+            most = max((r.budget for g in groups for r in g.rollouts), default=0)
             if self.max_agents is not None and 1 + most > self.max_agents:
                 raise ValueError(f"RolloutDriver: max_agents={self.max_agents} cannot hold a "
                                  f"rollout of budget {most} (1 + budget = {1 + most} agents)")

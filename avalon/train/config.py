@@ -31,6 +31,7 @@ from avalon.model.config import ModelConfig
 from avalon.org.config import OrgConfig
 from avalon.rl.config import RLConfig, check_rl_sampling
 from avalon.sharding import MESH_AXES
+from avalon.train import batch_plan
 from avalon.train.skills import Skill
 
 
@@ -45,6 +46,9 @@ class SFTConfig:
     teacher_episodes: int = 256  # teacher rollouts whose rows form the SFT set
     steps: int = 200  # SFT updates
     batch_seqs: int = 16  # packed sequences per SFT update
+    # Micro-batches of an SFT update (0: rl.micro_batches); batch_seqs must be a multiple of
+    # this x the devices rows are split over (`train/batch_plan.py`).
+    micro_batches: int = 0
     lr: float = 1e-3  # constant
     # Skill rows (`avalon/train/skills.py`, the toy's stand-in for pretraining): the first
     # `skill_steps` updates take skill rows only, every later one `skill_seqs` of its
@@ -64,6 +68,10 @@ class RolloutConfig:
     rollouts_per_group: int = 8  # K (the report: 16)
     seq_len: int = 2048  # packed training sequence length
     seq_bucket: int = 8  # sequences per batch padded to a multiple of this (fewer compiles)
+    # Rows of one update call at most (0: no cap, every row of a step in one call). An RL step
+    # that packs more runs several updates of exactly this many rows: one compiled shape, the
+    # one `experiments/scale/aot.py` measures (`train/batch_plan.py`).
+    max_update_rows: int = 0
     temperature: float = 1.0  # sampling temperature (the log-probs use the same)
     top_p: float = 1.0  # must stay 1 for RL (refused otherwise: rl/config.check_rl_sampling)
     # The K sessions of a group share one environment seed (same bet outcomes, hidden test
@@ -349,6 +357,7 @@ def from_config_dict(config: ml_collections.ConfigDict, *, num_devices: int,
         keep_event_logs=_coerce("keep_event_logs", items["keep_event_logs"], bool),
     )
     _check_consistency(cfg, num_processes)
+    batch_plan.check(cfg, num_processes)  # batch vs mesh, before any episode is played
     return cfg
 
 
@@ -387,6 +396,9 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
     if cfg.sft.steps < 0 or cfg.sft.teacher_episodes < 0 or cfg.sft.batch_seqs < 1:
         _fail("sft", dataclasses.asdict(cfg.sft), "steps and teacher_episodes must be >= 0, "
               "batch_seqs >= 1")
+    if cfg.sft.micro_batches < 0 or cfg.rollout.max_update_rows < 0:
+        _fail("sft.micro_batches" if cfg.sft.micro_batches < 0 else "rollout.max_update_rows",
+              min(cfg.sft.micro_batches, cfg.rollout.max_update_rows), "must be >= 0")
     if not 0 <= cfg.sft.skill_seqs <= cfg.sft.batch_seqs:
         _fail("sft.skill_seqs", cfg.sft.skill_seqs,
               f"must be in 0..batch_seqs={cfg.sft.batch_seqs}")

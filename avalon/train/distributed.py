@@ -6,12 +6,17 @@ flags), then `AVALON_COORDINATOR` / `AVALON_NUM_PROCESSES` / `AVALON_PROCESS_ID`
 
 On CPU (tests: two processes on localhost), cross-process collectives go through gloo.
 Each process then runs the organisation simulators for its share of the task groups
-(`host_shard`) and contributes its rollouts to the global batch.
+(`host_shard`, even shares) and contributes its rollouts to the global batch; evaluation and
+teacher episodes are shared out the same way, and what every process needs of the others'
+results travels through `allgather_bytes` (in process order, so every process computes the
+same thing from it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 import os
 
 import jax
@@ -63,9 +68,79 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
     return ProcessInfo(process_id=jax.process_index(), num_processes=jax.process_count())
 
 
+def share_bounds(n: int, info: ProcessInfo) -> tuple[int, int]:
+    """[lo, hi) of this process's contiguous share of n items: shares differ by at most one
+    (the first n % P processes take one more), and a process whose share is empty idles."""
+    base, extra = divmod(n, info.num_processes)
+    lo = info.process_id * base + min(info.process_id, extra)
+    return lo, lo + base + (info.process_id < extra)
+
+
 def host_shard(items: list, info: ProcessInfo) -> list:
-    """This process's contiguous share of `items` (every process gets the same count when
-    len(items) divides evenly; the driver checks that it does)."""
-    n = len(items)
-    per = -(-n // info.num_processes)
-    return items[info.process_id * per:(info.process_id + 1) * per]
+    """This process's contiguous share of `items` (`share_bounds`: 200 groups over 32 hosts
+    are 8 shares of 7 and 24 of 6; 3 over 4 leave one host empty)."""
+    lo, hi = share_bounds(len(items), info)
+    return items[lo:hi]
+
+
+# Bytes per process per collective in `allgather_bytes`: on an accelerator the gather runs
+# through device memory (P x this per device), so a large payload goes in pieces.
+_GATHER_CHUNK = 1 << 24
+
+
+def allgather_bytes(payload: bytes) -> list[bytes]:
+    """Every process's `payload`, in process order (just `[payload]` on one process). Every
+    process must call it, the same number of times, in the same order."""
+    if jax.process_count() == 1:
+        return [payload]
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    sizes = [int(n) for n in multihost_utils.process_allgather(np.asarray(len(payload),
+                                                                          np.int64))]
+    pieces: list[list[bytes]] = [[] for _ in sizes]
+    for start in range(0, max(sizes), _GATHER_CHUNK):
+        buf = np.zeros(min(_GATHER_CHUNK, max(sizes) - start), np.uint8)
+        mine = np.frombuffer(payload[start:start + len(buf)], np.uint8)
+        buf[:len(mine)] = mine
+        got = multihost_utils.process_allgather(buf)
+        for p, n in enumerate(sizes):
+            pieces[p].append(bytes(got[p][:max(0, min(len(buf), n - start))]))
+    return [b"".join(parts) for parts in pieces]
+
+
+def allgather_json(value) -> list:
+    """Every process's JSON-able `value`, in process order."""
+    return [json.loads(b.decode()) for b in allgather_bytes(json.dumps(value).encode())]
+
+
+def encode_rows(rows: list, tags: list[int]) -> bytes:
+    """`TrajectoryRow`s (each with an int tag) as one npz payload (no pickle)."""
+    import numpy as np
+    arrays = {"tags": np.asarray(tags, np.int64)}
+    meta = []
+    for i, r in enumerate(rows):
+        for name in ("tokens", "loss_mask", "sampler_logp", "flags", "routing"):
+            value = getattr(r, name)
+            if value is not None:
+                arrays[f"{i}.{name}"] = np.asarray(value)
+        meta.append([r.agent, r.role, r.segment])
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    return out.getvalue()
+
+
+def decode_rows(payload: bytes) -> tuple[list, list[int]]:
+    """The inverse of `encode_rows`: (rows, tags)."""
+    import numpy as np
+
+    from avalon.rl.types import TrajectoryRow
+    with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+        meta = json.loads(bytes(z["meta"]).decode())
+        rows = [TrajectoryRow(tokens=z[f"{i}.tokens"], loss_mask=z[f"{i}.loss_mask"],
+                              sampler_logp=z[f"{i}.sampler_logp"], flags=z[f"{i}.flags"],
+                              routing=z[f"{i}.routing"] if f"{i}.routing" in z else None,
+                              agent=agent, role=role, segment=segment)
+                for i, (agent, role, segment) in enumerate(meta)]
+        return rows, [int(t) for t in z["tags"]]

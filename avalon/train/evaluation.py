@@ -18,10 +18,13 @@ WORKDIR/events/eval/step<N>/ with an index (`avalon/analysis/logs.py`); the base
 
 from __future__ import annotations
 
+import jax
+
 from avalon.analysis.logs import IndexEntry, rollout_file, write_index
 from avalon.envs.base import Environment, Split
 from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
 from avalon.org.engine_policy import EnginePolicy
+from avalon.train import distributed, host_metrics
 from avalon.train.org_metrics import rollout_metrics
 from avalon.train.setup import Setup
 
@@ -47,7 +50,12 @@ def arm_metrics(groups, arm: str) -> dict:
 def evaluate(setup: Setup, engine, *, log_dir: str | None = None, at_step: int = 0,
              at_rl_step: int = 0) -> dict:
     """The evaluation's metrics; with `log_dir`, every rollout's event log and an index
-    (`avalon/analysis/logs.py`) go there, marked as played at global step `at_step`."""
+    (`avalon/analysis/logs.py`) go there, marked as played at global step `at_step`.
+
+    With several processes each plays its share of the held-out tasks (both arms of a task on
+    one process: `distributed.host_shard`), writes its own logs and index part, and the
+    metrics are reduced across processes by name (`host_metrics`): every process returns the
+    same record, the one a single process playing every task would log."""
     cfg = setup.cfg
     policy = EnginePolicy(engine, setup.chat, cfg.sampling)
     driver = RolloutDriver(policy, setup.chat, cfg.org, log_dir=log_dir,
@@ -56,29 +64,37 @@ def evaluate(setup: Setup, engine, *, log_dir: str | None = None, at_step: int =
     # As many tasks at once as the engine has slots for (both arms of a task together).
     per_task = cfg.eval.seeds * (2 + cfg.eval.budget)
     tasks_per_run = max(1, cfg.engine.slots // per_task)
-    specs, arm_of, index = [], [], []
+    tasks = []  # per held-out task: [(arm, spec, index entries)] for both arms
     gid = 0
     for env in setup.envs:
         for t_index, task_id in enumerate(env.task_ids(Split.HELDOUT)[:cfg.eval.tasks]):
             clock = eval_clock(cfg, env, task_id)
+            pair = []
             for a_index, (arm, budget) in enumerate(arms):
                 rollouts = tuple(
                     RolloutSpec(env.session(task_id, seed=s, clock_s=clock), budget=budget,
                                 seed=_EVAL_SEED + (t_index * len(arms) + a_index) * 1000 + s)
                     for s in range(cfg.eval.seeds))
-                specs.append(GroupSpec(group_id=gid, rollouts=rollouts))
-                arm_of.append(arm)
-                index += [IndexEntry(rollout_file(gid, i), "eval", at_step, at_rl_step, env.name,
-                                     arm, {"seed_index": i})
-                          for i in range(len(rollouts))]
+                pair.append((arm, GroupSpec(group_id=gid, rollouts=rollouts),
+                             [IndexEntry(rollout_file(gid, i), "eval", at_step, at_rl_step,
+                                         env.name, arm, {"seed_index": i})
+                              for i in range(len(rollouts))]))
                 gid += 1
+            tasks.append(pair)
+    info = distributed.ProcessInfo(jax.process_index(), jax.process_count())
+    mine = [x for pair in distributed.host_shard(tasks, info) for x in pair]
+    specs = [spec for _, spec, _ in mine]
     groups_done = []
     step = tasks_per_run * len(arms)
     for start in range(0, len(specs), step):
         groups_done += driver.run(specs[start:start + step]).groups
     if log_dir is not None:
-        write_index(log_dir, index)
+        write_index(log_dir, [e for _, _, entries in mine for e in entries],
+                    part=f"p{info.process_id}" if info.process_id else "")
     out = {}
     for arm, _ in arms:
-        out.update(arm_metrics([g for g, a in zip(groups_done, arm_of) if a == arm], arm))
-    return out
+        arm_groups = [g for g, (a, _, _) in zip(groups_done, mine) if a == arm]
+        if arm_groups:  # a process with no task of its own reports nothing
+            out.update(arm_metrics(arm_groups, arm))
+    rollouts = sum(len(g.rollouts) for g, (a, _, _) in zip(groups_done, mine) if a == "org")
+    return host_metrics.reduce_across_hosts(out, weight=rollouts)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import sys
 import time
@@ -56,9 +55,17 @@ from avalon.rl.roles import role_grad_norms
 from avalon.rl.update import TrainState
 from avalon.tokenizer.record import RECORD_FILE
 from avalon.tokenizer.record import describe as tokenizer_record
-from avalon.train import baselines, org_metrics, plots, program_maps, telemetry
+from avalon.train import (
+    baselines,
+    batch_plan,
+    host_metrics,
+    org_metrics,
+    plots,
+    program_maps,
+    telemetry,
+)
 from avalon.train.config import TrainConfig, describe, from_config_dict, groups_at
-from avalon.train.distributed import host_shard
+from avalon.train.distributed import allgather_json, host_shard
 from avalon.train.evaluation import EVAL_SEED, evaluate
 from avalon.train.setup import Setup, Switch, build, global_batch, initial_params
 from avalon.train.sft import SFTBatches, teacher_traces
@@ -77,13 +84,6 @@ class HostState:
     @property
     def step(self) -> int:
         return self.sft_step + self.rl_step
-
-
-def _reduce_mean(x: float) -> float:
-    """Mean over processes of a host-side number (identity on one process)."""
-    if jax.process_count() == 1:
-        return float(x)
-    return float(np.mean(multihost_utils.process_allgather(np.asarray(x, np.float64))))
 
 
 class Run:
@@ -116,6 +116,7 @@ class Run:
                                                     {"step": s, "why": why} for s, why in skipped]})
         self.engine: Engine | None = None
         self.switch = Switch(cfg, self.setup.mesh, self.setup.local_mesh)
+        self.rl_plan = batch_plan.rl_plan(cfg, jax.process_count())
         self.peak_flops = telemetry.peak_flops(jax.devices()[0].device_kind)
 
     # ---- checkpoints -----------------------------------------------------------------------
@@ -340,32 +341,36 @@ class Run:
         routing = (cfg.model.count("E"), cfg.model.num_experts_per_tok) \
             if cfg.model.count("E") else None
         step_fn = setup.rl_step
-        # Pad the sequence count to a multiple of `seq_bucket` (and of micro-batches x data
-        # parallelism): each new batch shape is a new compile of the update step.
-        # (the training batch is split over data x fsdp x expert: TRAIN_RULES["batch"])
-        multiple = cfg.rl.micro_batches * math.prod(
-            setup.mesh.shape[a] for a in ("data", "fsdp", "expert"))
-        local_multiple = max(1, multiple // info.num_processes)
-        local_multiple = int(np.lcm(local_multiple, cfg.rollout.seq_bucket))
+        plan = self.rl_plan
+        # Padded to the plan's multiple (micro-batches x the devices rows split over, and
+        # seq_bucket: each new shape is a new compile); every process brings as many rows,
+        # and a step past `rollout.max_update_rows` runs several updates of that shape.
         batch, bstats = build_rl_batch(groups, cfg.rl, seq_len=cfg.rollout.seq_len,
-                                       num_seqs_multiple=local_multiple, routing_shape=routing)
-        if info.num_processes > 1:  # every process must bring the same number of sequences
-            most = int(max(multihost_utils.process_allgather(
-                np.asarray(batch.tokens.shape[0]))))
-            if most != batch.tokens.shape[0]:
-                batch, bstats = build_rl_batch(groups, cfg.rl, seq_len=cfg.rollout.seq_len,
-                                               num_seqs_multiple=local_multiple, min_seqs=most,
-                                               routing_shape=routing)
-        batch = global_batch(batch, step_fn.batch_sharding)
+                                       num_seqs_multiple=plan.local_multiple,
+                                       routing_shape=routing)
+        most = _max_across_hosts(batch.tokens.shape[0])
+        calls, per_call = plan.calls(most)  # per_call: this process's rows of each call
+        if batch.tokens.shape[0] != calls * per_call:
+            batch, bstats = build_rl_batch(groups, cfg.rl, seq_len=cfg.rollout.seq_len,
+                                           num_seqs_multiple=plan.local_multiple,
+                                           min_seqs=calls * per_call, routing_shape=routing)
         t_build = time.perf_counter() - t1
 
+        part = lambda x, c: jax.tree.map(lambda a: np.asarray(a)[c * per_call:(c + 1) * per_call],
+                                         x)
         every = cfg.rl.role_grad_every  # per-role gradient norms, before the state is donated
-        roles = role_grad_norms(step_fn.masked_grad_norm, self.state.params, batch, bstats.roles,
+        roles = role_grad_norms(step_fn.masked_grad_norm, self.state.params,
+                                global_batch(part(batch, 0), step_fn.batch_sharding),
+                                bstats.roles[:per_call],
                                 lambda x: global_batch(x, step_fn.batch_sharding)) \
             if every and self.host.rl_step % every == 0 else {}
         t3 = time.perf_counter()
-        self.state, m = step_fn(self.state, batch)
-        m = {k: float(v) for k, v in m.items()} | roles
+        updates = []
+        for c in range(calls):
+            self.state, m = step_fn(self.state, global_batch(part(batch, c),
+                                                             step_fn.batch_sharding))
+            updates.append({k: float(v) for k, v in m.items()})
+        m = _combine_updates(updates) | roles
         t_update = time.perf_counter() - t3
 
         switch = self.switch_engine()
@@ -375,23 +380,28 @@ class Run:
         engine_stats = self.engine.stats
         tokens_model = m["tokens"]
         flops = accounting.train_flops_per_token(cfg.model, cfg.rollout.seq_len) * tokens_model
+        rollouts = sum(len(g.rollouts) for g in groups)
+        # This host's numbers, reduced across hosts by name (`host_metrics`); the update's
+        # metrics are global already.
+        local = {
+            **{f"batch/{k}": v for k, v in bstats.as_metrics().items()},
+            **org_metrics.rollout_metrics(groups),
+            "rollouts": rollouts,
+            "time/rollout_s": t_rollout, "time/build_s": t_build, "time/step_s": total,
+            **switch, "perf/switch_step_share": switch["time/switch_s"] / max(total, 1e-9),
+            "perf/generated_tokens_per_s": (engine_stats.decode_tokens
+                                            - stats0.decode_tokens) / max(t_rollout, 1e-9),
+            **_engine_counters(engine_stats, stats0),
+            "engine/ticks": len(result.ticks), **maps,
+        }
         record = {
             "phase": "rl", "rl_step": self.host.rl_step,
             "clock_s": cfg.clock(self.host.rl_step - 1),
             **{f"train/{k}": v for k, v in m.items()},
-            **{f"batch/{k}": (_reduce_sum(v) if k in _COUNTS else _reduce_mean(v))
-               for k, v in bstats.as_metrics().items()},
-            **_reduced(org_metrics.rollout_metrics(groups)),
-            "time/rollout_s": t_rollout, "time/build_s": t_build,
-            "time/update_s": t_update, "time/step_s": total, **switch,
-            "perf/switch_step_share": switch["time/switch_s"] / max(total, 1e-9),
-            "perf/generated_tokens_per_s": (engine_stats.decode_tokens
-                                            - stats0.decode_tokens) / max(t_rollout, 1e-9),
+            **host_metrics.reduce_across_hosts(local, weight=rollouts),
+            "time/update_s": t_update,
             "perf/train_tokens_per_s": tokens_model / max(t_update, 1e-9),
-            "rollouts": _reduce_sum(sum(len(g.rollouts) for g in groups)),
             "processes": info.num_processes,
-            "engine/dispatches": engine_stats.dispatches - stats0.dispatches,
-            "engine/ticks": len(result.ticks), **maps,
         }
         if self.peak_flops is not None:  # against this device's peak (none known for CPUs)
             record["perf/mfu"] = flops / max(t_update, 1e-9) / (self.peak_flops
@@ -410,16 +420,16 @@ class Run:
         self.telemetry.progress.status(
             f"evaluating at RL step {self.host.rl_step}: {cfg.eval.tasks} held-out tasks x "
             f"{cfg.eval.seeds} seeds, organisation and single agent")
-        log_dir = step_dir(self.workdir, "eval", self.host.step) \
-            if cfg.eval.log_events and self.main else None
+        # Every process writes the logs of its share of the tasks (a shared workdir).
+        log_dir = step_dir(self.workdir, "eval", self.host.step) if cfg.eval.log_events else None
         stats0 = self.engine.stats.snapshot()
         m = evaluate(self.setup, self.engine, log_dir=log_dir, at_step=self.host.step,
                      at_rl_step=self.host.rl_step)
         stats, t_eval = self.engine.stats, time.perf_counter() - t
-        m["perf/eval_generated_tokens_per_s"] = (
-            (stats.decode_tokens - stats0.decode_tokens) / max(t_eval, 1e-9))
-        m["engine/eval_dispatches"] = stats.dispatches - stats0.dispatches
-        m = {k: (v if isinstance(v, dict) else _reduce_mean(v)) for k, v in m.items()}
+        m.update(host_metrics.reduce_across_hosts({  # `evaluate` reduced its own metrics
+            "perf/eval_generated_tokens_per_s": (
+                (stats.decode_tokens - stats0.decode_tokens) / max(t_eval, 1e-9)),
+            "engine/eval_dispatches": stats.dispatches - stats0.dispatches}))
         if baselines.enabled(self.cfg.eval) and self.main:
             # Main process only (it holds the logs S8 matches), after the cross-process means.
             m.update(baselines.run_baselines(
@@ -458,34 +468,48 @@ def _process_info():
 
 def _gather_results(local: list[tuple[str, str, float]]) -> list[tuple[str, str, float]]:
     """Every process's (env, task, success) results, in process order."""
+    return [tuple(x) for part in allgather_json(local) for x in part]
+
+
+def _max_across_hosts(n: int) -> int:
+    """The largest `n` of any process (`n` on one process)."""
     if jax.process_count() == 1:
-        return local
-    payload = json.dumps(local).encode()
-    sizes = multihost_utils.process_allgather(np.asarray(len(payload)))
-    buf = np.zeros(int(max(sizes)), np.uint8)
-    buf[:len(payload)] = np.frombuffer(payload, np.uint8)
-    everything = multihost_utils.process_allgather(buf)
-    out = []
-    for row, n in zip(everything, sizes):
-        out += [tuple(x) for x in json.loads(bytes(row[:int(n)]).decode())]
+        return int(n)
+    return int(max(multihost_utils.process_allgather(np.asarray(n, np.int64))))
+
+
+def _engine_counters(stats, before) -> dict:
+    """This host's engine counters over the step (summed across hosts by `host_metrics`)."""
+    return {"engine/dispatches": stats.dispatches - before.dispatches,
+            "engine/decode_tokens": stats.decode_tokens - before.decode_tokens,
+            "engine/turns_deferred": stats.turns_deferred - before.turns_deferred,
+            "engine/turns_cut_by_pool": stats.turns_cut_by_pool - before.turns_cut_by_pool}
+
+
+# The update step's metrics over several calls of one RL step (`rollout.max_update_rows`):
+# counts add up, extremes stay extremes, the rest are means weighted by loss tokens.
+_UPDATE_SUMS = frozenset({"tokens", "loss_tokens", "skipped", "moe_dropped_choices"})
+
+
+def _combine_updates(updates: list[dict]) -> dict:
+    if len(updates) == 1:
+        return {**updates[0], "updates": 1.0}
+    out = {}
+    weights = [u.get("loss_tokens", 1.0) for u in updates]
+    total = sum(weights) or float(len(updates))
+    weights = weights if sum(weights) else [1.0] * len(updates)
+    for k in updates[0]:
+        values = [u[k] for u in updates]
+        if k in _UPDATE_SUMS:
+            out[k] = float(sum(values))
+        elif k.endswith("_max"):
+            out[k] = float(max(values))
+        elif k.endswith("_min"):
+            out[k] = float(min(values))
+        else:
+            out[k] = float(sum(w * v for w, v in zip(weights, values)) / total)
+    out["updates"] = float(len(updates))
     return out
-
-
-# Host-side batch statistics that add up across processes (the rest are averaged).
-_COUNTS = frozenset({"groups", "kept_groups", "dropped_groups", "rollouts", "pack_rows",
-                     "pack_skipped_rows", "pack_sequences", "pack_tokens", "pack_loss_tokens",
-                     "pack_padding", "pack_unpredictable_loss_tokens",
-                     "role/ceo/loss_tokens", "role/specialists/loss_tokens"})
-
-
-def _reduce_sum(x: float) -> float:
-    if jax.process_count() == 1:
-        return float(x)
-    return float(np.sum(multihost_utils.process_allgather(np.asarray(x, np.float64))))
-
-
-def _reduced(metrics: dict) -> dict:
-    return {k: (v if isinstance(v, dict) else _reduce_mean(v)) for k, v in metrics.items()}
 
 
 def prepare(config, workdir: str, *, config_name: str = "",

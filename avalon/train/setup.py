@@ -33,7 +33,7 @@ from avalon.org.vocabulary import org_vocabulary
 from avalon.rl.config import LossKind
 from avalon.rl.update import UpdateStep, make_update_step
 from avalon.tokenizer import ByteTokenizer, ChatFormat, HFTokenizer, WordTokenizer
-from avalon.train import run_dir
+from avalon.train import batch_plan, run_dir
 from avalon.train.config import TokenizerKind, TrainConfig
 
 
@@ -80,7 +80,8 @@ def build(cfg: TrainConfig, env_section) -> Setup:
                          "(config.model.overrides.vocab_size)")
     mesh = sharding.make_mesh(cfg.mesh)
     local_mesh = make_local_mesh(mesh)
-    sft_rl = dataclasses.replace(cfg.rl, loss=LossKind.SFT, lr=cfg.sft.lr)
+    sft_rl = dataclasses.replace(cfg.rl, loss=LossKind.SFT, lr=cfg.sft.lr,
+                                 micro_batches=batch_plan.sft_micro_batches(cfg))
     # A tokenizer with a chat template renders through its markup (avalon/tokenizer/hf.py).
     rendering = tok.rendering if isinstance(tok, HFTokenizer) else None
     return Setup(cfg=cfg, envs=envs, chat=ChatFormat(tok, rendering), mesh=mesh,

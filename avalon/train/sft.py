@@ -20,6 +20,7 @@ from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
 from avalon.rl.batch import TrainBatch
 from avalon.rl.build import build_sft_batch
 from avalon.rl.types import TrajectoryRow
+from avalon.train import batch_plan, distributed
 from avalon.train.setup import Setup
 from avalon.train.skills import SkillRows, recall_keys
 
@@ -35,6 +36,9 @@ class TeacherTraces:
 
 
 def teacher_traces(setup: Setup) -> TeacherTraces:
+    """Every teacher episode's rows and reward. With several processes each plays its share of
+    the episodes (`distributed.share_bounds`) and every process receives all rows, in the
+    order one process would have produced them (by environment, then episode)."""
     cfg = setup.cfg
     n = cfg.sft.teacher_episodes
     rng = np.random.default_rng([cfg.seed, 1])
@@ -45,10 +49,12 @@ def teacher_traces(setup: Setup) -> TeacherTraces:
         env = setup.envs[e % len(setup.envs)]
         ids = env.task_ids(Split.TRAIN)
         plan.append((env, ids[int(rng.integers(len(ids)))], budgets[e]))
-    rows, rewards, cut = [], [], 0
+    lo, hi = distributed.share_bounds(n, distributed.ProcessInfo(jax.process_index(),
+                                                                 jax.process_count()))
+    rows, tags, rewards, cut = [], [], [], 0
     teachers = {env.name: cfg.make_teacher(env, setup.chat) for env in setup.envs}
     for env in setup.envs:
-        mine = [(t, b, i) for i, (e, t, b) in enumerate(plan) if e is env]
+        mine = [(t, b, i) for i, (e, t, b) in enumerate(plan) if e is env and lo <= i < hi]
         driver = RolloutDriver(teachers[env.name], setup.chat, cfg.org, share_prefix=False)
         for start in range(0, len(mine), _EPISODES_PER_RUN):
             specs = [GroupSpec(group_id=i, rollouts=(RolloutSpec(
@@ -56,11 +62,27 @@ def teacher_traces(setup: Setup) -> TeacherTraces:
                 for t, b, i in mine[start:start + _EPISODES_PER_RUN]]
             for group in driver.run(specs).groups:
                 for rollout in group.rollouts:
-                    rows += [r for r in rollout.rows if r.loss_mask.any()]
-                    rewards.append(sum(ev.value for ev in rollout.rewards))
+                    kept = [r for r in rollout.rows if r.loss_mask.any()]
+                    rows += kept
+                    tags += [group.group_id] * len(kept)
+                    rewards.append((group.group_id, sum(ev.value for ev in rollout.rewards)))
         cut += teachers[env.name].cut_turns
-    return TeacherTraces(rows=rows, mean_reward=float(np.mean(rewards)) if rewards else 0.0,
-                         episodes=n, cut_turns=cut)
+    if jax.process_count() > 1:
+        rows, rewards, cut = _gather_traces(rows, tags, rewards, cut, len(setup.envs))
+    return TeacherTraces(rows=rows, mean_reward=float(np.mean([r for _, r in rewards]))
+                         if rewards else 0.0, episodes=n, cut_turns=cut)
+
+
+def _gather_traces(rows, tags, rewards, cut, n_envs: int):
+    """Every process's teacher rows, rewards and cut turns, ordered as one process plays them
+    (environment e % n_envs, then episode e)."""
+    payloads = distributed.allgather_bytes(distributed.encode_rows(rows, tags))
+    extra = distributed.allgather_json({"rewards": rewards, "cut": cut})
+    tagged = [(t, r) for p in payloads for r, t in zip(*distributed.decode_rows(p))]
+    order = lambda e: (e % n_envs, e)
+    tagged.sort(key=lambda tr: order(tr[0]))  # stable: an episode's rows keep their order
+    rewards = sorted(((e, r) for x in extra for e, r in x["rewards"]), key=lambda er: order(er[0]))
+    return [r for _, r in tagged], rewards, sum(x["cut"] for x in extra)
 
 
 class SFTBatches:
@@ -68,11 +90,8 @@ class SFTBatches:
 
     def __init__(self, setup: Setup, traces: TeacherTraces):
         cfg = setup.cfg
-        dp = setup.mesh.shape["data"] * setup.mesh.shape["fsdp"] * setup.mesh.shape["expert"]
-        self.multiple = cfg.rl.micro_batches * dp
-        if cfg.sft.batch_seqs % self.multiple:
-            raise ValueError(f"config.sft.batch_seqs={cfg.sft.batch_seqs} must be a multiple of "
-                             f"rl.micro_batches x data-parallel devices = {self.multiple}")
+        # batch_seqs fits the mesh: checked at start-up (`batch_plan.check`).
+        self.plan = batch_plan.sft_plan(cfg, jax.process_count())
         self.all, stats = build_sft_batch(traces.rows, seq_len=cfg.rollout.seq_len,
                                           min_seqs=cfg.sft.batch_seqs)
         self.fill = stats.packing.fill

@@ -329,11 +329,23 @@ def parse_mesh(text: str) -> dict[str, int]:
     return out
 
 
-def run(config, topology: str, rows: int | None, seq: int | None, loss: str,
-        mesh: str | None = None, dump_hlo: str | None = None) -> dict:
+def train_shape(cfg, loss: str, num_processes: int):
+    """(rows, seq, RL config) of the update call the trainer builds for a `TrainConfig`
+    (`train.batch_plan`): the RL step's capped shape (`rollout.max_update_rows`; else its
+    smallest call) or the SFT step's `sft.batch_seqs`, rows of `rollout.seq_len` tokens."""
     import dataclasses
 
     from avalon.rl.config import LossKind
+    from avalon.train import batch_plan
+    if loss == "cispo":
+        return batch_plan.rl_plan(cfg, num_processes).aot_rows, cfg.rollout.seq_len, cfg.rl
+    sft_rl = dataclasses.replace(cfg.rl, loss=LossKind.SFT, lr=cfg.sft.lr,
+                                 micro_batches=batch_plan.sft_micro_batches(cfg))
+    return batch_plan.sft_plan(cfg, num_processes).aot_rows, cfg.rollout.seq_len, sft_rl
+
+
+def run(config, topology: str, rows: int | None, seq: int | None, loss: str,
+        mesh: str | None = None, dump_hlo: str | None = None) -> dict:
     from avalon.train.config import from_config_dict
 
     devices = tpu_devices(topology)
@@ -345,13 +357,9 @@ def run(config, topology: str, rows: int | None, seq: int | None, loss: str,
         if mesh:
             config.mesh = ml_collections.ConfigDict(parse_mesh(mesh))
     cfg = from_config_dict(config, num_devices=chips, num_processes=max(1, chips // 4))
-    rl_cfg = cfg.rl if loss == "cispo" else dataclasses.replace(cfg.rl, loss=LossKind.SFT)
-    # Rows split over data x fsdp x expert; under sequence parallelism over data x fsdp only
-    # (each row's positions over expert).
-    dp = cfg.mesh.get("data", 1) * cfg.mesh.get("fsdp", 1) * (
-        1 if rl_cfg.sequence_parallel else cfg.mesh.get("expert", 1))
-    rows = rows or rl_cfg.micro_batches * dp
-    seq = seq or cfg.rollout.seq_len
+    default_rows, seq_len, rl_cfg = train_shape(cfg, loss, num_processes=max(1, chips // 4))
+    rows = rows or default_rows
+    seq = seq or seq_len
     out = {"topology": topology, "step": "train", "loss": loss, "mesh": cfg.mesh,
            "micro_batches": rl_cfg.micro_batches, "remat": cfg.model.remat.value,
            "sequence_parallel": rl_cfg.sequence_parallel,
