@@ -477,7 +477,10 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
         if "latent_in_bias" in p:
             xl = xl + p["latent_in_bias"].astype(dtype)
     up, down = p["experts_up"].astype(dtype), p["experts_down"].astype(dtype)
-    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    # The platform of the mesh the layer is traced for, a one-device mesh's too (compiling for
+    # a GPU or TPU from a CPU host must not pick the host's backend); no rules: the default.
+    platform = (active[0].devices.flat[0].platform if active is not None
+                else jax.default_backend())
     chosen = resolve_backend(backend or cfg.moe_backend, platform)
     if mesh is not None:
         routed, dropped = moe_ep.expert_parallel(
