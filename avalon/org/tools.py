@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from avalon.org.channels import Message, MessageKind
 from avalon.org.env import EnvReward, Param, ParamType, ToolError, ToolSpec
+from avalon.org.names import name_problem
 from avalon.org.prompts import keep_improving
 
 if TYPE_CHECKING:
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 
 S, I, A = ParamType.STRING, ParamType.INTEGER, ParamType.ARRAY
 ARCHIVE_KEY = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# An event seq in evidence: ASCII digits only (`str.isdigit` also accepts '²', which `int`
+# refuses) and short enough for `int` (which refuses over 4,300 digits).
+EVIDENCE_SEQ = re.compile(r"[0-9]{1,12}")
 MAX_TITLE_CHARS = 80
 MAX_EMOJI_CHARS = 16
 
@@ -143,6 +147,10 @@ def _hire(org: Organisation, a: Agent, args: dict) -> ToolResult:
     title = _text(args, "title").strip()
     if len(title) > MAX_TITLE_CHARS:
         raise ToolError(f"title is {len(title)} characters; the limit is {MAX_TITLE_CHARS}")
+    problem = name_problem(title)
+    if problem is not None:  # a title is pinned in every teammate's role card and roster
+        raise ToolError(f"title {title[:MAX_TITLE_CHARS]!r}: {problem}; a title is one line "
+                        "of visible text")
     role = _text(args, "role", allow_empty=True)
     grantable = org.grantable_tools()
     tools = args["tools"]
@@ -210,6 +218,9 @@ def _react(org: Organisation, a: Agent, args: dict) -> ToolResult:
     emoji = _text(args, "emoji").strip()
     if len(emoji) > MAX_EMOJI_CHARS:
         raise ToolError(f"emoji is {len(emoji)} characters; the limit is {MAX_EMOJI_CHARS}")
+    problem = name_problem(emoji, allow_joiner=True)
+    if problem is not None:
+        raise ToolError(f"emoji {emoji!r}: {problem}")
     mid = org.post.next_id()
     return ToolResult(f"reacted {emoji}", effect=lambda seq: org.send(
         seq, a, mid, MessageKind.REACTION, emoji, target=target.id))
@@ -221,7 +232,7 @@ def _check_evidence(org: Organisation, a: Agent, item) -> None:
     kind, _, ref = item.partition(":")
     if kind == "seq":
         events = org.log.events
-        n = int(ref) if ref.isdigit() else -1
+        n = int(ref) if EVIDENCE_SEQ.fullmatch(ref) else -1
         ok = (0 <= n < len(events) and events[n]["kind"] == "tool_call"
               and events[n]["agent"] == a.id and not events[n]["error"])
         if not ok:

@@ -56,6 +56,7 @@ from pathlib import Path
 
 from avalon.org import beneath
 from avalon.org.env import ToolError
+from avalon.org.names import name_problem
 
 # The child sets its own limits and sandbox before running the agent's code (no `preexec_fn`:
 # running Python between fork and exec in a multithreaded parent, JAX's, can deadlock). argv:
@@ -160,6 +161,9 @@ class Workspace:
             if len(p.encode("utf-8")) > MAX_NAME_BYTES:
                 raise ToolError(f"path {_show(rel)}: a name of {len(p.encode('utf-8'))} bytes; "
                                 f"the limit is {MAX_NAME_BYTES}")
+            problem = name_problem(p)
+            if problem is not None:  # file names are shown in every teammate's listings
+                raise ToolError(f"path {_show(rel)}: in {_show(p)}, {problem}")
         if len(parts) > self.limits.max_depth:
             raise ToolError(f"path {_show(rel)} is {len(parts)} levels deep; the limit is "
                             f"{self.limits.max_depth}")
@@ -343,6 +347,23 @@ class Workspace:
         finally:
             os.close(base)
 
+    def keep_only(self, keys) -> None:
+        """Removes every entry that is neither one of the regular files `keys` nor a directory
+        on the way to one (emptied directories, links, FIFOs, ...): a mirror of another
+        workspace holds what it holds, and no leftover counts against the entry cap."""
+        keep = set(keys)
+        dirs = {k.rsplit("/", i)[0] for k in keep for i in range(1, k.count("/") + 1)}
+        gone: list[str] = []
+        with self._root_fd() as root:
+            for rel, st, _ in list(beneath.walk(root, self.limits.max_depth)):
+                if any(rel.startswith(g + "/") for g in gone):
+                    continue
+                wanted = rel in dirs if stat.S_ISDIR(st.st_mode) else (
+                    rel in keep and stat.S_ISREG(st.st_mode))
+                if not wanted:
+                    beneath.remove_beneath(root, tuple(rel.split("/")))
+                    gone.append(rel)
+
     def snapshot(self) -> dict[str, tuple[int, int]]:
         """Every regular file (symlinks, FIFOs, ... skipped): its key -> (mtime in ns, size)."""
         return {k: (mt, size) for k, (kind, mt, size) in self._inventory().items()
@@ -466,10 +487,12 @@ def _show(rel: str) -> str:
 
 
 def _nameable(key: str) -> bool:
-    """Whether the file tools accept `key` (a name a program made may be too long, ...)."""
+    """Whether the file tools accept `key` as this very file (a name a program made may be too
+    long, hold a control character, or a backslash, which the tools read as a separator)."""
     try:
         return len(key.encode("utf-8")) <= MAX_PATH_BYTES and all(
-            len(p.encode("utf-8")) <= MAX_NAME_BYTES for p in key.split("/"))
+            len(p.encode("utf-8")) <= MAX_NAME_BYTES and "\\" not in p
+            and name_problem(p) is None for p in key.split("/"))
     except UnicodeEncodeError:
         return False
 
