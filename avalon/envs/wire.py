@@ -10,8 +10,10 @@ the client. The client sends a snapshot `{"files": {path: base64}}` with each ca
 end; the server writes it into the session's own directory before calling the real session.
 A snapshot holds only the regular files the file tools can name, within the workspace's caps
 (`snapshot` also says what it left out); `restore` refuses bad paths and snapshots over the
-caps with a `WireError`. Both use the Workspace's race-free file operations (see the section
-below), so what sandboxed code leaves behind (links, FIFOs) can neither redirect nor crash them.
+caps with a `WireError` (or, `lenient`, at the end of an episode, leaves such files out) and
+removes whatever the snapshot does not hold, emptied directories included. Both use the
+Workspace's race-free file operations (see the section below), so what sandboxed code leaves
+behind (links, FIFOs) can neither redirect nor crash them.
 Changes an environment makes (a layout in `on_start`, files in a call) come back in the reply.
 """
 
@@ -219,53 +221,68 @@ def snapshot(ws: Workspace) -> tuple[dict, list[str]]:
     return {"files": files}, left_out
 
 
-def _decode_files(ws: Workspace, snap: Any) -> dict[str, bytes]:
+def _decode_files(ws: Workspace, snap: Any, skipped: list[str] | None = None) -> dict[str, bytes]:
+    """The snapshot's files, checked. With `skipped` (a list), a file that cannot be taken (a
+    bad path, over a limit, a clash) is left out and its reason appended, instead of refusing
+    the whole snapshot with a WireError."""
     files = field(snap, "files", dict, "workspace snapshot")
     lim = ws.limits
-    if len(files) > lim.max_files:
-        raise WireError(f"workspace snapshot: {len(files)} files is over the workspace limit "
-                        f"of {lim.max_files}")
+
+    def refuse(message: str) -> None:
+        if skipped is None:
+            raise WireError(f"workspace snapshot: {message}")
+        skipped.append(message)
+
     out, total = {}, 0
     for rel, data in files.items():
+        if len(out) >= lim.max_files:
+            refuse(f"{len(files)} files is over the workspace limit of {lim.max_files}")
+            break
         try:
             key = ws.key(rel)  # refuses '..', absolute paths, NUL, surrogates, long names
         except ToolError as e:
-            raise WireError(f"workspace snapshot: {e}") from None
+            refuse(str(e))
+            continue
         if key != rel:
-            raise WireError(f"workspace snapshot: path {rel!r} is not in canonical form "
-                            f"({key!r})")
+            refuse(f"path {rel!r} is not in canonical form ({key!r})")
+            continue
         if not isinstance(data, str):
-            raise WireError(f"workspace snapshot: file {rel!r} is not base64 text")
+            refuse(f"file {rel!r} is not base64 text")
+            continue
         try:
             raw = base64.b64decode(data, validate=True)
         except ValueError:
-            raise WireError(f"workspace snapshot: file {rel!r} is not valid base64") from None
+            refuse(f"file {rel!r} is not valid base64")
+            continue
+        if len(raw) > lim.max_file_bytes or total + len(raw) > lim.max_total_bytes:
+            refuse(f"over the workspace limits at {rel!r}")
+            continue
         total += len(raw)
-        if len(raw) > lim.max_file_bytes or total > lim.max_total_bytes:
-            raise WireError(f"workspace snapshot: over the workspace limits at {rel!r}")
         out[rel] = raw
     dirs = {rel.rsplit("/", i)[0] for rel in out for i in range(1, rel.count("/") + 1)}
-    clash = next((rel for rel in out if rel in dirs), None)
-    if clash is not None:
-        raise WireError(f"workspace snapshot: {clash!r} is both a file and a directory")
+    for clash in [rel for rel in out if rel in dirs]:
+        refuse(f"{clash!r} is both a file and a directory")
+        del out[clash]
     return out
 
 
-def restore(ws: Workspace, snap: Any) -> None:
-    """Makes `ws` hold exactly the snapshot's regular files: the others are removed, and
-    anything else in the way of one (a link, a FIFO, an empty directory) is replaced. A
-    WireError names what is refused (a bad path, over the limits, a file that cannot be
-    written)."""
-    files = _decode_files(ws, snap)
+def restore(ws: Workspace, snap: Any, *, lenient: bool = False) -> list[str]:
+    """Makes `ws` hold exactly the snapshot's regular files: everything else (other files,
+    emptied directories, links, FIFOs) is removed, and anything in the way of one is replaced.
+    A WireError names what is refused (a bad path, over the limits, a file that cannot be
+    written); with `lenient` (the end of an episode, which is always graded) such files are
+    left out instead and the reasons returned."""
+    skipped: list[str] | None = [] if lenient else None
+    files = _decode_files(ws, snap, skipped)
     try:
-        for rel in ws.listdir("."):
-            if rel not in files:
-                ws.remove(rel)
-        for rel, raw in files.items():
-            try:
-                ws.write_bytes(rel, raw)
-            except ToolError:  # something not a regular file is in the way: replace it once
-                ws.remove(rel)
-                ws.write_bytes(rel, raw)
+        ws.keep_only(files)
     except ToolError as e:
         raise WireError(f"workspace snapshot: {e}") from None
+    for rel, raw in files.items():
+        try:
+            ws.write_bytes(rel, raw)
+        except ToolError as e:
+            if skipped is None:
+                raise WireError(f"workspace snapshot: {e}") from None
+            skipped.append(str(e))
+    return skipped or []
