@@ -54,6 +54,7 @@ from avalon.org.env import CallContext, EndContext, EndReason, EnvSession, Final
 from avalon.org.events import EventKind, EventLog
 from avalon.org.latency import ClockReplay, model_call_seconds
 from avalon.org.peers import PeerTeam, start_peers
+from avalon.org.plain_text import PlainTextChat
 from avalon.org.policy import AgentView, Turn, TurnOutput
 from avalon.org.prompts import (
     CEO_ROLE,
@@ -120,7 +121,8 @@ class Organisation:
                 f"{config.summary_cap}")
         self.session, self.task, self.rollout = session, task, rollout
         self.budget, self.seed = budget, seed
-        self.config, self.chat, self.workspace = config, chat, workspace
+        # Every prompt this organisation renders: text never encodes a control token.
+        self.config, self.chat, self.workspace = config, PlainTextChat(chat), workspace
         self.env_specs = {t.name: t for t in task.tools}
         self.log = EventLog()
         self.clocks = ClockReplay()

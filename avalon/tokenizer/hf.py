@@ -111,6 +111,13 @@ class HFTokenizer:
     def special_ids(self) -> Mapping[Special, int]:
         return self._special_ids
 
+    @property
+    def added_token_ids(self) -> frozenset[int]:
+        """Every token the vocabulary adds to its model, special or not (Qwen ships
+        `<tool_call>` non-special: `encode` matches it in text). `avalon/org/plain_text.py`
+        keeps message text from encoding any of them."""
+        return frozenset(self._tok.get_added_tokens_decoder())
+
     def encode(self, text: str) -> list[int]:
         text = utf8_bytes(text).decode("utf-8")  # the Rust side rejects lone surrogates
         return list(self._tok.encode(text, add_special_tokens=False).ids)
