@@ -94,12 +94,14 @@ class Played:
 
 def play(tmp: str | Path, session, turns: Mapping[str, Sequence[RawTurn]], *,
          limits: WorkspaceLimits | None = None, budget: int = 0, seed: int = 0,
-         timeout_s: float = 60.0, config: OrgConfig | None = None) -> Played:
-    """Plays one rollout of `session` with the scripted raw turns (see the module docstring)."""
+         timeout_s: float = 60.0, config: OrgConfig | None = None,
+         chat: ChatFormat = CHAT) -> Played:
+    """Plays one rollout of `session` with the scripted raw turns (see the module docstring),
+    rendered with `chat` (the byte tokenizer's format unless given)."""
     cfg = config or OrgConfig.scaled(8192, workspace=limits or WorkspaceLimits())
     workdir = Path(tmp) / "driver"
     workdir.mkdir(parents=True, exist_ok=True)
-    driver = RolloutDriver(RawScript(CHAT, turns), CHAT, cfg, workdir=workdir,
+    driver = RolloutDriver(RawScript(chat, turns), chat, cfg, workdir=workdir,
                            keep_workspaces=True)
     box: dict = {}
 
