@@ -67,6 +67,13 @@ _REVIEW_CUE = r"\b(review(ed|ing)?|lgtm|verified|checked|tested|approved?)\b"
 DEFAULT_RULES: Mapping[str, Sequence[tuple[str, str]]] = {
     # (label, pattern): the first pattern that matches gives the label; none: the fallback.
     "review": (
+        # Bare verdicts on a named piece of work, as the toy's verifiers write them
+        # (`p2 47 ok`, `p2 defect`, `p2 47 no defect found`): "defect" rejects unless "no"
+        # comes before it; "ok" approves after an item and a result code. A result passed on
+        # without a verdict (`p2 47`) is no review.
+        ("approve", r"\bno defects?( found)?\b"),
+        ("reject", r"\bdefect(s|ive)?\b"),
+        ("approve", r"\b[a-z]+\d+ \d+ (ok|okay|sound|passe[sd])\b"),
         ("reject", _REVIEW_CUE + r".*\b(bug|wrong|fails?|failing|incorrect|broken|reject(ed)?|"
                                  r"fix|changes)\b"),
         ("reject", r"\b(bug|wrong|fails?|failing|incorrect|broken|reject(ed)?)\b.*" + _REVIEW_CUE),

@@ -126,10 +126,11 @@ def analyse(run_dir: str, judge: Judge | None = None, *, audit: Judge | None = N
     With `audit`, a second judge labels the same texts and `judge_agreement` holds Cohen's
     kappa between the two per rubric."""
     rollouts = list(read_run(run_dir))
-    labels = judge_rollouts(rollouts, judge or RuleJudge())
-    judge_agreement = (agreement(labels, judge_rollouts(rollouts, audit))
+    logs = [r.events for r in rollouts]
+    labels = judge_rollouts(logs, judge or RuleJudge())
+    judge_agreement = (agreement(labels, judge_rollouts(logs, audit))
                        if audit is not None else None)
-    ms = [rollout_metrics(r, lab) for r, lab in zip(rollouts, labels)]
+    ms = [rollout_metrics(r.events, lab) for r, lab in zip(rollouts, labels)]
     groups: dict[tuple[str, int, str], list[int]] = collections.defaultdict(list)
     for i, r in enumerate(rollouts):
         groups[(r.phase, r.step, r.arm)].append(i)

@@ -1,5 +1,7 @@
 """Statistics of the report (SPEC §5): Wilcoxon signed-rank, sign counts, Wilson and bootstrap
-intervals. Pure Python and numpy; no scipy needed.
+intervals, and for ratios of sums over rollouts (every measure of `metrics.py`) the delta
+method's standard error, a bootstrap interval and the paired shift. Pure Python and numpy; no
+scipy needed.
 
 `wilcoxon(x, y)` is the test the report runs over benchmark pairs: differences d = x - y, zero
 differences dropped (the report's convention, Wilcoxon's "wilcox" zero method), |d| ranked
@@ -181,3 +183,85 @@ def paired_bootstrap(x: Sequence[float], y: Sequence[float], *, confidence: floa
     if d.size == 0:
         raise ValueError("paired_bootstrap of empty samples")
     return bootstrap_mean(d, confidence=confidence, resamples=resamples, seed=seed)
+
+
+# ----- ratios of sums over rollouts (every measure of `metrics.py`) ----------------------------
+#
+# A checkpoint's measure is R = sum(num) / sum(den) over its rollouts (a mean over rollouts is
+# den = 1; a share over teams is den = 1 for a team). Its standard error is the delta method's,
+# with the rollout as the unit (so hires or messages of one rollout are not taken as
+# independent): z_i = (num_i - R den_i) / mean(den), SE = sd(z) / sqrt(n). For a mean this is
+# the usual sd / sqrt(n).
+
+def _ratio_arrays(num: Sequence[float], den: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
+    if num.ndim != 1 or num.shape != den.shape:
+        raise ValueError(f"ratio needs equal 1-d numerators and denominators, got {num.shape} "
+                         f"and {den.shape}")
+    return num, den
+
+
+def ratio_se(num: Sequence[float], den: Sequence[float]) -> float | None:
+    """The delta-method standard error of sum(num) / sum(den) (None: no denominator, or one
+    rollout)."""
+    num, den = _ratio_arrays(num, den)
+    if den.sum() <= 0 or len(num) < 2:
+        return None
+    r = num.sum() / den.sum()
+    z = (num - r * den) / den.mean()
+    return float(z.std(ddof=1) / math.sqrt(len(z)))
+
+
+def bootstrap_ratio(num: Sequence[float], den: Sequence[float], *, confidence: float = 0.95,
+                    resamples: int = 10_000, seed: int = 0) -> Interval | None:
+    """The percentile bootstrap interval of sum(num) / sum(den), resampling rollouts (resamples
+    with no denominator are left out); None without a denominator."""
+    num, den = _ratio_arrays(num, den)
+    _z(confidence)
+    if den.sum() <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, num.size, size=(resamples, num.size))
+    d = den[idx].sum(axis=1)
+    ok = d > 0
+    ratios = num[idx].sum(axis=1)[ok] / d[ok]
+    a = (1 - confidence) / 2
+    return Interval(float(num.sum() / den.sum()), float(np.quantile(ratios, a)),
+                    float(np.quantile(ratios, 1 - a)), confidence)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shift:
+    """A paired change of a ratio measure between two checkpoints (pair i: the same task and
+    seed at both)."""
+
+    n: int  # pairs
+    first: float
+    last: float
+    diff: float  # last - first
+    se: float | None  # delta method over pairs (None: fewer than 2 pairs)
+    z: float | None  # diff / se (None where se is None or 0)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def paired_ratio_shift(first_num: Sequence[float], first_den: Sequence[float],
+                       last_num: Sequence[float], last_den: Sequence[float]) -> Shift | None:
+    """last - first of sum(num) / sum(den) over paired rollouts, with the delta method's SE of
+    the difference: z_i = (c_i - R2 d_i) / mean(d) - (a_i - R1 b_i) / mean(b). None when either
+    side has no denominator."""
+    a, b = _ratio_arrays(first_num, first_den)
+    c, d = _ratio_arrays(last_num, last_den)
+    if a.shape != c.shape:
+        raise ValueError(f"paired_ratio_shift: {a.size} pairs against {c.size}")
+    if b.sum() <= 0 or d.sum() <= 0:
+        return None
+    r1, r2 = a.sum() / b.sum(), c.sum() / d.sum()
+    diff = float(r2 - r1)
+    se = None
+    if a.size >= 2:
+        z = (c - r2 * d) / d.mean() - (a - r1 * b) / b.mean()
+        se = float(z.std(ddof=1) / math.sqrt(z.size))
+    zscore = diff / se if se else None
+    return Shift(int(a.size), float(r1), float(r2), diff, se, zscore)

@@ -214,6 +214,10 @@ class FinalOutcome:
     rewards: tuple[EnvReward, ...] = ()  # attached to the CEO at the `end` event
     wealth_ratio: float | None = None  # W_T / W_0, for GKPO environments
     metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # What the environment knows and the agents were not told (ground truth for the analysis,
+    # e.g. which builds were defective: `avalon/analysis/reviews.py`), as plain JSON. Logged in
+    # the `end` event with the metrics; never shown to an agent.
+    record: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class EnvSession(Protocol):

@@ -41,7 +41,10 @@ Kinds, their `cause`, and their fields (besides seq, agent, kind, cause):
                               reason ("max_turns" | "wall_clock" | "context_full").
   end         the event that ended the episode (or the last event)
                               reason (EndReason value), rewards ([{value, label}]);
-                              optional: wealth_ratio. agent = "ceo".
+                              optional: wealth_ratio, env_metrics (the environment's final
+                              metrics, floats), env_record (its ground truth, JSON: what the
+                              agents were not told, e.g. which builds were defective).
+                              agent = "ceo".
 """
 
 from __future__ import annotations

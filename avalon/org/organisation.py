@@ -696,6 +696,10 @@ class Organisation:
                                for r in final.rewards])
         if final.wealth_ratio is not None:
             fields["wealth_ratio"] = float(final.wealth_ratio)
+        if final.metrics:  # the log is the episode's whole record (avalon/analysis/ reads it)
+            fields["env_metrics"] = {k: float(v) for k, v in final.metrics.items()}
+        if final.record:
+            fields["env_record"] = dict(final.record)
         cause = self._ending_seq if self._ending_seq is not None else end_seq - 1
         self._emit(EventKind.END, "ceo", cause, **fields)
         for a in self.agents.values():

@@ -101,7 +101,8 @@ def build_rollout(org: Organisation) -> Rollout:
     metrics["worked"] = float(len(workers(org.log.events)))
     return Rollout(rows=rows, rewards=list(org.rewards), budget=org.budget, hires=org.hires,
                    worked=len(workers(org.log.events)),
-                   wealth_ratio=org.final.wealth_ratio, metrics=metrics, info=info)
+                   wealth_ratio=org.final.wealth_ratio, metrics=metrics, info=info,
+                   events=org.log.events)
 
 
 def org_report(org: Organisation) -> OrgReport:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -87,6 +88,10 @@ class Rollout:
     wealth_ratio: float | None = None  # W_T / W_0, for GKPO environments
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # latency, tokens, ...
     info: dict[str, Any] = dataclasses.field(default_factory=dict)  # titles, end reason, ...
+    # The episode's event log (`avalon/org/events.py`), held by reference: the training
+    # telemetry measures it with the same definitions the report reads from the logged files
+    # (`avalon/analysis/metrics.py`). Empty for rollouts built by hand.
+    events: Sequence[dict] = ()
 
 
 @dataclasses.dataclass

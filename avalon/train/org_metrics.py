@@ -1,18 +1,23 @@
-"""Organisation telemetry from finished rollouts: rewards, hiring, titles, co-ordination, clock.
+"""Organisation telemetry from finished rollouts: the measures of `avalon/analysis/metrics.py`.
 
-Everything here is a pure function of `RolloutGroup`s, so the same numbers come out of training
-steps and evaluations. Names (the `org/` prefix) match the plots in `avalon/train/plots.py`.
+Each rollout is measured from its event log (`Rollout.events`) and labelled by the rule judge,
+exactly as the run report measures the logged files with its default judge, so the training
+loop's `org/<measure>` (and evaluation's `eval/<arm>/<measure>`) is the report's number on the
+same rollouts. A measure that is n/a for these rollouts (a team measure over single agents) is
+left out. Besides the measures: `reward/mean` (the `reward` measure) and `reward/std` (its std
+over rollouts), `org/end_<reason>` (share of rollouts ending so) and `org/titles` (the eight
+most common job titles). Names match the plots in `avalon/train/plots.py`.
 """
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 
+from avalon.analysis import metrics
+from avalon.analysis.judges import RuleJudge
 from avalon.rl.types import Rollout, RolloutGroup
 
-_PER_AGENT = ("messages", "trace_reads")
+_JUDGE = RuleJudge()
 
 
 def collective_reward(rollout: Rollout) -> float:
@@ -27,60 +32,34 @@ def success(rollout: Rollout) -> float:
     return float(value) if value is not None else float(collective_reward(rollout) > 0)
 
 
-def _mean(xs) -> float:
-    xs = list(xs)
-    return float(np.mean(xs)) if xs else 0.0
+def measured(rollouts: list[Rollout]) -> list[metrics.RolloutMetrics]:
+    """Each rollout's counts (`metrics.rollout_metrics`) under the rule judge's labels."""
+    for r in rollouts:
+        if not r.events:
+            raise ValueError("org_metrics: a rollout without its event log (Rollout.events); "
+                             "the organisation's build_rollout attaches it")
+    logs = [r.events for r in rollouts]
+    labels = metrics.judge_rollouts(logs, _JUDGE)
+    return [metrics.rollout_metrics(ev, lab) for ev, lab in zip(logs, labels)]
 
 
 def rollout_metrics(groups: list[RolloutGroup], prefix: str = "") -> dict:
-    """Means over every rollout of `groups` (see the module docstring)."""
+    """Every measure over every rollout of `groups` (see the module docstring)."""
     rollouts = [r for g in groups for r in g.rollouts]
     if not rollouts:
         return {}
-    out = {
-        f"{prefix}reward/mean": _mean(collective_reward(r) for r in rollouts),
-        f"{prefix}reward/std": float(np.std([collective_reward(r) for r in rollouts])),
-        f"{prefix}org/hires_per_rollout": _mean(r.hires for r in rollouts),
-        f"{prefix}org/budget_use": _mean(r.hires / r.budget for r in rollouts if r.budget > 0),
-        f"{prefix}org/single_agent_share": _mean(r.budget == 0 for r in rollouts),
-        f"{prefix}org/latency_s": _mean(r.metrics.get("latency_s", 0.0) for r in rollouts),
-        f"{prefix}org/critical_token_share": _mean(r.metrics.get("critical_token_share", 0.0)
-                                                   for r in rollouts),
-        f"{prefix}org/tokens_per_rollout": _mean(r.metrics.get("tokens", 0.0) for r in rollouts),
-        f"{prefix}org/coordination_share": _mean(r.metrics.get("coordination_share", 0.0)
-                                                 for r in rollouts),
-        f"{prefix}org/malformed_turns": _mean(r.metrics.get("malformed_turns", 0.0)
-                                              for r in rollouts),
-        f"{prefix}org/tool_error_turns": _mean(r.metrics.get("tool_error_turns", 0.0)
-                                               for r in rollouts),
-        f"{prefix}org/compactions": _mean(r.metrics.get("compactions", 0.0) for r in rollouts),
-    }
-    agents = sum(r.metrics.get("agents", 1.0) for r in rollouts)
-    for name in _PER_AGENT:
-        total = sum(r.metrics.get(name, 0.0) for r in rollouts)
-        out[f"{prefix}org/{name}_per_agent"] = float(total / max(agents, 1.0))
-    ceo = sum(r.metrics.get("tokens_out_ceo", 0.0) for r in rollouts)
-    spec = sum(r.metrics.get("tokens_out_specialists", 0.0) for r in rollouts)
-    out[f"{prefix}org/tokens_out_ceo"] = ceo / len(rollouts)
-    out[f"{prefix}org/tokens_out_specialists"] = spec / len(rollouts)
-    ends = collections.Counter(k.split("/", 1)[1] for r in rollouts for k in r.metrics
-                               if k.startswith("end/"))
-    for reason, n in ends.items():
-        out[f"{prefix}org/end_{reason}"] = n / len(rollouts)
-    # Behaviours the co-ordination environments need, over the rollouts that report them:
-    # teams with at least one review by another agent (verification; the report's 42% -> 64%),
-    # and results passed between agents that a dependant needed (parallel subtasks).
-    reviewed = [r.metrics["env/reviews"] > 0 for r in rollouts if "env/reviews" in r.metrics]
-    if reviewed:
-        out[f"{prefix}org/review_share"] = _mean(reviewed)
-    handoffs = [r.metrics["env/handoffs"] for r in rollouts if "env/handoffs" in r.metrics]
-    if handoffs:
-        out[f"{prefix}org/result_handoffs"] = _mean(handoffs)
-    titles = collections.Counter(t for r in rollouts for t in r.info.get("titles", ()))
+    ms = measured(rollouts)
+    out = {f"{prefix}reward/mean": metrics.value(metrics.BY_NAME["reward"], ms),
+           f"{prefix}reward/std": float(np.std([m.reward for m in ms]))}
+    for m in metrics.MEASURES:
+        v = metrics.value(m, ms) if m.name != "reward" else None
+        if v is not None:
+            out[f"{prefix}org/{m.name}"] = v
+    for reason, share in metrics.end_reasons(ms).items():
+        out[f"{prefix}org/end_{reason}"] = share
+    titles = metrics.top_titles(ms)
     if titles:
-        out[f"{prefix}org/titles"] = dict(titles.most_common(8))
-        lead = sum(n for t, n in titles.items() if "lead" in t.lower())
-        out[f"{prefix}org/lead_title_share"] = lead / sum(titles.values())
+        out[f"{prefix}org/titles"] = titles
     return out
 
 

@@ -28,7 +28,7 @@ from experiments.sweeps.sweep import Sweep, flag_value, run_name  # noqa: E402
 # What the last evaluation's organisation arm did (`org_metrics.rollout_metrics`), and the
 # single agent's derived latency beside the organisation's.
 EVAL_BEHAVIOUR = ("eval/org/hires_per_rollout", "eval/org/messages_per_agent",
-                  "eval/org/review_share", "eval/org/coordination_share",
+                  "eval/org/teams_with_review", "eval/org/coordination_time_share",
                   "eval/org/tokens_per_rollout", "eval/org/latency_s", "eval/single/latency_s")
 RESULTS = ("eval/org_reward", "eval/org_reward/std", "eval/single_reward",
            "eval/single_reward/std", "eval/org_rollouts", "eval/single_rollouts",

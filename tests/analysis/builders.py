@@ -98,3 +98,101 @@ def team_without_lead() -> LoggedRollout:
     g.tc("a2", m, "work", 4.0, rewards=[{"value": 1.0, "label": "part"}])  # 6
     g.add("end", "ceo", 11, reason="deadlock", rewards=[])
     return g.rollout()
+
+
+def minimal_events(rewards=(), *, budget: int = 0, hires: int = 0, task_id: str = "t") -> list:
+    """The smallest log with these hires and reward events (for tests of whole groups): the
+    CEO's one turn hires `hires` Workers and its final message carries the rewards."""
+    g = Log()
+    g.add("start", "ceo", None, task_id=task_id, budget=budget, seed=0, clock_s=600.0)
+    mc = g.mc("ceo", 0, 100, 10, "plan")
+    for i in range(hires):
+        g.hire("ceo", g.tc("ceo", mc, "hire"), f"a{i + 1}", "Worker")
+    fm = g.tc("ceo", mc, "final_message", args={"text": "done"},
+              rewards=[{"value": float(v), "label": "r"} for v in rewards])
+    g.add("end", "ceo", fm, reason="final_message", rewards=[])
+    return g.events
+
+
+def _truth(item, code, builder, defective):
+    return {"item": item, "code": code, "builder": builder, "defective": defective}
+
+
+def verification_team() -> LoggedRollout:
+    """Collective verification with ground truth. Builder a1, Verifier a2. Builds: p1 47
+    (defective), p2 33 (sound), p1 58 (sound), p2 61 (defective). Verdicts: "p1 defect" (on
+    47: a true flag), "p1 58 ok" (sound), "p2 defect" (on 33, sound: a false flag), a1's own
+    "p2 61 ok" (a rubber stamp), "reviewed everything" (names no build). The CEO ships p1 58
+    and p2 61."""
+    g = Log()
+    g.add("start", "ceo", None, task_id="v1", budget=3, seed=5, clock_s=480.0)
+    mc = g.mc("ceo", 0, 200, 20, "Plan: 1 builders; verifier a2.")
+    h1 = g.hire("ceo", g.tc("ceo", mc, "hire"), "a1", "Builder", "Build p1 p2.")
+    h2 = g.hire("ceo", g.tc("ceo", mc, "hire"), "a2", "Verifier", "Review what you get.")
+    m = g.mc("a1", h1, 50, 10)
+    g.tc("a1", m, "build", 40.0, args={"id": "p1"}, result="p1 built 47")
+    g.tc("a1", m, "build", 40.0, args={"id": "p2"}, result="p2 built 33")
+    a1 = g.send("a1", g.tc("a1", m, "dm"), "m1", "dm", ["a2"], "p1 47")
+    m = g.mc("a2", h2, 50, 10)
+    g.tc("a2", m, "review", 20.0, args={"id": "p1", "result": "47"}, result="p1 47 defect")
+    a2 = g.send("a2", g.tc("a2", m, "dm"), "m2", "dm", ["a1"], "p1 defect")
+    m = g.mc("a1", a1, 20, 10)
+    g.tc("a1", m, "build", 40.0, args={"id": "p1"}, result="p1 built 58")
+    a1 = g.send("a1", g.tc("a1", m, "dm"), "m3", "dm", ["a2"], "p1 58 p2 33")
+    m = g.mc("a2", a2, 20, 10)
+    g.tc("a2", m, "review", 20.0, args={"id": "p1", "result": "58"}, result="p1 58 ok")
+    g.send("a2", g.tc("a2", m, "dm"), "m4", "dm", ["ceo"], "p1 58 ok")
+    g.send("a2", g.tc("a2", m, "dm"), "m5", "dm", ["a1"], "p2 defect")
+    g.send("a2", g.tc("a2", m, "post"), "m6", "post", ["ceo", "a1"], "reviewed everything",
+           channel="#plan")
+    m = g.mc("a1", a1, 20, 10)
+    g.tc("a1", m, "build", 40.0, args={"id": "p2"}, result="p2 built 61")
+    g.send("a1", g.tc("a1", m, "dm"), "m7", "dm", ["ceo"], "p2 61 ok")
+    m = g.mc("ceo", mc, 30, 10)
+    g.tc("ceo", m, "ship", 5.0, args={"id": "p1", "result": "58"}, result="p1 shipped",
+         rewards=[{"value": 1.0, "label": "shipped"}])
+    last = g.tc("ceo", m, "ship", 5.0, args={"id": "p2", "result": "61"}, result="p2 shipped",
+                rewards=[{"value": -2.0, "label": "defect"}])
+    builds = [_truth("p1", "47", "a1", True), _truth("p2", "33", "a1", False),
+              _truth("p1", "58", "a1", False), _truth("p2", "61", "a1", True)]
+    g.add("end", "ceo", last, reason="env_terminal", rewards=[],
+          env_metrics={"reviews": 2.0, "shipped_defects": 1.0},
+          env_record={"builds": builds, "shipped": [builds[2], builds[3]]})
+    return g.rollout(env="verification")
+
+
+def verification_single() -> LoggedRollout:
+    """A single agent builds p1 (defective); a malformed turn, a compaction, a ship with a
+    wrong code (a tool error), then it ships p1 blind."""
+    g = Log()
+    g.add("start", "ceo", None, task_id="v1", budget=0, seed=6, clock_s=480.0)
+    m = g.mc("ceo", 0, 200, 20, "build")  # 0.41333 s
+    g.tc("ceo", m, "build", 40.0, args={"id": "p1"}, result="p1 built 20")
+    m = g.add("model_call", "ceo", m + 1, n_in_new=20, n_out=10, segment=0, turn=1,
+              stop="stop", text="ship p1", malformed="no tool call parsed")  # 0.20133 s
+    g.add("compaction", "ceo", m, tier=1, tokens_before=800, tokens_after=300, segment=1)
+    m = g.mc("ceo", m + 1, 20, 10, "ship")  # 0.20133 s
+    g.tc("ceo", m, "ship", 0.0, error=True, args={"id": "p1", "result": "21"},
+         result="p1 has no result '21'")
+    last = g.tc("ceo", m, "ship", 5.0, args={"id": "p1", "result": "20"}, result="p1 shipped",
+                rewards=[{"value": -2.0, "label": "defect"}])
+    truth = _truth("p1", "20", "ceo", True)
+    g.add("end", "ceo", last, reason="env_terminal", rewards=[],
+          env_record={"builds": [truth], "shipped": [truth]})
+    return g.rollout(arm="single", env="verification")
+
+
+def parallel_team() -> LoggedRollout:
+    """Parallel subtasks: Solver a1 solves s1 (result 7) and passes "s1 7" on (its own result)
+    and "s3 8" (not its result); the environment counts one hand-off."""
+    g = Log()
+    g.add("start", "ceo", None, task_id="q1", budget=1, seed=7, clock_s=300.0)
+    mc = g.mc("ceo", 0, 0, 50, "Plan")
+    h = g.hire("ceo", g.tc("ceo", mc, "hire"), "a1", "Solver")
+    m = g.mc("a1", h, 0, 50, "solve")
+    g.tc("a1", m, "solve", 10.0, args={"id": "s1"}, result="s1 correct, result 7",
+         rewards=[{"value": 1.0, "label": "subtask"}])
+    g.send("a1", g.tc("a1", m, "dm"), "m1", "dm", ["ceo"], "s1 7")
+    last = g.send("a1", g.tc("a1", m, "dm"), "m2", "dm", ["ceo"], "s3 8")
+    g.add("end", "ceo", last, reason="deadlock", rewards=[], env_metrics={"handoffs": 1.0})
+    return g.rollout(env="parallel")

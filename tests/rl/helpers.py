@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from avalon.rl.types import RewardEvent, Rollout, RolloutGroup, TokenFlag, TrajectoryRow
+from tests.analysis.builders import minimal_events
 
 
 def make_row(rng: np.random.Generator, length: int, *, agent: str = "ceo", vocab: int = 128,
@@ -35,7 +36,8 @@ def make_rollout(rows: list[TrajectoryRow], rewards: list[float], *, budget: int
               for i, v in enumerate(rewards)]
     return Rollout(rows=rows, rewards=events, budget=budget, hires=hires,
                    worked=hires if worked is None else worked,
-                   wealth_ratio=wealth_ratio)
+                   wealth_ratio=wealth_ratio,
+                   events=minimal_events(rewards, budget=budget, hires=hires))
 
 
 def make_group(group_id: int, rollouts: list[Rollout], **kw) -> RolloutGroup:

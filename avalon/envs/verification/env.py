@@ -22,6 +22,11 @@ Randomness: the k-th build of item i is defective with a draw from `default_rng(
 i, k])` and its code from the same stream, so the outcomes depend only on the session seed, the
 task and how often each item was built (not on call order or on reviews). With a shared
 session seed, every rollout of a group meets the same defects (common random numbers).
+
+Ground truth: the session's final outcome carries a `record` (logged in the `end` event as
+`env_record`) of every build in call order (`item`, `code`, `builder`, `defective`) and of what
+was shipped, so the analysis can check each review's verdict against the build's true defect
+(`avalon/analysis/reviews.py`).
 """
 
 from __future__ import annotations
@@ -130,9 +135,13 @@ def prompt(task: VerificationTask, config: VerificationConfig, clock_s: float) -
 
 @dataclasses.dataclass
 class _Build:
+    item: str
     code: str
     builder: str
     defective: bool
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 class VerificationSession:
@@ -143,6 +152,8 @@ class VerificationSession:
         self.seed = seed
         self.ids = [f"p{i + 1}" for i in range(len(spec.units))]
         self.builds: dict[str, dict[str, _Build]] = {i: {} for i in self.ids}
+        self.built: list[_Build] = []  # every build in call order (the end record)
+        self.ships: list[_Build] = []  # what was shipped, in order
         self.shipped: dict[str, bool] = {}  # item -> shipped result was defective
         self.closed: set[str] = set()
         self.wrong: dict[str, int] = {}
@@ -190,7 +201,8 @@ class VerificationSession:
             taken = {b.code for b in self.builds[item].values()}
             code = next(c for c in (str(int(x)) for x in rng.permutation(90) + 10)
                         if c not in taken)
-            self.builds[item][code] = _Build(code, ctx.agent, defective)
+            self.builds[item][code] = _Build(item, code, ctx.agent, defective)
+            self.built.append(self.builds[item][code])
             units = self.spec.units[self.ids.index(item)]
             return ToolOutcome(f"{item} built {code}", duration_s=units * self.config.unit_s)
         if tool == "review":
@@ -211,6 +223,7 @@ class VerificationSession:
             raise ToolError(f"{item} is already shipped")
         b = self._build_of(item, args)
         self.shipped[item] = b.defective
+        self.ships.append(b)
         reward = EnvReward(-self.config.defect_cost, "defect") if b.defective else \
             EnvReward(1.0, "shipped")
         settled = len(self.shipped) + len(self.closed - set(self.shipped)) == len(self.ids)
@@ -224,7 +237,11 @@ class VerificationSession:
             "shipped_defects": float(sum(self.shipped.values())),
             "success": sound / len(self.ids), "reviews": float(self.reviews),
             "self_reviews": float(self.self_reviews), "defects_found": float(self.found),
-            "builds": float(sum(len(b) for b in self.builds.values()))})
+            "builds": float(sum(len(b) for b in self.builds.values()))},
+            # Ground truth for review quality (avalon/analysis/reviews.py): every build in call
+            # order with its builder and whether it was defective, and what was shipped.
+            record={"builds": [b.to_json() for b in self.built],
+                    "shipped": [b.to_json() for b in self.ships]})
 
 
 class Verification:

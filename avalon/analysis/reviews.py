@@ -1,0 +1,126 @@
+"""Review quality against ground truth: each review's verdict checked against the true defect
+of the build it names (SPEC §5 counts reviews; an environment that knows where the defects are
+can tell a review that finds a bug from one that says "looks good").
+
+Ground truth comes from the rollout's `end` event, `env_record` (`avalon/org/events.py`), which
+an environment with defects writes: `builds`, every build in call order as `{item, code,
+builder, defective}`, and `shipped`, what was shipped in the same form. Collective
+verification does (`avalon/envs/verification/env.py`); rollouts without the record have no
+ground truth and count in none of these numbers.
+
+- A *verdict* is a review message (a message the judge labelled approve or reject under
+  `judges.REVIEW`: `metrics.messages`) matched to a build it names. A message names a build
+  when its text holds the build's item id and its code as words, or the item id alone, which
+  then means the item's newest build before the message (the build the sender could know
+  of). A message that names several builds gives a verdict on each; one that names none is
+  *unmatched* and counts only there.
+- A verdict *flags* a build when it rejects it. Flagged and defective: a true flag.
+- *Rubber stamp*: a verdict that approves a defective build.
+- *Shipped defects*: shipped builds that were defective.
+
+Build times come from the log's successful `build` tool calls (their `args.id` and the code in
+their `result`); with text logging off, a build's time is unknown and an item-only verdict
+names the item's newest build overall.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+
+from avalon.org.events import EventKind
+
+_TC, _END = EventKind.TOOL_CALL.value, EventKind.END.value
+
+
+@dataclasses.dataclass(frozen=True)
+class Build:
+    item: str
+    code: str
+    builder: str
+    defective: bool
+    seq: int  # the build call's event seq (-1: unknown)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReviewTally:
+    """One rollout's verdicts against the truth (zeros without ground truth)."""
+
+    ground_truth: bool  # the log carries the builds' truth
+    verdicts: int  # matched verdicts (a message naming two builds gives two)
+    unmatched: int  # review messages that named no build
+    flags: int  # verdicts that reject
+    true_flags: int  # ... of a defective build
+    on_defective: int  # verdicts on defective builds
+    rubber_stamps: int  # verdicts that approve a defective build
+    approvals: int  # verdicts that approve
+    shipped: int
+    shipped_defects: int
+
+    @staticmethod
+    def none() -> ReviewTally:
+        return ReviewTally(False, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+
+def ground_truth(events: Sequence[Mapping]) -> tuple[list[Build], list[dict]] | None:
+    """(builds with their call seqs, shipped) from the end event's record, or None."""
+    end = events[-1] if events and events[-1]["kind"] == _END else None
+    record = (end or {}).get("env_record") or {}
+    if "builds" not in record:
+        return None
+    seq_of: dict[tuple[str, str], int] = {}
+    for e in events:
+        if e["kind"] == _TC and e["tool"] == "build" and not e["error"] and "result" in e:
+            item = str((e.get("args") or {}).get("id", "")).strip()
+            for code in re.findall(r"\b\d+\b", str(e["result"])):
+                seq_of.setdefault((item, code), e["seq"])
+    builds = [Build(str(b["item"]), str(b["code"]), str(b["builder"]), bool(b["defective"]),
+                    seq_of.get((str(b["item"]), str(b["code"])), -1))
+              for b in record["builds"]]
+    return builds, list(record.get("shipped", ()))
+
+
+def named_builds(text: str, seq: int, builds: Sequence[Build]) -> list[Build]:
+    """The builds a message sent at event `seq` names (see the module docstring)."""
+    words = set(re.findall(r"[A-Za-z0-9_]+", text))
+    out = []
+    for item in dict.fromkeys(b.item for b in builds):
+        if item not in words:
+            continue
+        mine = [b for b in builds if b.item == item]
+        coded = [b for b in mine if b.code in words]
+        if coded:
+            out += coded
+            continue
+        before = [b for b in mine if b.seq < seq]
+        if before:
+            out.append(max(before, key=lambda b: b.seq))
+    return out
+
+
+def tally(events: Sequence[Mapping], review_labels: Mapping[int, str]) -> ReviewTally:
+    """The rollout's verdicts against the truth; `review_labels`: send seq -> REVIEW label."""
+    truth = ground_truth(events)
+    if truth is None:
+        return ReviewTally.none()
+    builds, shipped = truth
+    by_seq = {e["seq"]: e for e in events}
+    verdicts = unmatched = flags = true_flags = on_defective = stamps = approvals = 0
+    for seq, label in review_labels.items():
+        if label not in ("approve", "reject"):
+            continue
+        named = named_builds(str(by_seq[seq].get("text", "")), seq, builds)
+        if not named:
+            unmatched += 1
+        for b in named:
+            verdicts += 1
+            on_defective += b.defective
+            if label == "reject":
+                flags += 1
+                true_flags += b.defective
+            else:
+                approvals += 1
+                stamps += b.defective
+    return ReviewTally(True, verdicts, unmatched, flags, true_flags, on_defective, stamps,
+                       approvals, len(shipped), sum(bool(s["defective"]) for s in shipped))
