@@ -299,6 +299,10 @@ def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new):
     pid = jnp.where(hit.any(axis=-1), pid, n)  # pages without a new token: not written
     cur = jnp.take(pool, pid, axis=0, mode="fill", fill_value=0)  # [b, m, h, s, d]
     upd = jnp.where(hit[:, :, None, :, None], src.astype(pool.dtype), cur)
+    # The updated pages are made before the scatter, not fused into it: a scatter whose
+    # updates read its own operand cannot run in place, and XLA:GPU copied the whole pool
+    # before every write (one pool-sized temporary per layer; RESULTS.md, issue 43).
+    upd = jax.lax.optimization_barrier(upd)
     return pool.at[pid].set(upd, mode="drop")
 
 
