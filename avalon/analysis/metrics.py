@@ -474,16 +474,21 @@ def review_tokens_per_org_hour(m: RolloutMetrics) -> Ratio:
     return (float(m.review_tokens), m.hours) if m.team else (0.0, 0.0)
 
 
-def help_offer_share(m: RolloutMetrics) -> Ratio:
-    """Share of hires who sent at least one help offer. Pooled over hires. The report: 5% ->
-    60%+."""
-    return float(m.help_offerers), float(m.hires)
+def _teams_of_two(m: RolloutMetrics, x: float) -> Ratio:
+    return (x, 1.0) if m.hires >= 2 else (0.0, 0.0)
 
 
-def help_plan_share(m: RolloutMetrics) -> Ratio:
-    """Share of hires whose reasoning planned to help a teammate at least once. Pooled over
-    hires."""
-    return float(m.help_planners), float(m.hires)
+def teams_with_help_offer(m: RolloutMetrics) -> Ratio:
+    """Share of teams with two or more specialists where a specialist sent a help offer
+    (a message labelled yes under HELP_OFFER). Over those teams. The report: "runs where a
+    specialist offers help", about 5% -> over 60%."""
+    return _teams_of_two(m, float(m.help_offerers > 0))
+
+
+def teams_with_help_plan(m: RolloutMetrics) -> Ratio:
+    """Share of teams with two or more specialists where a specialist's reasoning planned to
+    help a teammate (HELP_PLAN). Over those teams. The report: 10% -> towards 60%."""
+    return _teams_of_two(m, float(m.help_planners > 0))
 
 
 def _plan(m: RolloutMetrics, label: str) -> Ratio:
@@ -552,13 +557,13 @@ def lead_most_contacted(m: RolloutMetrics) -> Ratio:
 
 def lead_coordination_call_share(m: RolloutMetrics) -> Ratio:
     """The lead's co-ordination calls / its tool calls, pooled over teams with a lead and a
-    peer. The report: 31%."""
+    peer. The report: 6.5% (against 31% for the rest)."""
     return _hub_ratio(m, "lead_coordination_calls", "lead_tool_calls")
 
 
 def peer_coordination_call_share(m: RolloutMetrics) -> Ratio:
     """The peers' co-ordination calls / their tool calls, pooled over teams with a lead and a
-    peer. The report: 6.5%."""
+    peer. The report: 31% (against 6.5% for the lead)."""
     return _hub_ratio(m, "peer_coordination_calls", "peer_tool_calls")
 
 
@@ -663,7 +668,7 @@ MEASURES: tuple[Measure, ...] = (
     _w(lead_title_share), _w(reviewer_title_share), _w(verifier_title_share),
     _w(builder_title_share),
     _w(teams_with_review), _b(reviews_per_team), _b(review_tokens_per_org_hour),
-    _w(help_offer_share), _w(help_plan_share),
+    _w(teams_with_help_offer), _w(teams_with_help_plan),
     _w(opening_plan_component), _w(opening_plan_pipeline), _w(opening_plan_other),
     _b(coordination_time_share), _b(coordination_call_share),
     _b(trace_reads_lead_vs_peer), _b(messages_lead_vs_peer), _b(ceo_reads_lead_vs_peer),
@@ -682,8 +687,10 @@ ALIASES: Mapping[str, str] = {
     "review_share": "teams_with_review",
     # the training loop's per-rollout share of co-ordination tool calls, single agents too
     "coordination_share": "coordination_time_share",
-    # the report's and toy_gain's earlier name for sampled tokens per rollout
-    "tokens_out_per_rollout": "tokens_out",
+    # the report's earlier shares of hires who offered (planned) help; the report's figures
+    # are shares of teams
+    "help_offer_share": "teams_with_help_offer",
+    "help_plan_share": "teams_with_help_plan",
 }
 
 

@@ -53,7 +53,7 @@ from avalon.org.tools import OrgTool
 ORG, SINGLE = "org", "single"
 _ORG_TOOLS = frozenset(t.value for t in OrgTool)
 CURVES = ("lead_title_share", "reviewer_title_share", "verifier_title_share",
-          "teams_with_review", "help_offer_share", "coordination_time_share",
+          "teams_with_review", "teams_with_help_offer", "coordination_time_share",
           "critical_token_share", "latency_s")
 
 
@@ -299,7 +299,7 @@ def index_html(report: dict, images: dict[str, bytes], episodes: Sequence[tuple[
              for r in runs]))
     org_rows = [[c["step"], c["arm"], c["hires_per_rollout"], c["lead_title_share"],
                  c["reviewer_title_share"], c["verifier_title_share"], c["teams_with_review"],
-                 c["review_tokens_per_org_hour"], c["help_offer_share"],
+                 c["review_tokens_per_org_hour"], c["teams_with_help_offer"],
                  c["coordination_time_share"], c["critical_token_share"],
                  c["opening_plan_component"], c["opening_plan_pipeline"]]
                 for c in report["checkpoints"] if c["phase"] == "eval"]

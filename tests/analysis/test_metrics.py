@@ -173,7 +173,8 @@ BY_HAND = {
     "verifier_title_share": 3 / 7, "builder_title_share": 4 / 7,
     "teams_with_review": 2 / 3, "reviews_per_team": (1 + 0 + 5) / 3,
     "review_tokens_per_org_hour": (100 + 0 + 30) / TEAM_HOURS,
-    "help_offer_share": 1 / 7, "help_plan_share": 1 / 7,
+    # Teams of two or more: A (a3 offers help and plans it), C, D.
+    "teams_with_help_offer": 1 / 3, "teams_with_help_plan": 1 / 3,
     "opening_plan_component": 1 / 3, "opening_plan_pipeline": 2 / 3, "opening_plan_other": 0.0,
     "coordination_time_share": (6.9 + 1.0 + D_COORD) / (18.3 + 12.0 + D_WORK),
     "coordination_call_share": (11 + 3 + 9) / (13 + 5 + 17),
@@ -217,7 +218,7 @@ def test_single_agents_are_n_a_where_a_measure_needs_a_team():
     single = five()[1::3]  # B and E
     a = aggregate(single)
     for name in ("budget_use", "lead_title_share", "teams_with_review", "reviews_per_team",
-                 "help_offer_share", "opening_plan_pipeline", "coordination_time_share",
+                 "teams_with_help_offer", "opening_plan_pipeline", "coordination_time_share",
                  "coordination_call_share", "lead_most_contacted", "review_precision",
                  "rubber_stamps_per_team"):
         assert a[name] is None, name
@@ -263,6 +264,7 @@ def test_measures_are_documented_and_old_names_are_aliases():
         assert len(m.doc) > 40 and (" over " in m.doc or "Over " in m.doc), m.name
     assert measure("review_share") is measure("teams_with_review")
     assert measure("coordination_share") is measure("coordination_time_share")
+    assert measure("help_offer_share") is measure("teams_with_help_offer")
     with pytest.raises(ValueError, match="no measure 'teams_reviewed'"):
         measure("teams_reviewed")
     assert set(metrics.ALIASES.values()) <= set(metrics.BY_NAME)
