@@ -3,14 +3,20 @@
 An array's bytes are read as words w_i (the element's own width: 1, 2, 4 or 8 bytes; wider
 elements as several 8-byte words) with global word index i in row-major order, and its sum is
 
-    (S0, S1) = (sum_i w_i, sum_i i * w_i)  mod 2**64.
+    (S0, H) = (sum_i w_i, sum_i mix(w_i xor i * K))  mod 2**64
 
-Each process sums the shards it holds (one replica of each), so the same value comes out of
-any mesh: the checkpoint written on a 2x4 mesh is verified when restored onto 1x2. A single
-flipped bit changes S0 by +-2**k, never 0 mod 2**64, so it is always detected; S1 (index
-weighted) also catches moved or swapped words. This is corruption detection, not a
-cryptographic digest: nobody forges a checkpoint to pass it.
-Cost: `experiments/bench/checkpoint_sums.py` (RESULTS.md: about as fast as sha256).
+with `mix` the SplitMix64 finaliser (a bijection of 64-bit words whose every output bit depends
+on every input bit) and K an odd constant (so i * K differs for every i). Both are sums over
+(index, word) pairs, so each process sums the shards it holds (one replica of each) and the same
+value comes out of any mesh: the checkpoint written on a 2x4 mesh is verified when restored
+onto 1x2. A single flipped bit changes S0 by +-2**k, never 0 mod 2**64, so it is always
+detected. H catches every other pattern of changes (moved or swapped words, the second
+difference +k, -2k, +k that a sum weighted by i or any polynomial in i cannot see, pairs of
+top-bit flips) unless the pattern is chosen knowing `mix`: a changed word changes its term to
+an unrelated 64-bit value, and the changes cancel with probability 2**-64. This is corruption
+detection, not a signature: the checkpoint's meta binds these sums with a BLAKE2 digest
+(`train_state.py`), and nobody forges a checkpoint to pass both.
+Cost: `experiments/bench/checkpoint_sums.py` (RESULTS.md).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-_CHUNK = 1 << 20  # words per numpy pass: bounds the temporaries (~8 MB each)
+_CHUNK = 1 << 16  # words per numpy pass: 512 KB buffers, which stay in cache
 _WORD = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -35,14 +41,32 @@ def _words(data: np.ndarray) -> tuple[np.ndarray, int]:
     return data.view(_WORD[width]).reshape(*data.shape, per), per
 
 
+_K = np.uint64(0x9E3779B97F4A7C15)  # odd: i * K is a bijection of word indices mod 2**64
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)  # SplitMix64
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def _lane_sums(w: np.ndarray, z: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """[sum(w), sum(mix(w xor i * K))] mod 2**64 for uint64 words `w` whose global indices are
+    in `z`; `z` and `t` (same shape) are scratch, overwritten. In place, on blocks small enough
+    to stay in cache: as fast as the plain sum on one core (RESULTS.md)."""
+    np.multiply(z, _K, out=z)
+    np.bitwise_xor(z, w, out=z)
+    for shift, mult in ((_S30, _M1), (_S27, _M2), (_S31, None)):
+        np.right_shift(z, shift, out=t)
+        np.bitwise_xor(z, t, out=z)
+        if mult is not None:
+            np.multiply(z, mult, out=z)
+    return np.array([w.sum(dtype=np.uint64), z.sum(dtype=np.uint64)], np.uint64)
+
+
 def _shard_sums(data: np.ndarray, starts: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
-    """(S0, S1) of one shard whose element [0, ..., 0] sits at `starts` in the global `shape`.
+    """(S0, H) of one shard whose element [0, ..., 0] sits at `starts` in the global `shape`.
 
     The shard is read as rows of a contiguous run of global words: the trailing dimensions
-    it spans fully plus the first one it does not (a C-contiguous slab). With off_r the global
-    index of row r's first word and j the position in the run,
-        S1 = sum_r off_r * rowsum_r + sum_j j * colsum_j,
-    so no per-word index array is ever built."""
+    it spans fully plus the first one it does not (a C-contiguous slab). Row r's words have the
+    global indices off_r + j for j in the run; blocks of at most `_CHUNK` words are summed in
+    three preallocated buffers."""
     words, per = _words(data)
     if data.ndim == 0:
         words, starts, shape = words.reshape(1, per), (0,), (1,)
@@ -58,30 +82,32 @@ def _shard_sums(data: np.ndarray, starts: tuple[int, ...], shape: tuple[int, ...
         offsets = (axis[:, None] + offsets[None, :]).ravel()
     offsets = offsets * np.uint64(per)
     rows = words.reshape(-1, run)
+    n = min(_CHUNK, max(1, rows.size))
+    w_buf, z_buf, t_buf = (np.empty(n, np.uint64) for _ in range(3))
     acc = np.zeros(2, np.uint64)  # arrays wrap mod 2**64 silently (numpy scalars would warn)
     if run <= _CHUNK:
         local = np.arange(run, dtype=np.uint64)
         step = max(1, _CHUNK // run)
         for r in range(0, rows.shape[0], step):
-            block = rows[r:r + step].astype(np.uint64)
-            row_sums = block.sum(axis=1, dtype=np.uint64)
-            col_sums = block.sum(axis=0, dtype=np.uint64)
-            acc += np.array([row_sums.sum(dtype=np.uint64),
-                             np.dot(offsets[r:r + step], row_sums)], np.uint64)
-            acc[1:] += np.dot(local, col_sums)  # an array op: wraps without a warning
+            block = rows[r:r + step]
+            w, z, t = (b[:block.size].reshape(block.shape) for b in (w_buf, z_buf, t_buf))
+            w[...] = block
+            np.add(offsets[r:r + step, None], local[None, :], out=z)
+            acc += _lane_sums(w, z, t)
         return acc
     local = np.arange(_CHUNK, dtype=np.uint64)
     for r in range(rows.shape[0]):  # rows longer than a chunk: in pieces
         for c in range(0, run, _CHUNK):
-            piece = rows[r, c:c + _CHUNK].astype(np.uint64)
-            total = piece.sum(dtype=np.uint64)
-            acc += np.array([total, np.dot(local[:piece.size], piece)], np.uint64)
-            acc[1:] += (offsets[r:r + 1] + np.uint64(c)) * total
+            piece = rows[r, c:c + _CHUNK]
+            w, z, t = (b[:piece.size] for b in (w_buf, z_buf, t_buf))
+            w[...] = piece
+            np.add(local[:piece.size], offsets[r] + np.uint64(c), out=z)
+            acc += _lane_sums(w, z, t)
     return acc
 
 
 def _leaf_sums(x) -> np.ndarray:
-    """This process's part of (S0, S1) for one leaf (a jax.Array, numpy array or scalar)."""
+    """This process's part of (S0, H) for one leaf (a jax.Array, numpy array or scalar)."""
     if isinstance(x, jax.Array):
         total = np.zeros(2, np.uint64)
         for shard in x.addressable_shards:
@@ -97,7 +123,7 @@ def _leaf_sums(x) -> np.ndarray:
 
 
 def content_sums(leaves: list) -> list[str]:
-    """One "S0:S1" hex string per leaf, the same on every process and for any sharding."""
+    """One "S0:H" hex string per leaf, the same on every process and for any sharding."""
     parts = np.stack([_leaf_sums(x) for x in leaves]) if leaves else np.zeros((0, 2), np.uint64)
     if jax.process_count() > 1:
         parts = multihost_utils.process_allgather(parts).sum(axis=0, dtype=np.uint64)

@@ -26,14 +26,25 @@ Guarantees, all from orbax's `CheckpointManager`:
 Replicated shards are written by one replica (`replica_parallel=False`, see `array_registry`).
 
 Integrity (ours, on top of orbax): `save` records in the step's `meta` item (written with the
-step, so atomic with it) every array's shape, dtype and content sum (`content_sums.py`: the
-same for any sharding, so it is checked after a re-sharded restore too) and a sha256 of the
-host state. `restore` verifies them: a flipped bit, a missing or undecodable file, corrupt JSON
-all raise `CheckpointCorruptError` naming the file (or item directory) at fault.
-`restore_newest_intact` walks back from the newest step past corrupt ones and says which it
-skipped and why; `quarantine(step)` renames a corrupt step aside (`<step>.corrupt`) so that it
-can be written again. A target whose shapes differ from the saved ones is a plain ValueError
-(a changed config, not corruption: no fallback).
+step, so atomic with it) the step number, every array's shape, dtype and content sum
+(`content_sums.py`: the same for any sharding, so it is checked after a re-sharded restore
+too), a sha256 of the host state, and a BLAKE2b digest of all of that. `restore` verifies
+everything, always (there is one format and no field turns a check off): the digest first (a
+flipped bit anywhere in the meta, its format, a shape, a sum, is corruption), then the step (a
+step directory that is a link, or a copy of another step, restores as nothing), then every
+array's content sum and the host state's. Every failure raises `CheckpointCorruptError` naming
+the file (or item directory) at fault: a flipped bit, a missing or undecodable file, corrupt
+JSON, a meta of another format (checkpoints written before `avalon-train-v3` included).
+`restore_newest_intact` walks back from the newest step past corrupt ones, logs each one it
+skips and why, and returns them; `quarantine(step)` renames a corrupt step aside
+(`<step>.corrupt`) so that it can be written again. A target whose shapes differ from the
+saved ones (the meta intact) is a plain ValueError (a changed config, not corruption: no
+fallback).
+
+A save that fails (a full disk: orbax raises from its background write at `wait`, `close` or
+the next `save`) leaves the manager consistent: the half-written step's temporary directory is
+removed, the manager re-reads the steps on disk (so it lists the intact ones, and the next save
+and retention work from them), and `CheckpointSaveError` says which steps remain.
 """
 
 from __future__ import annotations
@@ -41,7 +52,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
+import re
+import shutil
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -56,12 +70,18 @@ from jax.experimental import multihost_utils
 from avalon import paths
 from avalon.checkpoint.content_sums import content_sums
 
-_FORMAT = "avalon-train-v2"  # v2: content sums in meta
-_UNVERIFIED_FORMATS = ("avalon-train-v1",)  # restorable, without content checks
+# v2: content sums in meta; v3: (S0, H) content sums, the step, and a BLAKE2b digest.
+_FORMAT = "avalon-train-v3"
+_TMP_STEP = re.compile(r"[0-9]+\.orbax-checkpoint-tmp.*")  # orbax's half-written steps
+log = logging.getLogger(__name__)
 
 
 class CheckpointCorruptError(ValueError):
     """A checkpoint step that cannot be trusted; the message starts with the file at fault."""
+
+
+class CheckpointSaveError(OSError):
+    """A save did not complete (e.g. the disk is full); the steps on disk are intact."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +168,21 @@ def _host_sum(host_state: Mapping) -> str:
                           .encode()).hexdigest()
 
 
+def _meta_digest(meta: Mapping) -> str:
+    """BLAKE2b of the meta's fields other than `digest` (canonical JSON)."""
+    body = {k: v for k, v in meta.items() if k != "digest"}
+    text = json.dumps(body, sort_keys=True, allow_nan=False, separators=(",", ":"))
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=32).hexdigest()
+
+
+def _is_link(path: epath.Path) -> bool:
+    """Whether a local path is a symbolic link (remote stores have none)."""
+    try:
+        return os.path.islink(os.fspath(path))
+    except TypeError:
+        return False
+
+
 def _data_to_keys(tree, impls: Mapping[str, str]):
     leaves, treedef = jax.tree.flatten_with_path(tree)
     out = []
@@ -227,11 +262,44 @@ class TrainCheckpointer:
             return False
         tree, impls = _keys_to_data(state)
         # Summed now, from the live arrays (the caller may donate them once save returns).
-        meta = {"format": _FORMAT, "prng_keys": impls, "arrays": _describe(tree),
+        meta = {"format": _FORMAT, "step": step, "prng_keys": impls, "arrays": _describe(tree),
                 "host_sum": _host_sum(host_state)}
-        return self._mngr.save(step, args=ocp.args.Composite(
+        meta["digest"] = _meta_digest(meta)
+        return self._guarded(lambda: self._mngr.save(step, args=ocp.args.Composite(
             state=ocp.args.PyTreeSave(tree), host=ocp.args.JsonSave(host_state),
-            meta=ocp.args.JsonSave(meta)), force=force)
+            meta=ocp.args.JsonSave(meta)), force=force))
+
+    def _guarded(self, fn):
+        """Runs a manager call; a save that failed (now or in the background) is cleaned up
+        and reported as CheckpointSaveError (see the module docstring)."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many kinds
+            self._recover()
+            message = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            raise CheckpointSaveError(f"{self.directory}: a checkpoint save did not complete "
+                                      f"({message}); the steps on disk are {self.all_steps()}"
+                                      ) from e
+
+    def _recover(self) -> None:
+        """After a failed save: drop its half-written step, re-read the steps on disk."""
+        if jax.process_index() == 0:
+            try:
+                names = [p.name for p in self.directory.iterdir()]
+            except OSError:
+                names = []
+            for name in names:
+                if _TMP_STEP.fullmatch(name):
+                    path = self.directory / name
+                    if os.path.isdir(os.fspath(path)):  # local: frees the space now
+                        shutil.rmtree(os.fspath(path), ignore_errors=True)
+                    else:
+                        path.rmtree(missing_ok=True)
+        try:
+            self._mngr.reload()
+        except Exception as e:  # noqa: BLE001 - reported with the save's own error
+            log.warning("%s: the checkpoint manager could not re-read its steps: %s",
+                        self.directory, e)
 
     def restore(self, step: int | None = None, target=None):
         """(state, host_state) of `step` (default: the latest), verified against the saved
@@ -259,6 +327,7 @@ class TrainCheckpointer:
             try:
                 state, host = self._restore_step(step, target)
             except CheckpointCorruptError as e:
+                log.warning("checkpoint step %d skipped (corrupt): %s", step, e)
                 skipped.append((step, str(e)))
                 continue
             return Restored(step, state, host, tuple(skipped))
@@ -296,24 +365,46 @@ class TrainCheckpointer:
             message = f"{type(e).__name__}: {e}".splitlines()[0][:300]
             raise CheckpointCorruptError(f"{path}: cannot be read ({message})") from e
 
+    def _meta(self, step: int) -> dict:
+        """The step's meta, verified: its digest, format and step (module docstring)."""
+        d = self.step_dir(step)
+        meta_file = d / "meta" / "metadata"
+        if _is_link(d):
+            raise CheckpointCorruptError(f"{d}: the step directory is a symbolic link")
+        meta = self._item(step, "meta", ocp.args.JsonRestore(), meta_file)
+        if not isinstance(meta, dict):
+            raise CheckpointCorruptError(f"{meta_file}: not a checkpoint meta object")
+        try:
+            digest = _meta_digest(meta)
+        except (TypeError, ValueError) as e:
+            raise CheckpointCorruptError(f"{meta_file}: not a checkpoint meta object ({e})") \
+                from None
+        if meta.get("digest") != digest:
+            raise CheckpointCorruptError(
+                f"{meta_file}: its BLAKE2b digest does not match its content (format "
+                f"{meta.get('format')!r}; this code writes and reads {_FORMAT!r})")
+        if meta.get("format") != _FORMAT:
+            raise CheckpointCorruptError(f"{meta_file}: format {meta.get('format')!r} is not "
+                                         f"{_FORMAT!r}")
+        if meta.get("step") != step:
+            raise CheckpointCorruptError(f"{meta_file}: records step {meta.get('step')!r}, but "
+                                         f"it is in the directory of step {step} (a copy or a "
+                                         "link of another step)")
+        if not isinstance(meta.get("prng_keys"), dict) or not isinstance(meta.get("arrays"),
+                                                                         dict):
+            raise CheckpointCorruptError(f"{meta_file}: has no prng_keys or content sums")
+        return meta
+
     def _restore_step(self, step: int, target):
         d = self.step_dir(step)
         meta_file = d / "meta" / "metadata"
-        meta = self._item(step, "meta", ocp.args.JsonRestore(), meta_file)
-        if not isinstance(meta, dict) or not isinstance(meta.get("prng_keys"), dict):
-            raise CheckpointCorruptError(f"{meta_file}: not a checkpoint meta object")
-        if meta.get("format") not in (_FORMAT, *_UNVERIFIED_FORMATS):
-            raise ValueError(f"{meta_file}: format {meta.get('format')!r} is not {_FORMAT!r}")
-        verified = meta["format"] == _FORMAT
-        saved = meta.get("arrays") if verified else None
-        if verified and not isinstance(saved, dict):
-            raise CheckpointCorruptError(f"{meta_file}: has no content sums ('arrays')")
+        meta = self._meta(step)
+        saved = meta["arrays"]
         if target is None:
             state_args = ocp.args.PyTreeRestore()
         else:
             item = jax.tree.map(_abstract, target)
-            if saved is not None:
-                _check_target(item, saved, meta_file)
+            _check_target(item, saved, meta_file)  # the meta is intact: a config change
             state_args = ocp.args.PyTreeRestore(
                 item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item))
         state = self._item(step, "state", state_args, d / "state")
@@ -322,12 +413,15 @@ class TrainCheckpointer:
         host = {} if host is None else host
         if not isinstance(host, dict):
             raise CheckpointCorruptError(f"{host_file}: not a JSON object")
-        if verified:
-            _verify(state, saved, d / "state")
-            if _host_sum(host) != meta.get("host_sum"):
-                raise CheckpointCorruptError(f"{host_file}: sha256 differs from the one saved in "
-                                             f"{meta_file}")
-        return _data_to_keys(state, meta["prng_keys"]), host
+        _verify(state, saved, d / "state")
+        if _host_sum(host) != meta.get("host_sum"):
+            raise CheckpointCorruptError(f"{host_file}: sha256 differs from the one saved in "
+                                         f"{meta_file}")
+        try:
+            return _data_to_keys(state, meta["prng_keys"]), host
+        except Exception as e:  # noqa: BLE001 - an impl name JAX does not know
+            raise CheckpointCorruptError(f"{meta_file}: PRNG keys cannot be rebuilt ({e})") \
+                from None
 
     def latest_step(self) -> int | None:
         return self._mngr.latest_step()
@@ -336,13 +430,17 @@ class TrainCheckpointer:
         return sorted(self._mngr.all_steps())
 
     def wait(self) -> None:
-        """Block until every started save is durable on disk."""
-        self._mngr.wait_until_finished()
+        """Block until every started save is durable on disk (CheckpointSaveError if one
+        failed)."""
+        self._guarded(self._mngr.wait_until_finished)
 
     def close(self) -> None:
-        """Finish pending saves and release the manager's threads."""
-        self._mngr.wait_until_finished()
-        self._mngr.close()
+        """Finish pending saves and release the manager's threads (CheckpointSaveError, after
+        releasing them, if a pending save failed)."""
+        try:
+            self._guarded(self._mngr.wait_until_finished)
+        finally:
+            self._mngr.close()
 
     def __enter__(self) -> TrainCheckpointer:
         return self

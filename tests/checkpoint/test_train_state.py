@@ -195,14 +195,21 @@ def _flip_bit(path: str, bit: int = 4) -> None:
     Path(path).write_bytes(bytes(data))
 
 
+def _mix(z: int) -> int:
+    """SplitMix64's finaliser, in Python integers."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return z ^ (z >> 31)
+
+
 def _reference_sums(x: np.ndarray) -> str:
     """The definition of content_sums.py, word by word in Python integers."""
     x = np.ascontiguousarray(x)
     width = x.dtype.itemsize if x.dtype.itemsize in (1, 2, 4, 8) else 8
     words = [int(w) for w in x.reshape(-1).view(f"<u{width}")]
     s0 = sum(words) % 2**64
-    s1 = sum(i * w for i, w in enumerate(words)) % 2**64
-    return f"{s0:016x}:{s1:016x}"
+    h = sum(_mix(w ^ (i * 0x9E3779B97F4A7C15 % 2**64)) for i, w in enumerate(words)) % 2**64
+    return f"{s0:016x}:{h:016x}"
 
 
 def test_content_sums_match_the_reference_on_any_sharding_and_catch_every_bit():
@@ -236,8 +243,17 @@ def test_content_sums_match_the_reference_on_any_sharding_and_catch_every_bit():
         y.view(np.uint32)[5, 13, 2] ^= np.uint32(1 << bit)
         assert content_sums([y]) != want, bit
     swapped = x.copy()
-    swapped[0, 0, [0, 1]] = swapped[0, 0, [1, 0]]  # same words, other places: S1 sees it
+    swapped[0, 0, [0, 1]] = swapped[0, 0, [1, 0]]  # same words, other places: H sees it
     assert content_sums([swapped]) != want
+    # Changes that cancel in any sum weighted by a polynomial of the index of degree < 2 (the
+    # second difference +k, -2k, +k), and two top-bit flips of 8-byte words (+2**63 twice).
+    words = np.arange(64, dtype=np.uint32) * 1000 + 5000
+    bent = words.copy()
+    bent[10:13] += np.array([7, -14, 7], np.int64).astype(np.uint32)
+    assert content_sums([bent]) != content_sums([words])
+    big = np.arange(8, dtype=np.uint64)
+    flipped = big ^ np.array([1 << 63, 0, 1 << 63, 0, 0, 0, 0, 0], np.uint64)
+    assert content_sums([flipped]) != content_sums([big])
 
 
 def test_a_flipped_bit_in_array_data_is_detected_and_named(tmp_path):
