@@ -36,6 +36,15 @@ EXTRAS = {
     # Compile for TPU topologies from a CPU host (experiments/scale/aot.py): the libtpu release
     # that matches the jax release (jax 0.10.2 <-> libtpu 0.0.42.1).
     "aot": ["libtpu==0.0.42.1"],
+    # A TPU pod worker (launch/worker_setup.sh): the jax release with its libtpu, a gs://
+    # workdir, and what a Hugging Face checkpoint's tokenizer and chat template need.
+    "pod": ["jax[tpu]==0.10.2", "libtpu==0.0.42.1", "gcsfs", "jinja2", "safetensors",
+            "tokenizers"],
+    # NVIDIA GPUs (README "One GPU"): the CUDA 12 plugin of the jax release with its CUDA
+    # libraries, and ptxas (nvidia-cuda-nvcc-cu12), which also lets a host without a GPU
+    # compile for one (experiments/scale/aot.py --topology=h200).
+    "gpu": ["jax==0.10.2", "jax-cuda12-plugin[with-cuda]==0.10.2", "jax-cuda12-pjrt==0.10.2",
+            "nvidia-cuda-nvcc-cu12"],
 }
 
 setuptools.setup(
