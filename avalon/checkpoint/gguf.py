@@ -182,14 +182,26 @@ class GgufCheckpoint:
         self._reader = self._fields = self._by_name = None
 
 
+_CHUNK_BYTES = 16 << 20  # float32 output per dequantise call: bounds gguf's temporaries
+
+
 def _dequantize(raw: np.ndarray, qtype) -> np.ndarray:
-    """float32 values of `raw` (rows of ggml blocks or plain floats), a new array."""
+    """float32 values of `raw` (rows of ggml blocks or plain floats), a new array. A large
+    tensor is dequantised a block of rows at a time into the result, so the `gguf` package's
+    temporaries (a few times their output) stay small beside the result."""
     from gguf import GGMLQuantizationType as T
     from gguf.quants import dequantize
 
     if qtype == T.F32:
         return np.array(raw, dtype=np.float32)  # a copy: `raw` is a view of the memory map
-    return np.asarray(dequantize(np.asarray(raw), qtype), dtype=np.float32)
+    if raw.ndim < 2:
+        return np.asarray(dequantize(np.asarray(raw), qtype), dtype=np.float32)
+    first = np.asarray(dequantize(np.asarray(raw[:1]), qtype), dtype=np.float32)
+    out = np.empty((raw.shape[0], *first.shape[1:]), np.float32)
+    step = max(1, _CHUNK_BYTES // max(first.nbytes, 1))
+    for lo in range(0, raw.shape[0], step):
+        out[lo:lo + step] = dequantize(np.asarray(raw[lo:lo + step]), qtype)
+    return out
 
 
 def _unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
