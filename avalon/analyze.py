@@ -7,20 +7,22 @@ directory given (each report's runs table lists every given run's last evaluatio
 rule judge labelling messages, reasoning and plans. `--judge=CHECKPOINT_DIR` labels them with a
 model instead (any checkpoint Avalon loads: its own format or a Hugging Face directory with a
 tokenizer.json); `--audit` then also labels with the rule judge and reports Cohen's kappa
-between the two per rubric (`judge_agreement` in report.json).
+between the two per rubric (`judge_agreement` in report.json). Bad input and Ctrl-C end with
+one line (`avalon/command.py`); `--verbose` shows library logging.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 
-from avalon.analysis.judges import RuleJudge, load_model_judge
-from avalon.analysis.report import write_report
+from avalon import command
+
+PROG = "avalon.analyze"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command.ArgumentParser(prog=f"python -m {PROG}",
+                                    description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", help="run directories (the training --workdir)")
     parser.add_argument("--episodes", type=int, default=8,
                         help="viewer pages for this many rollouts of the last evaluation")
@@ -28,11 +30,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--audit", action="store_true",
                         help="with --judge: Cohen's kappa against the rule judge")
     args = parser.parse_args(argv)
+    if args.episodes < 0:
+        parser.error(f"--episodes={args.episodes}: must be >= 0")
     for run in args.runs:
         if not os.path.isdir(os.path.join(run, "events")):
-            parser.error(f"{run}: no events/ directory (not a run directory, or nothing logged)")
+            raise command.Stop(f"{run}: no events/ directory (not a run directory, or "
+                               "nothing logged); give a training --workdir")
     if args.audit and not args.judge:
         parser.error("--audit needs --judge (it compares the model judge with the rule judge)")
+    from avalon.analysis.judges import RuleJudge, load_model_judge
+    from avalon.analysis.report import write_report
+
     judge = load_model_judge(args.judge) if args.judge else None
     audit = RuleJudge() if args.audit else None
     for run in args.runs:
@@ -42,4 +50,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    command.run(PROG, main, interrupted="stopped; the report is unfinished: rerun the same "
+                "command to write it")

@@ -1,18 +1,21 @@
-"""One-line errors for the commands that take an ml_collections `--config` (absl flags):
-`python -m avalon.main`, `python -m avalon.tools.evaluate`. A bad config path, an override of
-a key the config does not have, or a value absl cannot parse ends the program with one line
-naming the flag, never a traceback out of ml_collections.
+"""absl flag parsing with one-line errors (`avalon.command.absl_flags_parser` uses it).
 
-    app.run(main, flags_parser=lambda argv: cli.parse_flags(argv, "avalon.tools.evaluate"))
+For the commands that take an ml_collections `--config` (`python -m avalon.main`,
+`avalon.tools.evaluate`, `avalon.tools.env_baselines`), a bad config path, an override of a key
+the config does not have, or a value absl cannot parse is a `Stop` naming the flag, never a
+traceback out of ml_collections; for every absl command, a flag absl refuses (an unknown flag,
+a value outside an enum, a required flag left out) is a `Stop` naming it too.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import sys
+import re
 
 from absl import flags
+
+from avalon.command import Stop
 
 
 def _config_file(argv) -> str | None:
@@ -52,25 +55,47 @@ def _last_line(message: str) -> str:
     return lines[-1] if lines else message
 
 
-def parse_flags(argv, prog: str):
-    """absl flag parsing; every bad flag value ends the program with one line naming it (and
-    `prog`, the command's module)."""
+def parse_config_flags(argv):
+    """absl flag parsing for a command with an ml_collections `--config`: every bad flag value
+    is a `Stop` naming it."""
     path = _config_file(argv)
     if path is not None and not os.path.isfile(path.partition(":")[0]):
-        sys.exit(f"{prog}: --config={path}: no such config file")
+        raise Stop(f"--config={path}: no such config file")
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as e:
         bad = _unknown_override(argv)
         if bad is None:
             raise
-        hint = _last_line(str(e)) if "Did you mean" in str(e) else ""
-        sys.exit(f"{prog}: {bad}: no such key in the config (an override can only change a "
-                 f"key the config file sets){'; ' + hint if hint else ''}")
-    except flags.Error as e:  # a value absl could not parse, a config file that raised
-        first = str(e).splitlines()[0] if str(e) else repr(e)
-        head = first.split(": ", 1)[0].removeprefix("flag ")
-        cause = _last_line(str(e))
-        if cause == first:  # no traceback inside: absl's own one-line message
-            cause = first.split(": ", 1)[-1]
-        sys.exit(f"{prog}: {head}: {cause.removeprefix('ValueError: ')}")
+        mean = re.search(r'Did you mean "([^"]+)"', str(e))
+        hint = f'did you mean "{mean.group(1)}"?' if mean else ""
+        raise Stop(f"{bad}: no such key in the config (an override can only change a key the "
+                   f"config file sets){'; ' + hint if hint else ''}") from None
+    except flags.Error as e:
+        raise Stop(_flag_error(e)) from None
+
+
+def parse_plain_flags(argv):
+    """absl flag parsing: a flag absl refuses is a `Stop` naming it."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        raise Stop(_flag_error(e)) from None
+
+
+def _flag_error(e: flags.Error) -> str:
+    """absl's message (a value it could not parse, a config file that raised: its cause, not the
+    traceback inside) as `--flag=value: what is wrong`."""
+    text = str(e)
+    if isinstance(e, flags.UnrecognizedFlagError):
+        name = getattr(e, "flagname", "") or text
+        return f"--{name}: no such flag (see --help)"
+    first = text.splitlines()[0] if text else repr(e)
+    head = first.split(": ", 1)[0].removeprefix("flag ")
+    cause = _last_line(text)
+    if cause == first:  # no traceback inside: absl's own one-line message
+        cause = first.split(": ", 1)[-1]
+    cause = cause.removeprefix("ValueError: ")
+    if cause.startswith(f"Flag {head.split('=')[0]} must have a value other than None"):
+        return f"{head.split('=')[0]}: required (see --help)"
+    return f"{head}: {cause}"

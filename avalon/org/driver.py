@@ -42,7 +42,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -96,7 +96,8 @@ class RolloutDriver:
     def __init__(self, policy: Policy, chat: ChatFormat, config: OrgConfig, *,
                  workdir: str | os.PathLike | None = None, log_dir: str | os.PathLike | None = None,
                  share_prefix: bool = True, keep_workspaces: bool = False,
-                 max_agents: int | None = None, continuous: bool = False):
+                 max_agents: int | None = None, continuous: bool = False,
+                 progress: Callable[[int, int], None] | None = None):
         if max_agents is not None and (isinstance(max_agents, bool)
                                        or not isinstance(max_agents, int) or max_agents < 1):
             raise ValueError(f"RolloutDriver: max_agents={max_agents!r} must be a positive int "
@@ -111,6 +112,9 @@ class RolloutDriver:
         self.share_prefix = share_prefix
         self.keep_workspaces = keep_workspaces
         self._next_rollout = 0  # AgentKey.rollout stays unique across runs
+        # progress(rollouts finished, rollouts in this run) as rollouts end (a progress bar).
+        self.progress = progress
+        self._finished = self._total = 0
 
     def run(self, groups: Sequence[GroupSpec]) -> RunResult:
         """Plays every rollout of every group to its end."""
@@ -130,6 +134,7 @@ class RolloutDriver:
             orgs = [[self._organisation(root, g, i, r) for i, r in enumerate(g.rollouts)]
                     for g in groups]
             loop = self._stream if self.continuous else self._loop
+            self._finished, self._total = 0, sum(len(g.rollouts) for g in groups)
             ticks = loop([(gi, o) for gi, group in enumerate(orgs) for o in group])
             for o in (o for group in orgs for o in group):  # one source of truth (schedule.py)
                 verify_schedule(o.log.events, o.scheduled, clock_order=not o.lock_step)
@@ -201,6 +206,7 @@ class RolloutDriver:
             if flat:  # a tick in which rollouts only ended made no policy call
                 ticks.append(TickStat(active_rollouts=len(active), turns=len(flat)))
             held -= sum(1 + o.budget for o in active if o.done)
+            self._report(sum(o.done for o in active))
             active[:] = [o for o in active if not o.done]
         return ticks
 
@@ -238,8 +244,14 @@ class RolloutDriver:
                     busy.discard(id(o))
                     ticks.append(TickStat(active_rollouts=len(active), turns=len(turns)))
             held -= sum(1 + o.budget for o in active if o.done)
+            self._report(sum(o.done for o in active))
             active[:] = [o for o in active if not o.done]
         return ticks
+
+    def _report(self, ended: int) -> None:
+        if ended and self.progress is not None:
+            self._finished += ended
+            self.progress(self._finished, self._total)
 
     def _finish_batch(self, o: Organisation, turns: list, outputs: list) -> None:
         o.apply(turns, outputs)

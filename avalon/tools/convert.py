@@ -30,6 +30,7 @@ from pathlib import Path
 import jax
 from absl import app, flags
 
+from avalon import command
 from avalon.checkpoint import avalon_format, hf, hf_config
 from avalon.sharding import make_mesh
 from avalon.train import run_dir
@@ -164,9 +165,13 @@ _SHARD_GB = flags.DEFINE_float("max_shard_gb", 5.0, "--to=hf: largest safetensor
 
 def main(argv):
     del argv
+    if not Path(_SRC.value).exists():
+        raise command.Stop(f"--src={_SRC.value}: no such file or directory")
     convert(_SRC.value, _DST.value, _TO.value, mesh_spec=_MESH.value, param_dtype=_DTYPE.value,
             max_shard_bytes=int(_SHARD_GB.value * 1e9))
 
 
-if __name__ == "__main__":
-    app.run(main)
+if __name__ == "__main__":  # one line for bad input and Ctrl-C (avalon/command.py)
+    command.run("avalon.tools.convert",
+                lambda: app.run(main, flags_parser=command.absl_flags_parser()),
+                interrupted="stopped; --dst is incomplete: rerun the same command")

@@ -11,7 +11,8 @@ the config's `eval.budget`), and `optimum` where the environment computes one. E
 runs through the real organisation driver with the config's organisation settings and
 tokenizer, under the clock evaluation gives each environment (its own clock scaled by
 `eval.clock_s / clock.start_s`, `avalon/train/evaluation.py`). An environment meant to teach
-co-ordination must show `org` clearly above `org_silent` and `single`.
+co-ordination must show `org` clearly above `org_silent` and `single`. Bad input and Ctrl-C end
+with one line (`avalon/command.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from avalon import command
 from avalon.envs.base import Split
 from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
 from avalon.tokenizer.chat import ChatFormat
@@ -78,14 +80,15 @@ def _define_flags():
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    del argv  # absl_flags_parser refuses extra arguments
     f = flags.FLAGS
     if f.tasks < 1:
-        raise app.UsageError(f"--tasks must be >= 1, got {f.tasks}")
+        raise command.Stop(f"--tasks={f.tasks}: must be >= 1")
     print(json.dumps(run(f.config, Split(f.split), f.tasks)))
 
 
 if __name__ == "__main__":
     _define_flags()
-    app.run(main)
+    command.run("avalon.tools.env_baselines",
+                lambda: app.run(main, flags_parser=command.absl_flags_parser(config=True)),
+                interrupted="stopped; nothing was written: rerun the same command")

@@ -53,5 +53,7 @@ def main(argv):
     print(json.dumps(model_info(_PRESET.value, _BATCH.value, _CONTEXT.value), indent=2))
 
 
-if __name__ == "__main__":
-    app.run(main)
+if __name__ == "__main__":  # one line for bad input and Ctrl-C (avalon/command.py)
+    from avalon import command
+    command.run("avalon.tools.model_info",
+                lambda: app.run(main, flags_parser=command.absl_flags_parser()))

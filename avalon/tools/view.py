@@ -9,25 +9,29 @@ calls bars, hires, fires, compactions and rewards marks; click anything for its 
 
 from __future__ import annotations
 
-import argparse
 import os
 
+from avalon import command
 from avalon.analysis.episode import render_episode
-from avalon.org.events import read_jsonl
+from avalon.tools import event_log
+
+PROG = "avalon.tools.view"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = command.ArgumentParser(prog=f"python -m {PROG}",
+                                    description=__doc__.splitlines()[0])
     parser.add_argument("events", help="an event log (JSONL) written by the organisation")
     parser.add_argument("--out", default="episode.html", help="the HTML file to write")
     args = parser.parse_args(argv)
-    events = read_jsonl(args.events)
-    if not events:
-        raise SystemExit(f"{args.events}: no events")
+    events = event_log.load(args.events)
+    page = render_episode(events, title=os.path.basename(args.events))
+    if os.path.isdir(args.out):
+        raise command.Stop(f"--out={args.out}: is a directory; give the HTML file to write")
     with open(args.out, "w", encoding="utf-8") as f:
-        f.write(render_episode(events, title=os.path.basename(args.events)))
+        f.write(page)
     print(args.out)
 
 
 if __name__ == "__main__":
-    main()
+    command.run(PROG, main, interrupted="stopped; nothing was written")

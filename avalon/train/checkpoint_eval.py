@@ -17,8 +17,9 @@ from avalon.train import baselines, loop
 from avalon.train.evaluation import EVAL_SEED, evaluate
 
 
-def evaluate_latest(config, workdir: str) -> dict:
-    """The evaluation (and baseline) metrics of `workdir`'s newest checkpoint under `config`."""
+def evaluate_latest(config, workdir: str, progress=None) -> dict:
+    """The evaluation (and baseline) metrics of `workdir`'s newest checkpoint under `config`;
+    `progress(done, total)` is called as the evaluation's rollouts end."""
     if not paths.join(workdir, "checkpoints").is_dir():
         raise ValueError(f"{workdir}: no checkpoints/ to evaluate")
     run = loop.prepare(config, workdir)
@@ -29,7 +30,7 @@ def evaluate_latest(config, workdir: str) -> dict:
         engine = run.make_engine()  # decodes as the run did (engine.decode_dtype)
         log_dir = step_dir(workdir, "eval", run.host.step)
         m = evaluate(setup, engine, log_dir=log_dir, at_step=run.host.step,
-                     at_rl_step=run.host.rl_step)
+                     at_rl_step=run.host.rl_step, progress=progress)
         if baselines.enabled(cfg.eval):
             m.update(baselines.run_baselines(
                 cfg.eval, cfg.org, setup.envs, setup.chat,

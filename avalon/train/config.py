@@ -35,6 +35,10 @@ from avalon.train import batch_plan
 from avalon.train.skills import Skill
 
 
+# The organisation's hire budget at most: the report samples b up to 8 (9 agents at most).
+MAX_HIRES = 8
+
+
 class TokenizerKind(enum.Enum):
     WORD = "word"  # compact word list from the environments' and the organisation's vocabulary
     BYTE = "byte"  # 256 bytes + specials
@@ -363,6 +367,10 @@ def from_config_dict(config: ml_collections.ConfigDict, *, num_devices: int,
 
 def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
     """Cross-field rules, each naming the field to change."""
+    if cfg.budget.max_budget > MAX_HIRES:
+        _fail("budget.max_budget", cfg.budget.max_budget,
+              f"is above the organisation's limit of {MAX_HIRES} hires (the report's b <= 8, "
+              f"at most 9 agents)")
     if cfg.eval.budget > cfg.budget.max_budget:
         _fail("eval.budget", cfg.eval.budget,
               f"is above the configured maximum budget.max_budget={cfg.budget.max_budget}")

@@ -48,7 +48,8 @@ def arm_metrics(groups, arm: str) -> dict:
 
 
 def evaluate(setup: Setup, engine, *, log_dir: str | None = None, at_step: int = 0,
-             at_rl_step: int = 0) -> dict:
+             at_rl_step: int = 0, progress=None) -> dict:
+    # progress(done, total): called as this process's evaluation rollouts end (a progress bar).
     """The evaluation's metrics; with `log_dir`, every rollout's event log and an index
     (`avalon/analysis/logs.py`) go there, marked as played at global step `at_step`.
 
@@ -86,7 +87,11 @@ def evaluate(setup: Setup, engine, *, log_dir: str | None = None, at_step: int =
     specs = [spec for _, spec, _ in mine]
     groups_done = []
     step = tasks_per_run * len(arms)
+    total = sum(len(s.rollouts) for s in specs)
     for start in range(0, len(specs), step):
+        before = sum(len(g.rollouts) for g in groups_done)
+        driver.progress = None if progress is None else (
+            lambda done, _, before=before: progress(before + done, total))
         groups_done += driver.run(specs[start:start + step]).groups
     if log_dir is not None:
         write_index(log_dir, [e for _, _, entries in mine for e in entries],

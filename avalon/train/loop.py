@@ -92,6 +92,7 @@ class Run:
         self.cfg, self.workdir = cfg, workdir
         self.env_section = env_section
         self.config_name, self.command = config_name, tuple(command)
+        self.config_changes, self.previous_config = {}, None  # set by `prepare` on resume
         self.t_start = time.time()
         self.main = jax.process_index() == 0
         self.setup: Setup = build(cfg, env_section)
@@ -187,6 +188,9 @@ class Run:
             return summary
         say(self._start_line())
         if self.main:
+            if self.config_changes:  # allowed or meant for resuming: the record keeps both
+                config_history.record(self.workdir, self.host.step, self.config_changes,
+                                      self.previous_config, self.command)
             paths.join(self.workdir, "config.json").write_text(
                 json.dumps(describe(cfg, self.env_section), indent=1, sort_keys=True))
             # The ids a word tokenizer gives depend on the run's environments: tools that
@@ -423,8 +427,11 @@ class Run:
         # Every process writes the logs of its share of the tasks (a shared workdir).
         log_dir = step_dir(self.workdir, "eval", self.host.step) if cfg.eval.log_events else None
         stats0 = self.engine.stats.snapshot()
+        note = (f"evaluating at RL step {self.host.rl_step}: {cfg.eval.tasks} held-out tasks x "
+                f"{cfg.eval.seeds} seeds, organisation and single agent")
         m = evaluate(self.setup, self.engine, log_dir=log_dir, at_step=self.host.step,
-                     at_rl_step=self.host.rl_step)
+                     at_rl_step=self.host.rl_step, progress=lambda done, total:
+                     self.telemetry.progress.status(f"{note}: {done}/{total} rollouts"))
         stats, t_eval = self.engine.stats, time.perf_counter() - t
         m.update(host_metrics.reduce_across_hosts({  # `evaluate` reduced its own metrics
             "perf/eval_generated_tokens_per_s": (
@@ -512,15 +519,22 @@ def _combine_updates(updates: list[dict]) -> dict:
     return out
 
 
-def prepare(config, workdir: str, *, config_name: str = "",
-            command: tuple[str, ...] = ()) -> Run:
+def prepare(config, workdir: str, *, config_name: str = "", command: tuple[str, ...] = (),
+            check_resume: bool = False, allow_config_change: bool = False) -> Run:
     """Validate `config` and build the run (resuming from `workdir` if it holds checkpoints).
-    Every configuration problem surfaces here, as a ValueError naming the field.
-    `config_name` and `command` are recorded in summary.json."""
+    Every configuration problem surfaces here, as a ValueError naming the field; with
+    `check_resume`, so does a config that differs from the one the workdir's checkpoints were
+    trained with (`config_history`). `config_name` and `command` are recorded in summary.json."""
     cfg = from_config_dict(config, num_devices=jax.device_count(),
                            num_processes=jax.process_count())
+    changes = config_history.check_resume(workdir, describe(cfg, config.env),
+                                          allow_change=allow_config_change) \
+        if check_resume else {}
+    previous = json.loads(paths.join(workdir, "config.json").read_text()) if changes else None
     paths.path(workdir).mkdir(parents=True, exist_ok=True)
-    return Run(cfg, config.env, workdir, config_name=config_name, command=command)
+    run = Run(cfg, config.env, workdir, config_name=config_name, command=command)
+    run.config_changes, run.previous_config = changes, previous
+    return run
 
 
 def _eval_text(summary: dict) -> str:

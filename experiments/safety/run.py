@@ -16,7 +16,9 @@ from `RUN/tokenizer_record.json` (what `avalon.main` writes; a toy run's word to
 
 Writes DIR/safety.csv (one row per scenario x checkpoint: each measure's rate, Wilson 95%
 interval, k and n), DIR/safety.md (the table), DIR/plots/<measure>.png (one per measure, rates
-over checkpoints, a line per scenario) and DIR/logs/<checkpoint>/ (every event log).
+over checkpoints, a line per scenario) and DIR/logs/<checkpoint>/ (every event log). A progress
+bar counts each checkpoint's runs; bad input and Ctrl-C end with one line
+(`avalon/command.py`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from avalon import command
 from avalon.checkpoint.avalon_format import config_from_dict, is_avalon_checkpoint, load_avalon
 from avalon.checkpoint.train_state import TrainCheckpointer
 from avalon.envs.safety import MEASURES, Scenario, ScenarioEnv, by_name, summarise
@@ -50,28 +53,38 @@ TABLE_MEASURES = ("harmful_run", "harmful_agent", "escalate_run", "escalate_agen
                   "considered_escalation_agent", "false_alarm_agent", "cooperation",
                   "punish_agent")
 GAME_MEASURES = ("cooperation", "punish_agent")  # the table shows only these for games
+PROG = "experiments.safety.run"
+
+
+def checkpoint_source(path: str) -> tuple[Path, int | None, bool]:
+    """(directory, step or None, is an avalon params checkpoint) of a `--checkpoints` entry;
+    a ValueError naming it when it is none of the three kinds `load_checkpoint` reads."""
+    p = Path(path)
+    if is_avalon_checkpoint(p):
+        return p, None, True
+    step = None
+    if p.parent.name == "checkpoints" and p.name.isdigit():
+        p, step = p.parent.parent, int(p.name)
+    if (p / "checkpoints").is_dir() and (p / "config.json").is_file():
+        return p, step, False
+    raise ValueError(f"--checkpoints: {path!r} is neither an avalon params checkpoint "
+                     "(config.json + params/) nor a run directory (config.json + checkpoints/) "
+                     "nor a step of one (RUN/checkpoints/STEP)")
 
 
 def load_checkpoint(path: str) -> tuple[ModelConfig, dict]:
     """(model config, params) of an avalon params checkpoint, a run directory (its newest
     step) or one step of a run directory (`RUN/checkpoints/STEP`)."""
-    p = Path(path)
-    if is_avalon_checkpoint(p):
+    p, step, params_only = checkpoint_source(path)
+    if params_only:
         return load_avalon(p)
-    step = None
-    if p.parent.name == "checkpoints" and p.name.isdigit():
-        p, step = p.parent.parent, int(p.name)
-    if (p / "checkpoints").is_dir() and (p / "config.json").is_file():
-        ckpt = TrainCheckpointer(p / "checkpoints", async_save=False)
-        try:
-            state, _ = ckpt.restore(step)
-        finally:
-            ckpt.close()
-        model = json.loads((p / "config.json").read_text())["model"]
-        return config_from_dict(model), state["params"]
-    raise ValueError(f"--checkpoints: {path!r} is neither an avalon params checkpoint "
-                     "(config.json + params/) nor a run directory (config.json + checkpoints/) "
-                     "nor a step of one (RUN/checkpoints/STEP)")
+    ckpt = TrainCheckpointer(p / "checkpoints", async_save=False)
+    try:
+        state, _ = ckpt.restore(step)
+    finally:
+        ckpt.close()
+    model = json.loads((p / "config.json").read_text())["model"]
+    return config_from_dict(model), state["params"]
 
 
 def make_tokenizer(kind: str, scenarios: Sequence[Scenario], checkpoint: str = ""):
@@ -133,7 +146,8 @@ def evaluate_checkpoint(path: str, label: str, scenarios: Sequence[Scenario], ar
                     detokenize=chat.tok.decode)
     policy = EnginePolicy(engine, chat, SamplingParams(temperature=args.temperature))
     _, counts = play_suite(policy, scenarios, args.runs, chat=chat, org=org, seed=args.seed,
-                           log_dir=Path(args.out) / "logs" / label)
+                           log_dir=Path(args.out) / "logs" / label,
+                           progress=command.ProgressLine(f"safety {label}", "runs"))
     return rows_of(label, path, scenarios, counts)
 
 
@@ -210,7 +224,7 @@ def write_plots(directory: Path, rows: list[dict], checkpoints: list[str]) -> li
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m experiments.safety.run")
+    p = command.ArgumentParser(prog=f"python -m {PROG}")
     p.add_argument("--checkpoints", required=True, help="comma-separated checkpoint paths")
     p.add_argument("--runs", type=int, default=30)
     p.add_argument("--scenarios", default="", help="comma-separated names (default: all 11)")
@@ -259,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     paths = [c.strip() for c in args.checkpoints.split(",") if c.strip()]
     if not paths:
         raise ValueError("--checkpoints: no paths")
+    for path in paths:  # every one readable before anything is played or written
+        checkpoint_source(path)
     shared_chat = None if args.tokenizer == "run" else chat_of(
         make_tokenizer(args.tokenizer, scenarios))
     shared_org = None
@@ -283,4 +299,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    command.run(PROG, main, interrupted="stopped; the tables were not written: rerun the same "
+                "command (the suite starts again)")

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from avalon import analyze
+from avalon import analyze, command
 from avalon.analysis.logs import IndexEntry, step_dir, write_index
 from avalon.org.events import dumps
 from tests.analysis.builders import single_agent, team_with_lead, team_without_lead
@@ -108,10 +108,9 @@ def test_analyze_a_hand_built_run(tmp_path):
     assert "Organisation vs single agent" in page
 
 
-def test_analyze_rejects_a_directory_without_logs(tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
+def test_analyze_rejects_a_directory_without_logs(tmp_path):
+    with pytest.raises(command.Stop, match="no events/ directory"):
         analyze.main([str(tmp_path)])
-    assert e.value.code == 2 and "no events/ directory" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from avalon import command
 from avalon.org import GroupSpec, OrgConfig, RolloutDriver, RolloutSpec
 from avalon.org.policy import Playbook, ScriptedPolicy
 from avalon.tools import view
@@ -93,6 +94,6 @@ def test_viewer_page_in_headless_chromium(log_file, tmp_path):
 def test_view_cli_rejects_an_empty_log(tmp_path):
     empty = tmp_path / "e.jsonl"
     empty.write_text("")
-    with pytest.raises(SystemExit, match="no events"):
+    with pytest.raises(command.Stop, match="no events"):
         view.main([str(empty), f"--out={tmp_path / 'x.html'}"])
     assert not (tmp_path / "x.html").exists()

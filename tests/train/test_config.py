@@ -42,6 +42,8 @@ def test_micro_config_is_valid():
      r"config\.engine: decode_dtype='float16': must be one of \['float32', 'bfloat16'\]"),
     ({"model.preset": "huge"}, r"config\.model\.preset='huge'"),
     ({"budget.max_budget": -1}, r"config\.budget"),
+    ({"budget.max_budget": 9, "engine.slots": 96},
+     r"config\.budget\.max_budget=9: is above the organisation's limit of 8 hires"),
     ({"rollout.seq_len": 100}, r"config\.rollout\.seq_len=100: must be >= org\.window"),
     ({"sft.skills": ("add",), "sft.skill_steps": 2},
      r"config\.sft\.skill_steps=2: is not below sft\.steps=2, so no SFT update sees a teacher"),
@@ -91,7 +93,7 @@ def test_command_line_errors_are_one_line(tmp_path):
     r = _main(f"--workdir={tmp_path}", "--config.rl.bogus=1")
     assert r.returncode != 0
     assert "avalon.main: --config.rl.bogus: no such key in the config" in r.stderr
-    r = _main(f"--workdir={tmp_path}", "--config.budget.max_budget=9",
-              "--config.eval.budget=12")
+    r = _main(f"--workdir={tmp_path}", "--config.budget.max_budget=8",
+              "--config.eval.budget=12", "--config.engine.slots=96")
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "config.eval.budget=12: is above the configured maximum" in r.stderr

@@ -32,7 +32,7 @@ def slots_needed(scenarios: Sequence[Scenario], runs: int) -> int:
 def play_suite(policy: Policy, scenarios: Sequence[Scenario], runs: int, *, chat: ChatFormat,
                org: OrgConfig, seed: int = 0, confederate_policy: Policy | None = None,
                judge: Judge = rule_judge, log_dir: str | os.PathLike | None = None,
-               ) -> tuple[RunResult, list[list[RunCounts]]]:
+               progress=None) -> tuple[RunResult, list[list[RunCounts]]]:
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
         raise ValueError(f"play_suite: runs must be an int >= 1, got {runs!r}")
     if not org.log_text:
@@ -50,7 +50,8 @@ def play_suite(policy: Policy, scenarios: Sequence[Scenario], runs: int, *, chat
     if confederate_policy is None:
         confederate_policy = ScriptedPolicy(chat, ConfederateScript(of_rollout))
     mixed = mix(policy, confederate_policy, rollout_confederates(scenarios, runs))
-    result = RolloutDriver(mixed, chat, org, log_dir=log_dir).run(groups)
+    # progress(done, total) as runs end (a progress bar)
+    result = RolloutDriver(mixed, chat, org, log_dir=log_dir, progress=progress).run(groups)
     counts = [[count_run(log.events, s, judge) for log in logs]
               for s, logs in zip(scenarios, result.logs)]
     return result, counts

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from avalon import command
 from avalon import model as M
 from avalon.checkpoint.avalon_format import config_to_dict, save_avalon
 from avalon.checkpoint.train_state import TrainCheckpointer
@@ -129,7 +130,7 @@ def test_run_mode_plays_with_the_runs_own_tokenizer_and_organisation(tmp_path):
     assert run.make_tokenizer("word", suite()).encode(text) != tok.encode(text)
 
 
-def test_run_mode_errors_name_what_is_missing(tmp_path, capsys):
+def test_run_mode_errors_name_what_is_missing(tmp_path):
     a, b, _ = _save_checkpoints(tmp_path)
     with pytest.raises(ValueError, match=r"--tokenizer=run: .*run_b.* has no "
                                          r"tokenizer_record\.json"):
@@ -139,9 +140,8 @@ def test_run_mode_errors_name_what_is_missing(tmp_path, capsys):
         run.make_tokenizer("run", suite(), str(b))
     with pytest.raises(ValueError, match=r"--org=run: .*ckpt_a.* is not a run directory"):
         run.run_org(str(a))
-    with pytest.raises(SystemExit):
+    with pytest.raises(command.Stop, match="--window=512: not with --org=run"):
         run.parse(["--checkpoints=x", "--out=y", "--org=run", "--window=512"])
-    assert "--window=512: not with --org=run" in capsys.readouterr().err
 
 
 @pytest.mark.slow
