@@ -9,7 +9,9 @@ connection per thread). The org protocol is
 kept exactly: a server-side `ToolError` is raised here as `ToolError`; an unknown task id as
 `UnknownTaskError`; a refused value (a bad clock, a malformed request) as `EnvRequestError` (a
 ValueError); anything else (a dead server, a timeout, a reply that is not the expected JSON,
-an environment bug on the server) as `EnvServerError`, naming the URL and what went wrong.
+an environment bug on the server) as `EnvServerError`, naming the URL and what went wrong; a
+503 (the server at one of its global caps, refused before it handled anything) is retried a
+few times with backoff first.
 With `uses_workspace`, start, each call and the end carry a snapshot of the rollout's
 workspace, and a reply that carries one (the environment laid out or changed files) is written
 back into it. What the agents leave in the workspace never raises past the organisation: a call
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import threading
+import time
 import urllib.parse
 from typing import Any
 
@@ -30,6 +34,10 @@ from avalon.envs import wire
 from avalon.envs.base import Split, UnknownTaskError, check_clock
 from avalon.org.env import CallContext, EndContext, FinalOutcome, Task, ToolError, ToolOutcome
 from avalon.org.workspace import Workspace
+
+# A 503 (the server at a global cap: connections, bodies in flight) is retried after these waits
+# (jittered), then reported.
+OVERLOAD_RETRY_S = (0.1, 0.2, 0.5, 1.0, 2.0, 4.0)
 
 
 class EnvServerError(RuntimeError):
@@ -81,10 +89,15 @@ class _Client:
     def request(self, method: str, path: str, body: dict | None = None) -> dict:
         where = f"{method} {self.url}{path}"
         data = None if body is None else json.dumps(body, allow_nan=False).encode("utf-8")
-        try:
-            status, raw = self._send(method, path, data)
-        except (http.client.HTTPException, OSError) as e:
-            raise EnvServerError(f"{where}: environment server unreachable ({e})") from None
+        for delay in (*OVERLOAD_RETRY_S, None):
+            try:
+                status, raw = self._send(method, path, data)
+            except (http.client.HTTPException, OSError) as e:
+                raise EnvServerError(f"{where}: environment server unreachable ({e})") from None
+            if status != 503 or delay is None:
+                break
+            # The server refused before handling anything (a global cap): safe to send again.
+            time.sleep(delay * (0.5 + random.random()))
         try:
             reply = json.loads(raw)
         except (ValueError, RecursionError):  # RecursionError: nested past Python's stack

@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import shutil
-import tempfile
 import threading
 import time
 
@@ -133,7 +132,7 @@ class EnvServer(HttpService):
             sid = secrets.token_hex(8)
             root = ws = None
             if self.env.uses_workspace:
-                root = tempfile.mkdtemp(prefix="avalon-envsrv-")
+                root = self.session_dirs.new()
                 ws = Workspace(root)
             self._sessions[sid] = _Open(session, threading.Lock(), ws, root, time.monotonic())
         return {"session": sid, "task": wire.task_to_json(task)}

@@ -23,8 +23,17 @@ Hostile or broken clients (`ServerLimits`; every refusal is a 4xx JSON reply, ne
     request);
   * a body that is not UTF-8 JSON, holds NaN/Infinity, or nests deeper than `max_json_depth`
     is a 400 (Python's own parser would otherwise raise RecursionError on deep input).
+Global caps, whatever the clients do (a refusal is a 503 `overloaded`, which clients retry):
+  * `max_connections` open connections (each holds one thread): one more is answered 503 and
+    closed by the accepting thread, which starts no thread for it;
+  * `max_inflight_body_bytes`: the bodies being read or handled at once, by their
+    Content-Length, reserved before a byte is read (sixteen clients sending 55 MiB bodies held
+    896 MiB before); a body that does not fit is refused unread and the connection closed;
+  * `max_worker_threads`: threads a service starts besides the connections' (the ORS server's
+    running calls), through `start_worker`.
 Session lifetimes (`session_ttl_s`, `max_sessions`) are the services' own, read from the same
-limits.
+limits; sessions' directories live under `session_dirs` (`session_dirs.py`: a server killed
+with SIGKILL leaves its directories to the next server to start, which removes them).
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from avalon.envs import wire
 from avalon.envs.base import UnknownTaskError
+from avalon.envs.session_dirs import SessionDirs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +66,13 @@ class ServerLimits:
     max_sessions: int = 4096
     backlog: int = 1024  # the listen queue (the kernel caps it at net.core.somaxconn)
     max_json_depth: int = 64
+    max_connections: int = 512  # open at once, one thread each
+    max_inflight_body_bytes: int = 256 << 20  # request bodies being read or handled at once
+    max_worker_threads: int = 256  # threads a service starts for work (ORS calls)
 
     def __post_init__(self):
-        for name in ("max_body_bytes", "max_sessions", "backlog", "max_json_depth"):
+        for name in ("max_body_bytes", "max_sessions", "backlog", "max_json_depth",
+                     "max_connections", "max_inflight_body_bytes", "max_worker_threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ServerLimits.{name} must be an int >= 1, got {value!r}")
@@ -105,6 +119,11 @@ class HttpService:
         self._name = name
         self._lock = threading.Lock()  # subclasses' tables, and the open connections
         self._conns: set[socket.socket] = set()  # open keep-alive connections
+        self.connections = 0  # accepted and not yet closed (each has a thread)
+        self.inflight_body_bytes = 0  # reserved by requests being read or handled
+        self.workers = 0  # threads started by `start_worker` and still running
+        self.refused = 0  # requests and connections answered 503 for a global cap
+        self.session_dirs = SessionDirs()  # removes the roots of servers that died
         self._httpd = _Server((host, port), _Handler, bind_and_activate=False)
         self._httpd.request_queue_size = limits.backlog  # read by listen() in server_activate
         try:
@@ -120,6 +139,29 @@ class HttpService:
     def handle(self, method: str, path: str, query: dict, body: dict,
                headers: Any) -> Any:
         raise NotImplementedError
+
+    def start_worker(self, target, *args, name: str) -> None:
+        """Runs `target(*args)` in a daemon thread, within `max_worker_threads` (else a 503)."""
+        with self._lock:
+            if self.workers >= self.limits.max_worker_threads:
+                self.refused += 1
+                raise HttpError(503, "overloaded", f"{self.workers} worker threads are busy "
+                                f"(the limit): retry later")
+            self.workers += 1
+
+        def run():
+            try:
+                target(*args)
+            finally:
+                with self._lock:
+                    self.workers -= 1
+
+        try:
+            threading.Thread(target=run, daemon=True, name=name).start()
+        except BaseException:
+            with self._lock:
+                self.workers -= 1
+            raise
 
     def _closed(self) -> None:
         """Called once the server has stopped: drop the sessions."""
@@ -158,6 +200,7 @@ class HttpService:
             except OSError:
                 pass
         self._closed()
+        self.session_dirs.close()
 
     def __enter__(self):
         return self.start()
@@ -166,11 +209,50 @@ class HttpService:
         self.close()
 
 
+_OVERLOADED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+               b"Connection: close\r\nRetry-After: 1\r\nContent-Length: %d\r\n\r\n%s")
+
+
 class _Server(ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
             return  # a client hung up or stalled: nothing to say, the connection is closed
         super().handle_error(request, client_address)
+
+    def process_request(self, request, client_address):
+        """One thread per connection, up to `max_connections`; past it a 503 from here."""
+        app = self.app  # type: ignore[attr-defined]
+        with app._lock:
+            full = app.connections >= app.limits.max_connections
+            if full:
+                app.refused += 1
+            else:
+                app.connections += 1
+        if not full:
+            try:
+                super().process_request(request, client_address)
+            except BaseException:
+                with app._lock:
+                    app.connections -= 1
+                raise
+            return
+        body = json.dumps(_error("overloaded", f"{app.limits.max_connections} connections "
+                                 "are open (the limit): retry later")).encode()
+        try:
+            request.settimeout(1.0)  # a few hundred bytes into an empty send buffer
+            request.sendall(_OVERLOADED % (len(body), body))
+            request.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            app = self.app  # type: ignore[attr-defined]
+            with app._lock:
+                app.connections -= 1
 
 
 def _error(kind: str, message: str) -> dict:
@@ -262,6 +344,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve("POST")
 
     def _serve(self, method: str) -> None:
+        try:
+            self._serve_reserved(method)
+        finally:
+            if self.reserved:
+                with self.app._lock:
+                    self.app.inflight_body_bytes -= self.reserved
+                self.reserved = 0
+
+    def _serve_reserved(self, method: str) -> None:
         app = self.app
         url = urlsplit(self.path)
         close = False
@@ -335,10 +426,21 @@ class _Handler(BaseHTTPRequestHandler):
             raise HttpError(400, "bad_request", "GET takes no body", close=True)
         return n
 
+    reserved = 0  # bytes of `max_inflight_body_bytes` this request holds
+
     def _body(self, method: str) -> dict:
         n = self._length(method)
         if method == "GET":
             return {}
+        app = self.app
+        with app._lock:
+            if app.inflight_body_bytes + n > app.limits.max_inflight_body_bytes:
+                app.refused += 1
+                raise HttpError(503, "overloaded", f"{app.inflight_body_bytes} bytes of "
+                                f"request bodies are in flight; {n} more is over the limit of "
+                                f"{app.limits.max_inflight_body_bytes}: retry later", close=True)
+            app.inflight_body_bytes += n
+            self.reserved = n
         raw = bytearray()
         while len(raw) < n:  # the deadline reader bounds the wait for each piece
             chunk = self.rfile.read1(min(n - len(raw), 1 << 20))
