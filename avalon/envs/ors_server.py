@@ -30,25 +30,34 @@ How Avalon's protocol maps onto ORS (one agent, the CEO, plays an ORS session):
     lists, argument `message`): calling it ends the episode (`on_end`) and its reward is the
     final rewards' sum (`metadata`: labelled rewards, `wealth_ratio`, `metrics`); a terminal
     outcome runs `on_end` too, its final rewards added to that call's reward;
-  * calls of one session run one at a time (an `EnvSession` is single-threaded, so one lock per
-    session, which also serialises each tool as the SDK does); after `finished` every call is
-    answered `{ok: false, reason: "episode_finished"}`; each call gets a `task_id`, and a
-    re-POST with it replays the stored result (waiting if it is still running) without
-    running the tool again;
-  * a session not used or pinged for `session_ttl_s` (900 s, as the SDK) is reaped.
+  * calls of one session are ordered as the SDK orders them (`openreward`'s
+    `@tool(shared, concurrent, exclusive)` and `@terminal`, as `ToolSpec.concurrent` and
+    `ToolSpec.exclusive`): calls to one tool run one at a time (a lock per tool, so different
+    tools overlap); a `concurrent` tool skips the tool lock; an `exclusive` tool, and the
+    terminal `final_message`, waits for every call in flight and holds new ones until it
+    returns (a writer-preferring gate, so a stream of calls cannot starve it). The first
+    `finished` wins: a call that ran alongside it has its result discarded, and every later
+    call is answered `{ok: false, reason: "episode_finished"}`. An `EnvSession` is
+    single-threaded, so unless the environment says `concurrent_sessions = True` the server
+    also runs one `call` of a session at a time (the environment's own lock, in SDK terms);
+    each call gets a `task_id`, and a re-POST with it replays the stored result (waiting if it
+    is still running) without running the tool again;
+  * at most `max_sessions` sessions exist, counting those being created (their `on_start` may
+    be slow: the slot is taken before it runs); a session not used or pinged for
+    `session_ttl_s` (900 s, as the SDK) is reaped.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import shutil
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from avalon.envs import wire
 from avalon.envs.base import Environment, Split
@@ -95,6 +104,46 @@ class _Job:
     error: str | None = None
 
 
+class _Gate:
+    """Per-session readers-writer gate, writer-preferring (the SDK's `_ExclusiveGate`, with
+    threads): every call shares it, an exclusive call owns it."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._active = 0
+        self._writing = False
+        self._writers_waiting = 0
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing and not self._writers_waiting)
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._writers_waiting += 1
+            try:
+                self._cond.wait_for(lambda: not self._writing and self._active == 0)
+            finally:
+                self._writers_waiting -= 1
+                self._cond.notify_all()
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
 @dataclasses.dataclass
 class _Open:
     env: Environment
@@ -103,12 +152,19 @@ class _Open:
     prompt: str
     workspace: Workspace
     root: str
-    lock: threading.Lock  # one call at a time (EnvSession is single-threaded)
+    lock: threading.Lock  # the session's state: one `call` at a time unless it is thread-safe
     last_used: float
     jobs: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
     clock_s: float = 0.0  # the CEO's derived clock: declared durations so far
     finished: bool = False
     closed: bool = False
+    gate: _Gate = dataclasses.field(default_factory=_Gate)
+    tool_locks: dict = dataclasses.field(default_factory=dict)  # tool name -> Lock
+    latch: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # finished, clock
+
+    def tool_lock(self, name: str) -> threading.Lock:
+        with self.latch:
+            return self.tool_locks.setdefault(name, threading.Lock())
 
 
 class OrsServer(HttpService):
@@ -128,6 +184,7 @@ class OrsServer(HttpService):
             raise ValueError(f"OrsServer budget must be an int >= 0, got {budget!r}")
         self.budget = budget
         self._sessions: dict[str, _Open] = {}
+        self._creating: set[str] = set()  # sessions whose on_start runs: they hold a slot
         self._env_lock = threading.Lock()  # environment-level calls (task tables are lazy)
         self._next_reap = 0.0
         self.reaped = 0
@@ -239,30 +296,34 @@ class OrsServer(HttpService):
                 raise HttpError(400, "bad_request", f"task_spec field {key!r} has "
                                 f"{type(value).__name__} {value!r}")
         self._reap_idle()
-        with self._lock:
-            if sid in self._sessions:
+        with self._lock:  # the slot is taken here, before the (maybe slow) on_start
+            if sid in self._sessions or sid in self._creating:
                 raise HttpError(400, "bad_request", f"session {sid!r} already exists")
-            if len(self._sessions) >= self.limits.max_sessions:
+            if len(self._sessions) + len(self._creating) >= self.limits.max_sessions:
                 raise HttpError(400, "bad_request", f"{self.limits.max_sessions} sessions are "
-                                f"open (the limit): delete some")
-        with self._env_lock:
-            session = env.session(task_id, seed, clock)
-        root = tempfile.mkdtemp(prefix="avalon-ors-")
+                                f"open or opening (the limit): delete some")
+            self._creating.add(sid)
+        root = None
         try:
+            with self._env_lock:
+                session = env.session(task_id, seed, clock)
+            root = self.session_dirs.new()
             ws = Workspace(root)
             session.on_start(budget, ws)
             brief = session.brief("ceo", 0, "CEO", "")
+            task = session.task
+            prompt = task.prompt + (f"\n\n{brief}" if brief else "")
+            entry = _Open(env, session, task, prompt, ws, root, threading.Lock(),
+                          time.monotonic())
+            with self._lock:
+                self._sessions[sid] = entry
+                self._creating.discard(sid)
         except BaseException:
-            shutil.rmtree(root, ignore_errors=True)
-            raise
-        task = session.task
-        prompt = task.prompt + (f"\n\n{brief}" if brief else "")
-        entry = _Open(env, session, task, prompt, ws, root, threading.Lock(), time.monotonic())
-        with self._lock:
-            if sid in self._sessions:
+            with self._lock:
+                self._creating.discard(sid)
+            if root is not None:
                 shutil.rmtree(root, ignore_errors=True)
-                raise HttpError(400, "bad_request", f"session {sid!r} already exists")
-            self._sessions[sid] = entry
+            raise
         return {"sid": sid}
 
     def _reap_idle(self) -> None:
@@ -275,12 +336,11 @@ class OrsServer(HttpService):
             self._next_reap = now + ttl / 4
             stale = [(sid, e) for sid, e in self._sessions.items() if now - e.last_used > ttl]
         for sid, entry in stale:
-            if entry.lock.acquire(blocking=False):  # not while a call runs
-                try:
-                    self._drop(sid, entry)
-                    self.reaped += 1
-                finally:
-                    entry.lock.release()
+            with self._lock:  # not while a call of it runs (or waits to)
+                busy = any(not j.done.is_set() for j in entry.jobs.values())
+            if not busy:
+                self._drop(sid, entry)
+                self.reaped += 1
 
     def _drop(self, sid: str, entry: _Open) -> None:
         entry.closed = True
@@ -314,15 +374,13 @@ class OrsServer(HttpService):
             finished = [k for k, j in entry.jobs.items() if j.done.is_set()]
             for k in finished[:max(0, len(entry.jobs) - REPLAYS_KEPT)]:  # oldest first
                 del entry.jobs[k]
-        threading.Thread(target=self._run, args=(entry, name, args, job), daemon=True,
-                         name=f"ors-call-{name}").start()
+        self.start_worker(self._run, entry, name, args, job, name=f"ors-call-{name}")
         return _job_stream(job, job.task_id)
 
     def _run(self, entry: _Open, name: str, args: dict, job: _Job) -> None:
         try:
-            with entry.lock:
-                entry.last_used = time.monotonic()
-                result = self._outcome(entry, name, args)
+            entry.last_used = time.monotonic()
+            result = self._ordered(entry, name, args)
             job.result = json.dumps(result, allow_nan=False, separators=(",", ":"))
         except Exception as e:  # a bug in the environment (or a NaN reward): event: error
             job.error = f"{entry.env.name} tool {name!r}: {type(e).__name__}: {e}"
@@ -330,18 +388,35 @@ class OrsServer(HttpService):
             entry.last_used = time.monotonic()
             job.done.set()
 
+    def _ordered(self, entry: _Open, name: str, args: dict) -> dict:
+        """Runs one call in the SDK's order (module docstring): `_invoke_tool_fn`."""
+        if entry.finished:
+            return _finished(name)
+        spec = next((t for t in entry.task.tools if t.name == name), None)
+        if name == FINAL_TOOL or (spec is not None and spec.exclusive):
+            with entry.gate.exclusive():
+                return self._outcome(entry, name, args)
+        if spec is not None and spec.concurrent:
+            with entry.gate.shared():
+                return self._outcome(entry, name, args)
+        # The tool lock outside the gate: calls queued on a tool do not hold off an exclusive.
+        with entry.tool_lock(name), entry.gate.shared():
+            return self._outcome(entry, name, args)
+
     def _outcome(self, entry: _Open, name: str, args: dict) -> dict:
         if entry.closed:
             return _refused(f"{name!r} was not run: the session was deleted", "not_found")
-        if entry.finished:
-            return _refused(f"{name!r} was not run: the episode has finished, so no further "
-                            f"tool calls are accepted", "episode_finished")
+        if entry.finished:  # the call this one queued behind ended the episode
+            return _finished(name)
         if name == FINAL_TOOL:
             message = args.get("message", "")
             if set(args) - {"message"} or not isinstance(message, str):
                 return _refused(f"{FINAL_TOOL} takes one string argument 'message', got "
                                 f"{sorted(args)}", "input_validation")
-            final = self._end(entry, EndReason.FINAL_MESSAGE, message)
+            with self._state(entry):
+                final = self._end(entry, EndReason.FINAL_MESSAGE, message)
+            if final is None:
+                return _finished(name)
             return _ok(f"episode ended: {message}", final_reward(final), True,
                        _final_metadata(final))
         spec = next((t for t in entry.task.tools if t.name == name), None)
@@ -350,27 +425,48 @@ class OrsServer(HttpService):
         problem = spec.check_args(args)
         if problem is not None:
             return _refused(problem, "input_validation")
-        ctx = CallContext(agent="ceo", title="CEO", clock_s=entry.clock_s, tokens_out=0,
-                          workspace=entry.workspace)
-        try:
-            out = entry.session.call(name, dict(args), ctx)
-        except ToolError as e:
-            return _ok(str(e), None, False, {"error": True})
-        entry.clock_s += max(0.0, float(out.duration_s))
-        metadata = {"rewards": wire.rewards_to_json(out.rewards),
-                    "duration_s": float(out.duration_s), "measured": out.measured,
-                    "error": out.error}
-        reward = sum(r.value for r in out.rewards) if out.rewards else None
-        if out.terminal:
-            final = self._end(entry, EndReason.ENV_TERMINAL, None)
-            metadata["final"] = _final_metadata(final)
-            if final.rewards:
-                reward = (reward or 0.0) + final_reward(final)
+        with self._state(entry):
+            if entry.finished:  # a concurrent call ended it while this one waited
+                return _finished(name)
+            ctx = CallContext(agent="ceo", title="CEO", clock_s=entry.clock_s, tokens_out=0,
+                              workspace=entry.workspace)
+            try:
+                out = entry.session.call(name, dict(args), ctx)
+            except ToolError as e:
+                return _ok(str(e), None, False, {"error": True})
+            with entry.latch:
+                if entry.finished:  # the first finished wins: this result is discarded
+                    return _finished(name)
+                entry.clock_s += max(0.0, float(out.duration_s))
+            metadata = {"rewards": wire.rewards_to_json(out.rewards),
+                        "duration_s": float(out.duration_s), "measured": out.measured,
+                        "error": out.error}
+            reward = sum(r.value for r in out.rewards) if out.rewards else None
+            if out.terminal:
+                final = self._end(entry, EndReason.ENV_TERMINAL, None)
+                if final is None:
+                    return _finished(name)
+                metadata["final"] = _final_metadata(final)
+                if final.rewards:
+                    reward = (reward or 0.0) + final_reward(final)
         return _ok(out.text, None if reward is None else float(reward), out.terminal, metadata)
 
-    def _end(self, entry: _Open, reason: EndReason, message: str | None) -> FinalOutcome:
-        entry.finished = True
-        return entry.session.on_end(EndContext(reason, message, entry.clock_s, entry.workspace))
+    @staticmethod
+    def _state(entry: _Open):
+        """The session's own lock around a call, unless its environment's sessions are
+        thread-safe (`concurrent_sessions`)."""
+        if getattr(entry.env, "concurrent_sessions", False):
+            return contextlib.nullcontext()
+        return entry.lock
+
+    def _end(self, entry: _Open, reason: EndReason, message: str | None) -> FinalOutcome | None:
+        """Ends the episode, once: None when another call already did."""
+        with entry.latch:
+            if entry.finished:
+                return None
+            entry.finished = True
+            clock = entry.clock_s
+        return entry.session.on_end(EndContext(reason, message, clock, entry.workspace))
 
 
 def final_reward(final: FinalOutcome) -> float:
@@ -389,6 +485,11 @@ def _ok(text: str, reward: float | None, finished: bool, metadata: dict) -> dict
 
 def _refused(error: str, reason: str) -> dict:
     return {"ok": False, "error": error, "reason": reason}
+
+
+def _finished(name: str) -> dict:
+    return _refused(f"{name!r} was not run: the episode has finished, so no further tool calls "
+                    "are accepted", "episode_finished")
 
 
 def _sid(headers) -> str:

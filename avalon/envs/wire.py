@@ -1,9 +1,9 @@
 """JSON forms of the environment protocol's values, shared by the HTTP server and client.
 
-Tools travel as `{"name", "description", "grantable", "parameters"}` with `parameters` the
-tool's JSON schema (`ToolSpec.json_schema()`); the client rebuilds `ToolSpec`s from it (schema
-properties keep their order in JSON objects). Decoders check every field and raise `WireError`
-naming the field and the value, never a KeyError deep inside.
+Tools travel as `{"name", "description", "grantable", "concurrent", "exclusive", "parameters"}`
+with `parameters` the tool's JSON schema (`ToolSpec.json_schema()`); the client rebuilds
+`ToolSpec`s from it (schema properties keep their order in JSON objects). Decoders check every
+field and raise `WireError` naming the field and the value, never a KeyError deep inside.
 
 Workspaces: an environment with `uses_workspace` reads the rollout's workspace, which lives on
 the client. The client sends a snapshot `{"files": {path: base64}}` with each call and with the
@@ -62,6 +62,7 @@ def field(obj: Any, key: str, kinds: type | tuple[type, ...], where: str) -> Any
 
 def tool_to_json(spec: ToolSpec) -> dict:
     return {"name": spec.name, "description": spec.description, "grantable": spec.grantable,
+            "concurrent": spec.concurrent, "exclusive": spec.exclusive,
             "parameters": spec.json_schema()}
 
 
@@ -82,9 +83,11 @@ def tool_from_json(obj: Any) -> ToolSpec:
         desc = prop.get("description", "") if isinstance(prop, dict) else ""
         params.append(Param(pname, kind, desc if isinstance(desc, str) else "",
                             required=pname in required))
+    flags = {k: field(obj, k, bool, where) if k in obj else False
+             for k in ("concurrent", "exclusive")}  # absent: a server from before them
     try:
         return ToolSpec(name, field(obj, "description", str, where), tuple(params),
-                        grantable=field(obj, "grantable", bool, where))
+                        grantable=field(obj, "grantable", bool, where), **flags)
     except ValueError as e:
         raise WireError(f"{where}: {e}") from None
 

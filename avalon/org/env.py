@@ -97,12 +97,21 @@ class ToolSpec:
 
     `grantable`: the CEO may give it to a specialist at hire. A tool that is not grantable stays
     with the CEO (e.g. an environment's final `submit`).
+
+    `concurrent` and `exclusive`: how a server that several clients call at once orders its
+    calls, with the meaning of the `openreward` SDK's `@tool(concurrent=, exclusive=)`
+    (`avalon/envs/ors_server.py`): by default calls to one tool run one at a time; a
+    `concurrent` tool (one that grants no reward: reads, searches) skips that; an `exclusive`
+    tool (one that ends the episode) waits for every call in flight and holds new ones (it wins
+    over `concurrent`). The organisation calls a session from one thread and ignores them.
     """
 
     name: str
     description: str
     params: tuple[Param, ...] = ()
     grantable: bool = True
+    concurrent: bool = False
+    exclusive: bool = False
 
     def __post_init__(self):
         if not TOOL_NAME.fullmatch(self.name):
