@@ -7,7 +7,8 @@ directory given (each report's runs table lists every given run's last evaluatio
 rule judge labelling messages, reasoning and plans. `--judge=CHECKPOINT_DIR` labels them with a
 model instead (any checkpoint Avalon loads: its own format or a Hugging Face directory with a
 tokenizer.json); `--audit` then also labels with the rule judge and reports Cohen's kappa
-between the two per rubric (`judge_agreement` in report.json). Bad input and Ctrl-C end with
+between the two per rubric (`judge_agreement` in report.json). `--commit=SHA` names the code
+the run ran in report/learning.md, the paragraph the README quotes. Bad input and Ctrl-C end with
 one line (`avalon/command.py`); `--verbose` shows library logging.
 """
 
@@ -29,6 +30,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--judge", default="", help="a checkpoint directory to judge with")
     parser.add_argument("--audit", action="store_true",
                         help="with --judge: Cohen's kappa against the rule judge")
+    parser.add_argument("--commit", default="",
+                        help="the commit the run ran, named in the learning paragraph "
+                             "(report/learning.md)")
     args = parser.parse_args(argv)
     if args.episodes < 0:
         parser.error(f"--episodes={args.episodes}: must be >= 0")
@@ -46,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     for run in args.runs:
         others = [r for r in args.runs if r != run]
         print(write_report(run, judge=judge, audit=audit, others=others,
-                           episodes=args.episodes))
+                           episodes=args.episodes, commit=args.commit))
 
 
 if __name__ == "__main__":

@@ -642,6 +642,7 @@ def shipped_defect_share(m: RolloutMetrics) -> Ratio:
 class Measure:
     fn: Callable[[RolloutMetrics], Ratio]
     interval: str  # "wilson": a share of counted things; "bootstrap": over rollouts
+    over: str  # what the denominator counts (a checkpoint without any: n/a)
 
     @property
     def name(self) -> str:
@@ -652,32 +653,47 @@ class Measure:
         return " ".join((self.fn.__doc__ or "").split())
 
 
-def _w(fn):
-    return Measure(fn, "wilson")
+def _w(fn, over: str) -> Measure:
+    return Measure(fn, "wilson", over)
 
 
-def _b(fn):
-    return Measure(fn, "bootstrap")
+def _b(fn, over: str) -> Measure:
+    return Measure(fn, "bootstrap", over)
 
 
+_ROLLOUTS, _TEAMS, _HIRES, _AGENTS = "rollouts", "teams", "hires", "agents"
+_HUB, _TRUTH = "teams with a lead and a peer", "rollouts with ground truth"
 MEASURES: tuple[Measure, ...] = (
-    _b(reward), _b(hires_per_rollout), _b(budget_use), _w(single_agent_share), _b(latency_s),
-    _b(critical_token_share), _b(tokens_per_rollout), _b(tokens_out), _b(tokens_out_ceo),
-    _b(tokens_out_specialists), _b(messages_per_agent), _b(trace_reads_per_agent),
-    _b(malformed_turns), _b(tool_error_turns), _b(compactions),
-    _w(lead_title_share), _w(reviewer_title_share), _w(verifier_title_share),
-    _w(builder_title_share),
-    _w(teams_with_review), _b(reviews_per_team), _b(review_tokens_per_org_hour),
-    _w(teams_with_help_offer), _w(teams_with_help_plan),
-    _w(opening_plan_component), _w(opening_plan_pipeline), _w(opening_plan_other),
-    _b(coordination_time_share), _b(coordination_call_share),
-    _b(trace_reads_lead_vs_peer), _b(messages_lead_vs_peer), _b(ceo_reads_lead_vs_peer),
-    _w(lead_most_contacted), _b(lead_coordination_call_share),
-    _b(peer_coordination_call_share),
-    _b(result_messages), _b(result_handoffs),
-    _w(review_precision), _w(review_recall), _w(rubber_stamp_share), _b(rubber_stamps_per_team),
-    _b(verdicts_per_team), _w(unmatched_review_share), _b(shipped_defects_per_rollout),
-    _w(shipped_defect_share),
+    _b(reward, _ROLLOUTS), _b(hires_per_rollout, _ROLLOUTS),
+    _b(budget_use, "rollouts with a hire budget"), _w(single_agent_share, _ROLLOUTS),
+    _b(latency_s, _ROLLOUTS), _b(critical_token_share, _ROLLOUTS),
+    _b(tokens_per_rollout, _ROLLOUTS), _b(tokens_out, _ROLLOUTS),
+    _b(tokens_out_ceo, _ROLLOUTS), _b(tokens_out_specialists, _ROLLOUTS),
+    _b(messages_per_agent, _AGENTS), _b(trace_reads_per_agent, _AGENTS),
+    _b(malformed_turns, _ROLLOUTS), _b(tool_error_turns, _ROLLOUTS),
+    _b(compactions, _ROLLOUTS),
+    _w(lead_title_share, _HIRES), _w(reviewer_title_share, _HIRES),
+    _w(verifier_title_share, _HIRES), _w(builder_title_share, _HIRES),
+    _w(teams_with_review, _TEAMS), _b(reviews_per_team, _TEAMS),
+    _b(review_tokens_per_org_hour, _TEAMS),
+    _w(teams_with_help_offer, "teams of two or more"),
+    _w(teams_with_help_plan, "teams of two or more"),
+    _w(opening_plan_component, "teams with an opening plan"),
+    _w(opening_plan_pipeline, "teams with an opening plan"),
+    _w(opening_plan_other, "teams with an opening plan"),
+    _b(coordination_time_share, _TEAMS), _b(coordination_call_share, _TEAMS),
+    _b(trace_reads_lead_vs_peer, _HUB), _b(messages_lead_vs_peer, _HUB),
+    _b(ceo_reads_lead_vs_peer, _HUB), _w(lead_most_contacted, _HUB),
+    _b(lead_coordination_call_share, _HUB), _b(peer_coordination_call_share, _HUB),
+    _b(result_messages, "rollouts that called solve"),
+    _b(result_handoffs, "rollouts whose environment counts hand-offs"),
+    _w(review_precision, "verdicts that reject a build (with ground truth)"),
+    _w(review_recall, "verdicts on defective builds (with ground truth)"),
+    _w(rubber_stamp_share, "verdicts that approve a build (with ground truth)"),
+    _b(rubber_stamps_per_team, "teams with ground truth"),
+    _b(verdicts_per_team, "teams with ground truth"),
+    _w(unmatched_review_share, "review messages (with ground truth)"),
+    _b(shipped_defects_per_rollout, _TRUTH), _w(shipped_defect_share, "shipped builds"),
 )
 BY_NAME: Mapping[str, Measure] = {m.name: m for m in MEASURES}
 # Names used before this file held every definition, and what replaced them. Not logged.

@@ -3,33 +3,38 @@
     python -m avalon.analyze RUN_DIR [RUN_DIR ...]      # avalon/analyze.py
 
 From the run's logged rollouts (`logs.read_run`), labelled by a judge (the rule judge unless
-given one) and measured (`metrics.py`):
-- `checkpoints`: per phase ("eval", "rl") and step, per arm, `metrics.aggregate`.
+given one) and measured with `metrics.py` (the training loop's definitions, so its numbers are
+the loop's `eval/<arm>/<measure>` under the rule judge):
+- `checkpoints`: per phase ("eval", "rl"), step and arm, every measure with its 95% interval
+  and SE (`metrics.aggregate`; None: n/a, e.g. a team measure for the single agent), and the
+  RLCR step the checkpoint was played at (`rl_step`, every plot's x axis).
 - `comparisons`: per evaluation step and environment, the organisation against the single
   agent, paired by task (each task's mean reward over its seeds): a Wilcoxon signed-rank test,
   sign counts, a paired bootstrap interval of the mean difference, and with two or more
-  environments the same over environments.
-- `baselines`: every other evaluated arm (S8, best-of-k, clock sweeps, ...) per step: reward
-  with an interval, output tokens, latency, and its latency relative to the organisation's on
-  the same step (for S8 at matched tokens, the report's "3.9x sooner" is this ratio).
+  environments the same over environments; and `paired`: the reward difference paired by
+  task and seed with its SE (the number `experiments/bench/toy_gain.py` prints).
+- `baselines`: every evaluated arm (S8, best-of-k, clock sweeps, ...) per step: reward, output
+  tokens and latency with intervals, and latency relative to the organisation's on the same
+  step (for S8 at matched tokens, the report's "3.9x sooner" is this ratio).
 - `best_of_k`: per step, for arms whose rollouts come k per task (`extra.k`): the best-by-score
   reward (the most of the k) and the majority-vote reward (the mean reward of the most common
   final answer's rollouts).
-- `curves`: the organisation arm's metrics over evaluation steps (lead, reviewer, verifier
-  title shares, teams with a review, help offers, co-ordination time share, latency and
-  critical-path token share).
-- `runs`: with several run directories, every run's last evaluation per arm side by side (the
-  single-agent-RL-at-matched-compute baseline is a run of its own).
+- `curves`: per measure of `CURVES`, per arm, [rl_step, estimate, low, high] over the
+  evaluations (points where the measure is n/a are left out).
+- `shifts`: each SPEC §5 measure (and review quality) at the first and last evaluation, paired
+  rollout by rollout (same environment, task and seed), the difference with its SE, beside
+  the figure the published report gives (`PUBLISHED`); `coordination_by_team_size` beside the
+  report's 9% (one specialist) and 32% (eight).
+- `learning`: the paragraph the README quotes (`learning.py`), from these numbers.
+- `runs`: with several run directories, every run's last evaluation per arm side by side.
 - `episodes`: a viewer page per rollout of the last evaluation (up to `episodes`).
 - `judge_agreement`: with an audit judge, Cohen's kappa between the two judges per rubric.
+Plots and the page: `report_pages.py`.
 """
 
 from __future__ import annotations
 
-import base64
 import collections
-import html
-import io
 import json
 import os
 from collections.abc import Sequence
@@ -38,30 +43,69 @@ import numpy as np
 
 from avalon.analysis.episode import render_episode
 from avalon.analysis.judges import Judge, RuleJudge
+from avalon.analysis.learning import paragraph
 from avalon.analysis.logs import LoggedRollout, read_run
 from avalon.analysis.metrics import (
     RolloutMetrics,
     aggregate,
     agreement,
+    coordination_by_hires,
+    estimate,
     judge_rollouts,
+    measure,
     rollout_metrics,
+    shift,
 )
+from avalon.analysis.report_pages import index_html, plots
 from avalon.analysis.stats import bootstrap_mean, paired_bootstrap, sign_test, wilcoxon
 from avalon.org.events import EventKind
 from avalon.org.tools import OrgTool
 
 ORG, SINGLE = "org", "single"
+ARMS = (ORG, SINGLE)
 _ORG_TOOLS = frozenset(t.value for t in OrgTool)
-CURVES = ("lead_title_share", "reviewer_title_share", "verifier_title_share",
-          "teams_with_review", "teams_with_help_offer", "coordination_time_share",
-          "critical_token_share", "latency_s")
-
-
-def _value(v):
-    """A number out of an aggregate entry (Wilson intervals carry their estimate)."""
-    if isinstance(v, dict):
-        return v.get("estimate")
-    return v
+# The measures drawn over checkpoints (report_pages.py lays them out).
+CURVES = ("hires_per_rollout", "lead_title_share", "reviewer_title_share",
+          "verifier_title_share", "messages_per_agent", "teams_with_help_offer",
+          "coordination_time_share", "critical_token_share", "latency_s", "teams_with_review",
+          "review_tokens_per_org_hour", "opening_plan_pipeline",
+          "reviews_per_team", "review_precision", "review_recall", "rubber_stamp_share",
+          "rubber_stamps_per_team", "shipped_defects_per_rollout")
+# What the published report gives for the same measure (SPEC §5; seeds/). Over training,
+# "a -> b"; a hub statistic, its value at the end of training.
+PUBLISHED = {
+    "lead_title_share": "0.4% -> 12.5%",
+    "reviewer_title_share": "13% -> 26%",
+    "verifier_title_share": "8% -> 17%",
+    "teams_with_review": "42% -> 64%",
+    "review_tokens_per_org_hour": "0.4k -> 2.9k",
+    "opening_plan_component": "71% -> 31%",
+    "opening_plan_pipeline": "16% -> 54%",
+    "teams_with_help_offer": "about 5% -> over 60%",
+    "teams_with_help_plan": "10% -> towards 60%",
+    "coordination_time_share": "9% (1 specialist), 32% (8)",
+    "critical_token_share": "26-53% (organisation)",
+    "trace_reads_lead_vs_peer": "15x",
+    "messages_lead_vs_peer": "3.3x",
+    "ceo_reads_lead_vs_peer": "25x",
+    "lead_most_contacted": "78%",
+    "lead_coordination_call_share": "6.5%",
+    "peer_coordination_call_share": "31%",
+    "review_precision": "not measured",
+    "review_recall": "not measured",
+    "rubber_stamp_share": "not measured",
+    "rubber_stamps_per_team": "not measured",
+}
+SHIFT_MEASURES = (
+    "reward", "hires_per_rollout", "messages_per_agent", "lead_title_share",
+    "reviewer_title_share", "verifier_title_share", "teams_with_review", "reviews_per_team",
+    "review_tokens_per_org_hour", "opening_plan_component", "opening_plan_pipeline",
+    "teams_with_help_offer", "teams_with_help_plan", "coordination_time_share",
+    "critical_token_share", "trace_reads_lead_vs_peer", "messages_lead_vs_peer",
+    "ceo_reads_lead_vs_peer", "lead_most_contacted", "lead_coordination_call_share",
+    "peer_coordination_call_share", "verdicts_per_team", "review_precision", "review_recall",
+    "rubber_stamp_share", "rubber_stamps_per_team", "shipped_defects_per_rollout",
+    "shipped_defect_share")
 
 
 def final_answer(events: Sequence[dict]) -> str:
@@ -114,17 +158,56 @@ def _task_means(rs: Sequence[LoggedRollout]) -> dict[str, float]:
     return {k: float(np.mean(v)) for k, v in by.items()}
 
 
-def _arm_row(rs: Sequence[LoggedRollout], ms: Sequence[RolloutMetrics]) -> dict:
-    return {"rollouts": len(rs), "reward": bootstrap_mean([r.reward for r in rs]).to_json(),
-            "tokens_out": float(np.mean([m.tokens_out for m in ms])),
-            "latency_s": float(np.mean([m.latency_s for m in ms]))}
+def pair_key(r: LoggedRollout) -> tuple:
+    """What makes two evaluation rollouts a pair: environment, task and seed index (every
+    evaluation replays the same held-out tasks with the same seeds)."""
+    return (r.env, r.task_id, int(r.extra.get("seed_index", 0)))
 
 
-def analyse(run_dir: str, judge: Judge | None = None, *, audit: Judge | None = None
-            ) -> tuple[dict, list[LoggedRollout]]:
+def paired_rollouts(a: Sequence[tuple[LoggedRollout, RolloutMetrics]],
+                    b: Sequence[tuple[LoggedRollout, RolloutMetrics]]
+                    ) -> tuple[list[RolloutMetrics], list[RolloutMetrics]]:
+    """The metrics of `a` and `b` whose rollouts pair (`pair_key`), in the same order."""
+    by_b = {pair_key(r): m for r, m in b}
+    keys = [pair_key(r) for r, _ in a]
+    if len(set(keys)) != len(keys) or len(by_b) != len(b):
+        raise ValueError("paired_rollouts: two rollouts share an environment, task and seed "
+                         "index")
+    pairs = [(m, by_b[pair_key(r)]) for r, m in a if pair_key(r) in by_b]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _arm_row(ms: Sequence[RolloutMetrics]) -> dict:
+    return {"rollouts": len(ms), "reward": estimate(measure("reward"), ms),
+            "tokens_out": estimate(measure("tokens_out"), ms),
+            "latency_s": estimate(measure("latency_s"), ms)}
+
+
+def _shifts(at: dict[tuple[int, str], list], first: int, last: int, rl_steps: dict) -> dict:
+    """Every measure of SHIFT_MEASURES, paired from evaluation `first` to `last`, per arm."""
+    out = {"first_step": first, "last_step": last, "first_rl_step": rl_steps[first],
+           "last_rl_step": rl_steps[last], "arms": {}}
+    for arm in ARMS:
+        a, b = paired_rollouts(at.get((first, arm), []), at.get((last, arm), []))
+        if not a:
+            continue
+        rows = [{"measure": name, "published": PUBLISHED.get(name) if arm == ORG else None,
+                 **(shift(measure(name), a, b) or {"n": len(a), "first": None, "last": None})}
+                for name in SHIFT_MEASURES]
+        out["arms"][arm] = {"pairs": len(a), "rows": rows}
+    org_first = [m for _, m in at.get((first, ORG), [])]
+    org_last = [m for _, m in at.get((last, ORG), [])]
+    out["coordination_by_team_size"] = {
+        "first": coordination_by_hires(org_first), "last": coordination_by_hires(org_last),
+        "published": {"1": 0.09, "8": 0.32}}
+    return out
+
+
+def analyse(run_dir: str, judge: Judge | None = None, *, audit: Judge | None = None,
+            commit: str = "") -> tuple[dict, list[LoggedRollout]]:
     """The report of one run directory as JSON (see the module docstring), and its rollouts.
     With `audit`, a second judge labels the same texts and `judge_agreement` holds Cohen's
-    kappa between the two per rubric."""
+    kappa between the two per rubric. `commit`: the code the run ran, for `learning`."""
     rollouts = list(read_run(run_dir))
     logs = [r.events for r in rollouts]
     labels = judge_rollouts(logs, judge or RuleJudge())
@@ -139,17 +222,19 @@ def analyse(run_dir: str, judge: Judge | None = None, *, audit: Judge | None = N
         checkpoints.append({"phase": phase, "step": step, "rl_step": rollouts[idx[0]].rl_step,
                             "arm": arm, **aggregate([ms[i] for i in idx])})
     eval_steps = sorted({r.step for r in rollouts if r.phase == "eval"})
+    rl_steps = {r.step: r.rl_step for r in rollouts if r.phase == "eval"}
+    at: dict[tuple[int, str], list] = collections.defaultdict(list)  # (step, arm) -> pairs
+    for r, m in zip(rollouts, ms):
+        if r.phase == "eval":
+            at[(r.step, r.arm)].append((r, m))
     comparisons, baselines, bok = [], [], []
     for step in eval_steps:
-        at = [i for i, r in enumerate(rollouts) if r.phase == "eval" and r.step == step]
-        arms = collections.defaultdict(list)
-        for i in at:
-            arms[rollouts[i].arm].append(i)
-        envs = sorted({rollouts[i].env for i in at})
+        arms = {arm: [p for (s, a), ps in at.items() if s == step and a == arm for p in ps]
+                for arm in sorted({a for s, a in at if s == step})}
         per_env = {}
-        for env in envs:
-            org = [rollouts[i] for i in arms.get(ORG, []) if rollouts[i].env == env]
-            single = [rollouts[i] for i in arms.get(SINGLE, []) if rollouts[i].env == env]
+        for env in sorted({r.env for ps in arms.values() for r, _ in ps}):
+            org = [r for r, _ in arms.get(ORG, []) if r.env == env]
+            single = [r for r, _ in arms.get(SINGLE, []) if r.env == env]
             if org and single:
                 per_env[env] = {"org_reward": bootstrap_mean([r.reward for r in org]).to_json(),
                                 "single_reward": bootstrap_mean(
@@ -159,180 +244,63 @@ def analyse(run_dir: str, judge: Judge | None = None, *, audit: Judge | None = N
         if len(per_env) >= 2:
             over_envs = _paired({e: v["org_reward"]["estimate"] for e, v in per_env.items()},
                                 {e: v["single_reward"]["estimate"] for e, v in per_env.items()})
-        comparisons.append({"step": step, "environments": per_env, "over_environments":
-                            over_envs})
-        org_latency = (float(np.mean([ms[i].latency_s for i in arms[ORG]]))
+        s_ms, o_ms = paired_rollouts(arms.get(SINGLE, []), arms.get(ORG, []))
+        comparisons.append({"step": step, "rl_step": rl_steps[step], "environments": per_env,
+                            "over_environments": over_envs,
+                            "paired": shift(measure("reward"), s_ms, o_ms) if s_ms else None})
+        org_latency = (estimate(measure("latency_s"), [m for _, m in arms[ORG]])
                        if arms.get(ORG) else None)
-        for arm, idx in sorted(arms.items()):
-            row = {"step": step, "arm": arm,
-                   **_arm_row([rollouts[i] for i in idx], [ms[i] for i in idx])}
-            if org_latency:
-                row["latency_vs_org"] = row["latency_s"] / org_latency
+        for arm, pairs in arms.items():
+            row = {"step": step, "rl_step": rl_steps[step], "arm": arm,
+                   **_arm_row([m for _, m in pairs])}
+            if org_latency and org_latency["estimate"]:
+                row["latency_vs_org"] = row["latency_s"]["estimate"] / org_latency["estimate"]
             baselines.append(row)
-            if any("k" in rollouts[i].extra for i in idx):
-                bok.append({"step": step, "arm": arm, **best_of_k([rollouts[i] for i in idx])})
-    curves: dict[str, list] = {c: [] for c in CURVES}
+            if any("k" in r.extra for r, _ in pairs):
+                bok.append({"step": step, "arm": arm, **best_of_k([r for r, _ in pairs])})
+    curves: dict[str, dict[str, list]] = {name: {} for name in CURVES}
     for c in checkpoints:
-        if c["phase"] == "eval" and c["arm"] == ORG:
-            for name in CURVES:
-                curves[name].append([c["step"], _value(c[name])])
-    last = eval_steps[-1] if eval_steps else None
+        if c["phase"] != "eval" or c["arm"] not in ARMS:
+            continue
+        for name in CURVES:
+            v = c[name]
+            if v is not None:
+                curves[name].setdefault(c["arm"], []).append(
+                    [c["rl_step"], v["estimate"], v["low"], v["high"]])
     summary = {}
     summary_path = os.path.join(run_dir, "summary.json")
     if os.path.exists(summary_path):
         with open(summary_path) as f:
             summary = json.load(f)
     report = {"run": os.path.abspath(run_dir), "rollouts": len(rollouts),
+              "commit": commit or summary.get("commit", ""),
               "summary": summary, "checkpoints": checkpoints, "comparisons": comparisons,
               "baselines": baselines, "best_of_k": bok, "curves": curves,
-              "last_eval_step": last, "judge_agreement": judge_agreement, "per_rollout": [
+              "shifts": (_shifts(at, eval_steps[0], eval_steps[-1], rl_steps)
+                         if len(eval_steps) >= 2 else None),
+              "last_eval_step": eval_steps[-1] if eval_steps else None,
+              "judge_agreement": judge_agreement, "per_rollout": [
                   {"path": os.path.relpath(r.path, run_dir), "phase": r.phase, "step": r.step,
-                   "env": r.env, "arm": r.arm, "task_id": r.task_id, **m.to_json()}
+                   "rl_step": r.rl_step, "env": r.env, "arm": r.arm, "task_id": r.task_id,
+                   **m.to_json()}
                   for r, m in zip(rollouts, ms)]}
+    report["learning"] = paragraph(report)
     return report, rollouts
-
-
-# ----- plots and HTML ----------------------------------------------------------------------
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=72)
-    return buf.getvalue()
-
-
-def plots(report: dict) -> dict[str, bytes]:
-    """PNG bytes per plot name."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = {}
-    rows = [b for b in report["baselines"]]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for arm in sorted({b["arm"] for b in rows}):
-        pts = [b for b in rows if b["arm"] == arm]
-        xs = [b["step"] for b in pts]
-        ys = [b["reward"]["estimate"] for b in pts]
-        err = [[y - b["reward"]["low"] for y, b in zip(ys, pts)],
-               [b["reward"]["high"] - y for y, b in zip(ys, pts)]]
-        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=arm)
-    ax.set_xlabel("step")
-    ax.set_ylabel("collective reward (95% CI)")
-    ax.set_title("held-out reward by arm")
-    if rows:
-        ax.legend()
-    out["rewards"] = _png(fig)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(2, 4, figsize=(12, 5))
-    for ax, name in zip(axes.flat, CURVES):
-        pts = [(s, v) for s, v in report["curves"][name] if v is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-    fig.suptitle("organisation metrics over checkpoints (org arm, held-out)")
-    out["org_metrics"] = _png(fig)
-    plt.close(fig)
-
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    for arm in sorted({b["arm"] for b in rows}):
-        pts = [b for b in rows if b["arm"] == arm]
-        a1.plot([b["step"] for b in pts], [b["latency_s"] for b in pts], marker="o", label=arm)
-        a2.plot([b["step"] for b in pts], [b["tokens_out"] for b in pts], marker="o", label=arm)
-    a1.set_title("derived latency (s)")
-    a2.set_title("output tokens per rollout")
-    for a in (a1, a2):
-        a.set_xlabel("step")
-        if rows:
-            a.legend()
-    out["latency"] = _png(fig)
-    plt.close(fig)
-    return out
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, dict) and "estimate" in v:
-        return f"{v['estimate']:.3g} [{v['low']:.3g}, {v['high']:.3g}]"
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return html.escape(str(v))
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def index_html(report: dict, images: dict[str, bytes], episodes: Sequence[tuple[str, str]],
-               runs: Sequence[dict]) -> str:
-    parts = [f"<h1>Run report</h1><p>{html.escape(report['run'])}: {report['rollouts']} logged "
-             "rollouts</p>"]
-    comp_rows = []
-    for c in report["comparisons"]:
-        for env, v in c["environments"].items():
-            t = v["over_tasks"] or {}
-            w = t.get("wilcoxon", {})
-            comp_rows.append([c["step"], env, v["org_reward"], v["single_reward"],
-                              t.get("mean_difference"), t.get("pairs"),
-                              f"{w.get('n_up', '-')}/{w.get('n_down', '-')}/"
-                              f"{w.get('n_ties', '-')}", w.get("p_value")])
-    parts.append("<h2>Organisation vs single agent (held-out)</h2>" + _table(
-        ["step", "env", "org reward", "single reward", "org - single", "tasks",
-         "up/down/ties", "Wilcoxon p"], comp_rows))
-    parts.append("<h2>Arms and baselines</h2>" + _table(
-        ["step", "arm", "rollouts", "reward", "output tokens", "latency s", "latency / org"],
-        [[b["step"], b["arm"], b["rollouts"], b["reward"], b["tokens_out"], b["latency_s"],
-          b.get("latency_vs_org")] for b in report["baselines"]]))
-    if report["best_of_k"]:
-        parts.append("<h2>Best-of-k</h2>" + _table(
-            ["step", "arm", "tasks", "k", "best by score", "majority vote"],
-            [[b["step"], b["arm"], b["tasks"], b["k"], b["best"], b["vote"]]
-             for b in report["best_of_k"]]))
-    if runs:
-        parts.append("<h2>Runs (last evaluation)</h2>" + _table(
-            ["run", "step", "arm", "reward", "output tokens", "latency s"],
-            [[r["run"], r["step"], r["arm"], r["reward"], r["tokens_out"], r["latency_s"]]
-             for r in runs]))
-    org_rows = [[c["step"], c["arm"], c["hires_per_rollout"], c["lead_title_share"],
-                 c["reviewer_title_share"], c["verifier_title_share"], c["teams_with_review"],
-                 c["review_tokens_per_org_hour"], c["teams_with_help_offer"],
-                 c["coordination_time_share"], c["critical_token_share"],
-                 c["opening_plan_component"], c["opening_plan_pipeline"]]
-                for c in report["checkpoints"] if c["phase"] == "eval"]
-    parts.append("<h2>Organisation metrics per checkpoint</h2>" + _table(
-        ["step", "arm", "hires", "lead", "reviewer", "verifier", "teams w/ review",
-         "review tok/org-h", "help offers", "coord. time", "crit. tokens", "plan: component",
-         "plan: pipeline"], org_rows))
-    for name, png in images.items():
-        data = base64.b64encode(png).decode("ascii")
-        parts.append(f"<h2>{html.escape(name)}</h2><img alt=\"{html.escape(name)}\" "
-                     f"src=\"data:image/png;base64,{data}\">")
-    if episodes:
-        items = "".join(f"<li><a href=\"{html.escape(href)}\">{html.escape(label)}</a></li>"
-                        for label, href in episodes)
-        parts.append(f"<h2>Episodes (last evaluation)</h2><ul>{items}</ul>")
-    style = ("body{font:14px sans-serif;margin:16px}table{border-collapse:collapse;"
-             "margin-bottom:12px}td,th{border:1px solid #bbb;padding:3px 6px;font-size:12px}")
-    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Avalon run report"
-            f"</title><style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
 
 
 def last_eval_rows(report: dict, name: str) -> list[dict]:
     step = report["last_eval_step"]
-    return [{"run": name, **{k: b[k] for k in ("step", "arm", "reward", "tokens_out",
+    return [{"run": name, **{k: b[k] for k in ("step", "rl_step", "arm", "reward", "tokens_out",
                                                  "latency_s")}}
             for b in report["baselines"] if b["step"] == step]
 
 
 def write_report(run_dir: str, *, judge: Judge | None = None, audit: Judge | None = None,
-                 others: Sequence[str] = (), episodes: int = 8) -> str:
-    """Analyses `run_dir` (and, for the runs table, `others`) and writes RUN_DIR/report/.
-    Returns the report directory."""
-    report, rollouts = analyse(run_dir, judge, audit=audit)
+                 others: Sequence[str] = (), episodes: int = 8, commit: str = "") -> str:
+    """Analyses `run_dir` (and, for the runs table, `others`) and writes RUN_DIR/report/:
+    report.json, the PNGs, index.html, learning.md and the episode pages. Returns the report
+    directory."""
+    report, rollouts = analyse(run_dir, judge, audit=audit, commit=commit)
     out = os.path.join(run_dir, "report")
     os.makedirs(os.path.join(out, "episodes"), exist_ok=True)
     runs = []
@@ -361,6 +329,8 @@ def write_report(run_dir: str, *, judge: Judge | None = None, audit: Judge | Non
             f.write(png)
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=1, sort_keys=True)
+    with open(os.path.join(out, "learning.md"), "w", encoding="utf-8") as f:
+        f.write(report["learning"] + "\n")
     with open(os.path.join(out, "index.html"), "w", encoding="utf-8") as f:
         f.write(index_html(report, images, links, runs))
     return out

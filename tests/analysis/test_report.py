@@ -10,6 +10,7 @@ import pytest
 
 from avalon import analyze, command
 from avalon.analysis.logs import IndexEntry, step_dir, write_index
+from avalon.analysis.stats import wilson
 from avalon.org.events import dumps
 from tests.analysis.builders import single_agent, team_with_lead, team_without_lead
 
@@ -62,7 +63,7 @@ def _check_outputs(run):
     out = run / "report"
     with open(out / "report.json") as f:
         report = json.load(f)
-    for name in ("rewards", "org_metrics", "latency"):
+    for name in ("rewards", "org_metrics", "review_quality", "latency"):
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "index.html").read_text()
     # Self-contained: no external scripts, styles or images; only links to episode pages.
@@ -93,13 +94,15 @@ def test_analyze_a_hand_built_run(tmp_path):
     rows = {b["arm"]: b for b in report["baselines"] if b["step"] == 5}
     assert set(rows) == {"org", "single", "s8", "best_of_k"}
     assert rows["s8"]["latency_vs_org"] == pytest.approx(32.1 / ((16.3 + 7.0) / 2))
-    assert rows["s8"]["tokens_out"] == 100.0
+    assert rows["s8"]["tokens_out"]["estimate"] == 100.0 and rows["s8"]["rl_step"] == 1
     bok = [b for b in report["best_of_k"] if b["step"] == 5]
     assert len(bok) == 1 and (bok[0]["k"], bok[0]["tasks"]) == (3, 1)
     assert bok[0]["best"]["estimate"] == 1.5 and bok[0]["vote"]["estimate"] == 1.0  # "y" wins
     org5 = next(c for c in report["checkpoints"] if c["step"] == 5 and c["arm"] == "org")
     assert org5["lead_title_share"]["estimate"] == 0.2  # 1 lead of 5 hires
-    assert report["curves"]["lead_title_share"] == [[0, 0.2], [5, 0.2]]
+    # Against the RL step (steps 0 and 5 were RL steps 0 and 1), with the Wilson interval.
+    lo, hi = wilson(1, 5).low, wilson(1, 5).high
+    assert report["curves"]["lead_title_share"] == {"org": [[0, 0.2, lo, hi], [1, 0.2, lo, hi]]}
     assert [r["run"] for r in report["runs"]].count("single_rl") == 2
     assert len(report["episodes"]) == 8
     linked = [r for r in report["per_rollout"] if r["episode"]]

@@ -1,0 +1,88 @@
+"""What a run learnt, in one paragraph generated from its report (the README quotes it).
+
+`paragraph(report)` reads the report's `shifts` (the organisation arm, first against last
+evaluation, paired by task and seed) and its last org-against-single comparison, and says each
+number with its shift in standard errors; nothing in it is typed by hand. A shift is called
+real at 3 SE or more (`REAL_Z`). Written by the report as RUN_DIR/report/learning.md.
+"""
+
+from __future__ import annotations
+
+REAL_Z = 3.0
+_PERCENT = ("teams_with_review", "review_precision", "review_recall", "rubber_stamp_share",
+            "teams_with_help_offer", "lead_title_share", "reviewer_title_share",
+            "verifier_title_share", "coordination_time_share", "shipped_defect_share")
+_NAMES = {
+    "reward": "held-out reward",
+    "teams_with_review": "teams with a review",
+    "reviews_per_team": "review messages per team",
+    "review_precision": "review precision",
+    "review_recall": "review recall",
+    "rubber_stamps_per_team": "rubber stamps (approvals of a defective build) per team",
+    "shipped_defects_per_rollout": "shipped defects per rollout",
+    "hires_per_rollout": "hires per rollout",
+    "messages_per_agent": "messages per agent",
+    "verifier_title_share": "verifier titles",
+    "coordination_time_share": "co-ordination share of working time",
+}
+
+
+def _number(name: str, v: float) -> str:
+    return f"{100 * v:.0f}%" if name in _PERCENT else f"{v:.2f}"
+
+
+def describe(row: dict) -> str:
+    """`0.35 -> 1.54 (+6.9 SE)`, `n/a`, or without an SE `0.35 -> 1.54`."""
+    name = row["measure"]
+    if row.get("first") is None or row.get("last") is None:
+        return "n/a"
+    text = f"{_number(name, row['first'])} -> {_number(name, row['last'])}"
+    if row.get("z") is not None:
+        text += f" ({row['z']:+.1f} SE)"
+    elif row.get("diff") == 0:
+        text += " (no change)"
+    return text
+
+
+def paragraph(report: dict) -> str:
+    """The learning paragraph of a report (see the module docstring)."""
+    shifts = report.get("shifts")
+    org = (shifts or {}).get("arms", {}).get("org")
+    if not org:
+        return ("No learning paragraph: the run has fewer than two evaluations with an "
+                "organisation arm.")
+    rows = {r["measure"]: r for r in org["rows"]}
+    commit = report.get("commit") or "an unrecorded commit"
+    run = report["run"].rstrip("/").rsplit("/", 1)[-1]
+    parts = [f"Run `{run}` at commit {commit} (`python -m avalon.analyze`, "
+             f"{org['pairs']} held-out organisation rollouts paired by task and seed between "
+             f"RL step {shifts['first_rl_step']} and {shifts['last_rl_step']}): "
+             f"{_NAMES['reward']} {describe(rows['reward'])}"]
+    last = next((c for c in reversed(report["comparisons"]) if c.get("paired")), None)
+    if last is not None:
+        p = last["paired"]
+        z = f", {p['z']:.1f} SE" if p.get("z") is not None else ""
+        parts[-1] += (f"; at RL step {last['rl_step']} the organisation scores "
+                      f"{p['diff']:+.2f} against the single agent on the same tasks{z}")
+    parts[-1] += "."
+
+    def said(names):
+        return "; ".join(f"{_NAMES.get(n, n)} {describe(rows[n])}" for n in names
+                         if n in rows and describe(rows[n]) != "n/a")
+
+    volume = said(("teams_with_review", "reviews_per_team"))
+    if volume:
+        parts.append(f"Review volume: {volume}.")
+    quality = said(("review_precision", "review_recall", "rubber_stamps_per_team",
+                    "shipped_defects_per_rollout"))
+    if quality:
+        parts.append(f"Review quality against the environment's ground truth: {quality}.")
+    team = said(("hires_per_rollout", "messages_per_agent", "verifier_title_share",
+                 "coordination_time_share"))
+    if team:
+        parts.append(f"The team: {team}.")
+    real = [n for n, r in rows.items() if r.get("z") is not None and abs(r["z"]) >= REAL_Z]
+    parts.append(f"Shifts of {REAL_Z:g} SE or more: "
+                 f"{', '.join(_NAMES.get(n, n) for n in real) if real else 'none'}; "
+                 "every other shift above is within noise.")
+    return " ".join(parts)
