@@ -58,6 +58,7 @@ from avalon.tokenizer.record import describe as tokenizer_record
 from avalon.train import (
     baselines,
     batch_plan,
+    config_history,
     host_metrics,
     org_metrics,
     plots,
