@@ -34,7 +34,6 @@ from avalon.sharding import MESH_AXES
 from avalon.train import batch_plan
 from avalon.train.skills import Skill
 
-
 # The organisation's hire budget at most: the report samples b up to 8 (9 agents at most).
 MAX_HIRES = 8
 
