@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--judge", default="", help="a checkpoint directory to judge with")
     parser.add_argument("--audit", action="store_true",
                         help="with --judge: Cohen's kappa against the rule judge")
+    parser.add_argument("--image_files", action="store_true",
+                        help="index.html shows the PNG files beside it instead of holding "
+                             "them (a smaller page to publish)")
     parser.add_argument("--commit", default="",
                         help="the commit the run ran, named in the learning paragraph "
                              "(report/learning.md)")
@@ -50,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     for run in args.runs:
         others = [r for r in args.runs if r != run]
         print(write_report(run, judge=judge, audit=audit, others=others,
-                           episodes=args.episodes, commit=args.commit))
+                           episodes=args.episodes, commit=args.commit,
+                           embed_images=not args.image_files))
 
 
 if __name__ == "__main__":

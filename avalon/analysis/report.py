@@ -296,10 +296,11 @@ def last_eval_rows(report: dict, name: str) -> list[dict]:
 
 
 def write_report(run_dir: str, *, judge: Judge | None = None, audit: Judge | None = None,
-                 others: Sequence[str] = (), episodes: int = 8, commit: str = "") -> str:
+                 others: Sequence[str] = (), episodes: int = 8, commit: str = "",
+                 embed_images: bool = True) -> str:
     """Analyses `run_dir` (and, for the runs table, `others`) and writes RUN_DIR/report/:
-    report.json, the PNGs, index.html, learning.md and the episode pages. Returns the report
-    directory."""
+    report.json, the PNGs, index.html (holding the PNGs unless `embed_images` is False),
+    learning.md and the episode pages. Returns the report directory."""
     report, rollouts = analyse(run_dir, judge, audit=audit, commit=commit)
     out = os.path.join(run_dir, "report")
     os.makedirs(os.path.join(out, "episodes"), exist_ok=True)
@@ -332,5 +333,5 @@ def write_report(run_dir: str, *, judge: Judge | None = None, audit: Judge | Non
     with open(os.path.join(out, "learning.md"), "w", encoding="utf-8") as f:
         f.write(report["learning"] + "\n")
     with open(os.path.join(out, "index.html"), "w", encoding="utf-8") as f:
-        f.write(index_html(report, images, links, runs))
+        f.write(index_html(report, images, links, runs, embed_images=embed_images))
     return out

@@ -180,7 +180,9 @@ def _shift_tables(shifts: dict | None) -> str:
 
 
 def index_html(report: dict, images: dict[str, bytes], episodes: Sequence[tuple[str, str]],
-               runs: Sequence[dict]) -> str:
+               runs: Sequence[dict], *, embed_images: bool = True) -> str:
+    """The page; with `embed_images` False it shows NAME.png files beside it instead of
+    holding the images (a smaller page, e.g. the example under docs/)."""
     parts = [f"<h1>Run report</h1><p>{html.escape(report['run'])}: {report['rollouts']} logged "
              f"rollouts{', commit ' + html.escape(report['commit']) if report['commit'] else ''}"
              f"</p><h2>What it learnt</h2><p>{html.escape(report['learning'])}</p>"]
@@ -238,9 +240,10 @@ def index_html(report: dict, images: dict[str, bytes], episodes: Sequence[tuple[
                             c["shipped_defects_per_rollout"], c["shipped_defect_share"]]
                            for c in evals]))
     for name, png in images.items():
-        data = base64.b64encode(png).decode("ascii")
+        src = (f"data:image/png;base64,{base64.b64encode(png).decode('ascii')}"
+               if embed_images else f"{html.escape(name)}.png")
         parts.append(f"<h2>{html.escape(name)}</h2><img alt=\"{html.escape(name)}\" "
-                     f"src=\"data:image/png;base64,{data}\">")
+                     f"src=\"{src}\">")
     if episodes:
         items = "".join(f"<li><a href=\"{html.escape(href)}\">{html.escape(label)}</a></li>"
                         for label, href in episodes)

@@ -130,3 +130,8 @@ def test_the_page_says_n_a_and_shows_the_shifts(report):
     assert "Shifts from RL step 0 to 20" in page and "42% -&gt; 64%" in page
     assert "<td>n/a</td>" in page and "What it learnt" in page
     assert "teams_with_review</td><td>Share of teams with at least one review" in page
+
+
+def test_a_page_to_publish_shows_the_png_files_beside_it(report):
+    page = index_html(report, {"rewards": b"\x89PNG"}, [], [], embed_images=False)
+    assert '<img alt="rewards" src="rewards.png">' in page and "base64" not in page
