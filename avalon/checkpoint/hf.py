@@ -1,4 +1,5 @@
-"""Hugging Face Nemotron-H checkpoints: import onto a mesh, export to the hub layout.
+"""Hugging Face checkpoints (Nemotron-H, and the Llama/Qwen families of `hf_families.py`):
+import onto a mesh, export to the hub layout.
 
     cfg, params = hf.load("/ckpt/NVIDIA-Nemotron-3-Super-120B-A12B-BF16", mesh)
     hf.save("/out/my-org-model", cfg, params)
@@ -10,7 +11,9 @@ of the leaf's sharding it reads just the needed slices of the needed HF tensors 
 puts them on the devices holding that shard, and drops the host copy. No host ever holds more
 than one shard of one leaf. Leaves take the params dtype of the checkpoint (config `dtype`, else
 the embeddings' dtype) unless `param_dtype=` says otherwise; the router and its correction
-bias are always fp32 (HF's `_keep_in_fp32_modules_strict`).
+bias are always fp32 (HF's `_keep_in_fp32_modules_strict`). `load_tensors` does the same from
+any tensor source with `SafetensorsDir`'s reading interface and a config.json dict (a GGUF
+file's, `gguf.py`).
 
 `save` writes the hub layout (`backbone.*`, one key per expert, `mtp.*` when the model has an
 MTP block, `lm_head.weight` even for tied embeddings since transformers never ties this model)
@@ -31,7 +34,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from avalon.checkpoint import hf_config, hf_names
+from avalon.checkpoint import hf_config, hf_families, hf_names, hf_names_families
 from avalon.checkpoint.safetensors_io import INDEX_NAME, SafetensorsDir, write_sharded
 from avalon.model.config import ModelConfig
 from avalon.model.params import abstract_params
@@ -72,17 +75,37 @@ def load(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, *,
         raise CheckpointError(f"{path}: no config.json")
     raw = hf_config.read_json(cfg_path)
     st = SafetensorsDir(path)
-    layout = hf_names.detect_layout(st.keys())
-    if "param_dtype" not in overrides and hf_config.checkpoint_dtype(raw) is None:
-        embed = f"{layout.prefix}embeddings.weight"
-        if embed in st:
+    try:
+        return load_tensors(raw, st, mesh, source=str(cfg_path), rules=rules,
+                            progress=progress, **overrides)
+    finally:
+        st.close()
+
+
+def load_tensors(raw: dict, st, mesh: jax.sharding.Mesh | None = None, *,
+                 source: str = "config.json", rules: Rules = TRAIN_RULES,
+                 progress: Progress | None = None, **overrides) -> tuple[ModelConfig, dict]:
+    """`load` from a config.json dict and an open tensor source `st` (`SafetensorsDir`'s
+    interface: keys, shape, dtype, read); the caller closes `st`."""
+    if raw.get("model_type") in hf_families.MODEL_TYPES:
+        embed = f"{hf_names_families.PREFIX}embed_tokens.weight"
+        if "param_dtype" not in overrides and hf_config.checkpoint_dtype(raw) is None \
+                and embed in st:
             overrides["param_dtype"] = str(st.dtype(embed))
-    # transformers 5.24 never ties the head (`_tied_weights_keys = {}`): tie only when the
-    # config asks for it *and* there is no head to load.
-    tie = bool(raw.get("tie_word_embeddings", False)) and "lm_head.weight" not in st
-    cfg = hf_config.from_hf({**raw, "tie_word_embeddings": tie}, source=str(cfg_path),
-                            **overrides)
-    sources = hf_names.param_sources(cfg, layout)
+        cfg = hf_config.from_hf(raw, source=source, **overrides)
+        sources = hf_names_families.param_sources(cfg)
+    else:
+        layout = hf_names.detect_layout(st.keys())
+        if "param_dtype" not in overrides and hf_config.checkpoint_dtype(raw) is None:
+            embed = f"{layout.prefix}embeddings.weight"
+            if embed in st:
+                overrides["param_dtype"] = str(st.dtype(embed))
+        # transformers 5.24 never ties Nemotron-H's head (`_tied_weights_keys = {}`): tie
+        # only when the config asks for it *and* there is no head to load.
+        tie = bool(raw.get("tie_word_embeddings", False)) and "lm_head.weight" not in st
+        cfg = hf_config.from_hf({**raw, "tie_word_embeddings": tie}, source=source,
+                                **overrides)
+        sources = hf_names.param_sources(cfg, layout)
     hf_names.check_sources(cfg, sources)
     _check_tensors(st, sources, cfg)
 
@@ -96,7 +119,6 @@ def load(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, *,
         out.append(_build_leaf(st, src, np.dtype(dtype), sharding))
         if progress is not None:
             progress(k + 1, len(src_leaves))
-    st.close()
     return cfg, jax.tree.unflatten(treedef, out)
 
 
@@ -118,6 +140,9 @@ def _check_tensors(st: SafetensorsDir, sources, cfg: ModelConfig) -> None:
                 f"{st.file_of(name)}: tensor {name!r} has shape {list(st.shape(name))} but "
                 f"config.json implies {list(shape)} (avalon param {leaf})")
     extra = sorted(n for n in st.keys() if n not in need)
+    if cfg.tie_word_embeddings and "lm_head.weight" in extra and cfg.rope_theta is not None:
+        # transformers ties a Llama/Qwen head to the embeddings and ignores a stored copy.
+        extra.remove("lm_head.weight")
     if not cfg.mtp_pattern:
         # transformers ignores `mtp.*` (it builds no MTP block); so do we when the config
         # declares none.
@@ -175,15 +200,16 @@ def _build_leaf(st: SafetensorsDir, src: hf_names.Source, dtype: np.dtype, shard
 
 
 # ---- export ---------------------------------------------------------------------------------
-_LAYER = re.compile(r"^(backbone\.layers|mtp\.layers)\.(\d+)\.")
+_LAYER = re.compile(r"^(backbone\.layers|model\.layers|mtp\.layers)\.(\d+)\.")
 
 
 def _group(name: str) -> tuple:
     """Write order: embeddings, layers in order, final norm, head, MTP layers."""
     m = _LAYER.match(name)
     if m:
-        return (1 if m.group(1) == "backbone.layers" else 4, int(m.group(2)))
-    return {"backbone.embeddings.weight": (0,), "backbone.norm_f.weight": (2,),
+        return (4 if m.group(1) == "mtp.layers" else 1, int(m.group(2)))
+    return {"backbone.embeddings.weight": (0,), "model.embed_tokens.weight": (0,),
+            "backbone.norm_f.weight": (2,), "model.norm.weight": (2,),
             "lm_head.weight": (3,)}.get(name, (5,))
 
 
@@ -201,7 +227,15 @@ def save(path: str | os.PathLike, cfg: ModelConfig, params: dict, *,
         raise CheckpointError(f"{path}: already holds a safetensors checkpoint; export into a "
                               "new or empty directory")
     _check_params(cfg, params)
-    sources = hf_names.param_sources(cfg, hf_names.HUB)
+    try:
+        kind = hf_families.family(cfg)
+    except hf_families.FamilyConfigError as e:
+        raise CheckpointError(f"hf.save: {e}") from None
+    if kind is None:
+        sources = hf_names.param_sources(cfg, hf_names.HUB)
+    else:
+        sources = hf_names_families.param_sources(cfg)
+    config_json = hf_config.to_hf(cfg)
     hf_names.check_sources(cfg, sources)
     src_leaves = jax.tree.leaves(sources, is_leaf=hf_names.is_source)
     leaves = jax.tree.leaves(params)
@@ -211,7 +245,7 @@ def save(path: str | os.PathLike, cfg: ModelConfig, params: dict, *,
     for k, src in enumerate(src_leaves):
         for pos in np.ndindex(*src.names.shape):
             parts.setdefault(src.names[pos], []).append((k, pos))
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and kind is None:
         # transformers 5.24 never ties Nemotron-H's head: write it out, or it would be random.
         parts["lm_head.weight"] = parts["backbone.embeddings.weight"]
     first = {name: i for i, name in enumerate(parts)}
@@ -250,7 +284,7 @@ def save(path: str | os.PathLike, cfg: ModelConfig, params: dict, *,
 
     path.mkdir(parents=True, exist_ok=True)
     extra = {k: v for k, v in (extra_config or {}).items() if k not in _DROP_FROM_EXTRA}
-    hf_config.write_json(path / "config.json", {**extra, **hf_config.to_hf(cfg)})
+    hf_config.write_json(path / "config.json", {**extra, **config_json})
     write_sharded(path, specs, tensors(), max_shard_bytes, progress=progress)
 
 

@@ -28,6 +28,7 @@ import math
 import os
 from collections.abc import Mapping
 
+from avalon.checkpoint import hf_families
 from avalon.model.config import ModelConfig
 
 LAYER_TYPES = {"linear_attention": "M", "moe": "E", "full_attention": "*", "mlp": "-"}
@@ -181,10 +182,16 @@ def from_hf(d: Mapping, *, source: str = "config.json", **overrides) -> ModelCon
     """A `ModelConfig` from a config.json dict. `overrides` set any ModelConfig field (e.g.
     `param_dtype`, `moe_backend`, `max_context`); `dtype` (activations) follows `param_dtype`
     unless given. The params dtype defaults to the config's `dtype`/`torch_dtype`, else fp32."""
+    if d.get("model_type") in hf_families.MODEL_TYPES:
+        try:
+            return hf_families.from_hf(d, source=source, checkpoint_dtype=checkpoint_dtype(d),
+                                      **overrides)
+        except hf_families.FamilyConfigError as e:
+            raise HFConfigError(str(e)) from None
     h = normalize(d, source)
     if h.get("model_type", "nemotron_h") != "nemotron_h":
-        raise HFConfigError(f"{source}: 'model_type'={h['model_type']!r}; only 'nemotron_h' "
-                            "checkpoints are supported")
+        raise HFConfigError(f"{source}: 'model_type'={h['model_type']!r} is not supported; use "
+                            f"one of nemotron_h, {', '.join(hf_families.MODEL_TYPES)}")
     if "layers_block_type" in h and h["layers_block_type"] is not None:
         pattern = _layer_letters(h["layers_block_type"], "layers_block_type", source)
     elif "hybrid_override_pattern" in h:
@@ -241,6 +248,8 @@ def from_hf(d: Mapping, *, source: str = "config.json", **overrides) -> ModelCon
 # ---- ModelConfig -> HF dict -----------------------------------------------------------------
 def to_hf(cfg: ModelConfig) -> dict:
     """The config.json of `cfg` for transformers 5.24 (and older readers)."""
+    if hf_families.family(cfg) is not None:
+        return hf_families.to_hf(cfg)
     types = {v: k for k, v in LAYER_TYPES.items()}
     d = {
         "architectures": ["NemotronHForCausalLM"],

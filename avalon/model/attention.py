@@ -1,5 +1,8 @@
 """Grouped-query causal attention (`*` layers), as HF NemotronH: no positional encoding (NoPE),
-no biases, no q/k norm; scores scaled by head_dim^-0.5, softmax in fp32.
+no biases, no q/k norm; scores scaled by head_dim^-0.5, softmax in fp32. The Llama/Qwen
+families add, in HF's order: q/k/v biases (`attention_qkv_bias`), a per-head RMSNorm of q and k
+(`qk_norm`, Qwen3), rotary embedding of q and k at each token's position (`rope.py`), and an
+o bias (`attention_out_bias`). The cache holds rotated keys.
 
 Same mixer contract as Mamba-2: `attention(p, x, cfg, segment_ids=, cache=, lengths=, num_new=)`
 -> (y, new_cache). Packed rows attend only within their own segment. The KV cache is head-major,
@@ -35,6 +38,8 @@ from avalon import sharding
 from avalon.model.attention_scan import causal_scan_attention
 from avalon.model.config import AttentionImpl, ModelConfig
 from avalon.model.dense import dense
+from avalon.model.norms import rms_norm
+from avalon.model.rope import apply_rope, segment_positions
 from avalon.sharding import constrain
 
 _MASKED = -1e30
@@ -429,6 +434,7 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     q = dense(x, p["q"].astype(dtype))
     k = dense(x, p["k"].astype(dtype))
     v = dense(x, p["v"].astype(dtype))
+    q, k, v = _position_and_norm(p, q, k, v, cfg, segment_ids, lengths)
     if cache is None:
         # Computed on the residual stream's positions, then switched by all-to-all (as
         # mamba2._at_residual_split: no all-gather of the layer input to whole rows).
@@ -472,4 +478,28 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     if cache is None:  # back to the residual stream's position split before the o projection
         out = constrain(out, ("batch", "act_seq", "act_mixer_out", None))
     y = dense(out, p["o"].astype(dtype), 2)
+    if "o_bias" in p:
+        y = y + p["o_bias"].astype(dtype)
     return y, new_cache
+
+
+def _position_and_norm(p: dict, q, k, v, cfg: ModelConfig, segment_ids, lengths):
+    """The Llama/Qwen steps between the projections and the scores (identity for Nemotron-H):
+    biases, q/k RMSNorm over head_dim, rotary embedding. q [b, t, nh, hd]; k, v [b, t, nkv, hd];
+    with a cache the rows continue at `lengths`, without one at their segments' starts."""
+    dtype = q.dtype
+    if "q_bias" in p:
+        q = q + p["q_bias"].astype(dtype)
+        k = k + p["k_bias"].astype(dtype)
+        v = v + p["v_bias"].astype(dtype)
+    if cfg.qk_norm:
+        q = rms_norm(q, p["q_norm"], cfg.layer_norm_epsilon)
+        k = rms_norm(k, p["k_norm"], cfg.layer_norm_epsilon)
+    if cfg.rope_theta is not None:
+        b, t = q.shape[:2]
+        if lengths is None:
+            pos = segment_positions(segment_ids, b, t)
+        else:
+            pos = lengths[:, None].astype(jnp.int32) + jnp.arange(t, dtype=jnp.int32)[None, :]
+        q, k = apply_rope(q, pos, cfg), apply_rope(k, pos, cfg)
+    return q, k, v

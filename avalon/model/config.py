@@ -1,9 +1,20 @@
-"""The model configuration: one frozen, hashable dataclass for the whole Nemotron-H family.
+"""The model configuration: one frozen, hashable dataclass for Nemotron-H and the Llama/Qwen
+families.
 
 Field names follow Hugging Face's `NemotronHConfig` (transformers 5.24) where one exists, so a
-reader can map every field to `../shared/reference/nemotron_h.md`. Implementation choices that HF
-does not have (MoE dispatch backend, remat, layer scanning, dtypes) are fields too, each an enum
-or a plain value, never a string looked up in a registry.
+reader can map every field to `../shared/reference/nemotron_h.md`. The Llama/Qwen families are
+the same layer letters with other options (`checkpoint/hf_families.py` maps their configs):
+
+    Llama 3 / SmolLM2   pattern "*-" x L, rope_theta, SWIGLU MLP, tied embeddings (SmolLM2)
+    Qwen2               + attention_qkv_bias
+    Qwen3               + qk_norm
+    Qwen3-MoE           pattern "*E" x L ("*-" for dense layers), Router.SOFTMAX, SWIGLU
+                        experts, no shared expert (moe_shared_expert_intermediate_size=0)
+
+A Llama layer (attention, then MLP, each with its own pre-norm and residual) is exactly two
+pattern letters, so nothing about the stack, its scan or its sharding changes per family.
+Implementation choices that HF does not have (MoE dispatch backend, remat, layer scanning, dtypes)
+are fields too, each an enum or a plain value, never a string looked up in a registry.
 
 The layer stack is the HF pattern string: `M` Mamba-2, `E` MoE, `*` attention, `-` dense MLP.
 `layer_blocks(pattern)` splits it into runs of a repeated unit (the Nemotron patterns are mostly
@@ -37,6 +48,28 @@ class MoeBackend(enum.Enum):
     CAPACITY_BUCKETS = "capacity_buckets"  # sort + batched matmul at a bucketed capacity
     GROUPED = "grouped"  # sort + per-expert tiles, a batched matmul over tiles (CPU)
     MEGABLOX = "megablox"  # sort + the Pallas megablox grouped matmul (TPU; gmm/tgmm backward)
+
+
+class Activation(enum.Enum):
+    """The feed-forward of `-` layers, routed experts and the shared expert."""
+
+    RELU2 = "relu2"  # Nemotron-H: down(relu(up x)^2), non-gated
+    SWIGLU = "swiglu"  # Llama/Qwen: down(silu(gate x) * up x)
+
+
+class Router(enum.Enum):
+    """How an MoE layer scores experts (`moe.route`)."""
+
+    SIGMOID = "sigmoid"  # Nemotron-H: sigmoid + correction bias, group-limited top-k
+    SOFTMAX = "softmax"  # Qwen3-MoE: softmax over all experts, top-k (renormalised or not)
+
+
+class RopeScaling(enum.Enum):
+    """How rotary frequencies are rescaled for long context (HF `rope_parameters.rope_type`)."""
+
+    NONE = "default"
+    LINEAR = "linear"  # every frequency / rope_factor
+    LLAMA3 = "llama3"  # Llama 3.1: low frequencies / factor, a smooth ramp to the high ones
 
 
 class Remat(enum.Enum):
@@ -82,11 +115,11 @@ class ModelConfig:
     vocab_size: int
     hidden_size: int
     pattern: str  # HF `hybrid_override_pattern`, one letter per layer
-    # Attention (`*`): grouped-query, no positional encoding.
+    # Attention (`*`): grouped-query; no positional encoding unless `rope_theta` is set.
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    # Dense MLP (`-`): down(relu(up x)^2).
+    # Dense MLP (`-`): down(relu(up x)^2), or down(silu(gate x) * up x) under SWIGLU.
     intermediate_size: int
     # Mamba-2 (`M`).
     mamba_num_heads: int
@@ -117,6 +150,20 @@ class ModelConfig:
     mlp_bias: bool = False  # bias on MLP, shared expert and latent projections
     layer_norm_epsilon: float = 1e-5
     tie_word_embeddings: bool = False
+    # The Llama/Qwen families' options (defaults are Nemotron-H's).
+    mlp_activation: Activation = Activation.RELU2  # `-` layers, routed and shared experts
+    router: Router = Router.SIGMOID
+    # Rotary position embedding on q and k (HF's rotate-half layout); None: none (NoPE).
+    rope_theta: float | None = None
+    rotary_dim: int | None = None  # the leading dims of each head that rotate; None: head_dim
+    rope_scaling: RopeScaling = RopeScaling.NONE
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0  # LLAMA3 only
+    rope_high_freq_factor: float = 4.0  # LLAMA3 only
+    rope_original_max_position: int = 8192  # LLAMA3 only
+    attention_qkv_bias: bool = False  # Qwen2 (and Llama's attention_bias, with the o bias)
+    attention_out_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k, before the rotation
     # Multi-token prediction head (Super: "*E"); "" means none. Not used by the main forward.
     mtp_pattern: str = ""
     # Numerics: params in `param_dtype`, activations in `dtype`; norms, router, SSM and
@@ -210,7 +257,11 @@ def _validate(c: ModelConfig):
                      "conv_kernel"]
     if "E" in c.pattern + c.mtp_pattern:
         positive += ["n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
-                     "moe_shared_expert_intermediate_size", "n_group", "topk_group"]
+                     "n_group", "topk_group"]
+        f = c.moe_shared_expert_intermediate_size
+        if not isinstance(f, int) or isinstance(f, bool) or f < 0:
+            _fail("moe_shared_expert_intermediate_size", f,
+                  "must be a non-negative integer (0: no shared expert)")
     if "-" in c.pattern + c.mtp_pattern:
         positive += ["intermediate_size"]
     for f in positive:
@@ -245,7 +296,8 @@ def _validate(c: ModelConfig):
         if v not in ("float32", "bfloat16", "float16", "float64"):
             _fail(f, v, "must be one of float32, bfloat16, float16, float64")
     for f, enum_type in (("moe_backend", MoeBackend), ("remat", Remat),
-                         ("attention_impl", AttentionImpl)):
+                         ("attention_impl", AttentionImpl), ("mlp_activation", Activation),
+                         ("router", Router), ("rope_scaling", RopeScaling)):
         if not isinstance(getattr(c, f), enum_type):
             _fail(f, getattr(c, f), f"must be a {enum_type.__name__}")
     f = c.moe_capacity_factor
@@ -255,6 +307,35 @@ def _validate(c: ModelConfig):
               "even under a balanced load) or None (dropless)")
     if c.time_step_min < 0 or not math.isfinite(c.time_step_min):
         _fail("time_step_min", c.time_step_min, "must be a finite value >= 0")
+    _validate_families(c)
+
+
+def _validate_families(c: ModelConfig):
+    """The Llama/Qwen options: rotary settings and the router."""
+    if c.rope_theta is not None:
+        if isinstance(c.rope_theta, bool) or not isinstance(c.rope_theta, (int, float)) \
+                or not math.isfinite(c.rope_theta) or c.rope_theta <= 1:
+            _fail("rope_theta", c.rope_theta, "must be a finite number > 1, or None (no RoPE)")
+        rd = c.rotary_dim
+        if rd is not None and (not isinstance(rd, int) or isinstance(rd, bool) or rd <= 0
+                               or rd % 2 or rd > c.head_dim):
+            _fail("rotary_dim", rd, f"must be an even integer in [2, head_dim={c.head_dim}] "
+                  "or None (all of head_dim)")
+        if c.rope_scaling != RopeScaling.NONE and not c.rope_factor >= 1:
+            _fail("rope_factor", c.rope_factor, "must be >= 1")
+        if c.rope_scaling == RopeScaling.LLAMA3:
+            if not 0 < c.rope_low_freq_factor < c.rope_high_freq_factor:
+                _fail("rope_high_freq_factor", c.rope_high_freq_factor,
+                      f"must exceed rope_low_freq_factor={c.rope_low_freq_factor} > 0")
+            if c.rope_original_max_position <= 0:
+                _fail("rope_original_max_position", c.rope_original_max_position,
+                      "must be positive")
+    elif c.rope_scaling != RopeScaling.NONE or c.rotary_dim is not None:
+        _fail("rope_theta", c.rope_theta, "is None (no RoPE) but rope_scaling or rotary_dim "
+              "is set")
+    if "E" in c.pattern + c.mtp_pattern and c.router == Router.SOFTMAX and c.n_group != 1:
+        _fail("n_group", c.n_group, "group-limited routing is for the sigmoid router; the "
+              "softmax router takes n_group=1")
 
 
 @functools.cache

@@ -1,12 +1,17 @@
-"""The MoE layer (`E`), as transformers 5.24 `NemotronHMoE` computes it.
+"""The MoE layer (`E`), as transformers 5.24 `NemotronHMoE` (and, with Router.SOFTMAX and
+SWIGLU experts, `Qwen3MoeSparseMoeBlock`) computes it.
 
 Router (fp32): s = sigmoid(x W_r). Selection uses s + correction_bias, group-limited (a group's
 score is the sum of its top-2; the best `topk_group` groups stay, the rest are -inf), then top-k.
 Gate weights use the *unbiased* s at the chosen experts, renormalised (+1e-20) when
 `norm_topk_prob`, times `routed_scaling_factor`. Routed experts are non-gated squared-ReLU,
-down(relu(up x_l)^2), on the latent x_l = latent_in(x) when `moe_latent_size` is set; their
-weighted sum (fp32 accumulation) is cast back and mapped by latent_out. A shared expert
-down(relu(up x)^2) on the full-width x is added. Dropless: every choice is computed.
+down(relu(up x_l)^2) (SWIGLU: down(silu(gate x_l) * up x_l), `activations.py`), on the
+latent x_l = latent_in(x) when `moe_latent_size` is set; their weighted sum (fp32 accumulation) is
+cast back and mapped by latent_out. A shared expert down(relu(up x)^2) on the full-width x is added
+(none when its width is 0). Dropless: every choice is computed.
+
+Router.SOFTMAX (Qwen3-MoE): p = softmax(x W_r) over all experts (fp32), top-k of p, gate weights
+p at the chosen experts, renormalised when `norm_topk_prob`; no correction bias, no groups.
 
 Routing replay: `moe_layer(..., routing=idx)` uses the given experts [b, t, k] instead of
 selecting, and recomputes the gate weights from the live router (the R3 convention). The layer
@@ -41,6 +46,7 @@ on the whole token set, as before. The expert-parallel path may drop choices pas
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -50,7 +56,8 @@ from jax.sharding import PartitionSpec
 
 from avalon import sharding
 from avalon.model import moe_ep
-from avalon.model.config import ModelConfig, MoeBackend, Remat
+from avalon.model.activations import activate, activate_grad, relu2
+from avalon.model.config import Activation, ModelConfig, MoeBackend, Remat, Router
 from avalon.model.cpu_gemm import Packed, grouped_rows_product
 from avalon.model.dense import OutIn, dense, out_in_product, transposed
 from avalon.sharding import constrain
@@ -87,18 +94,23 @@ def resolve_backend(backend: MoeBackend, platform: str) -> MoeBackend:
     return backend
 
 
-def relu2(x):
-    return jnp.square(jax.nn.relu(x))
-
-
 def route(p: dict, x: jax.Array, cfg: ModelConfig, routing=None):
     """x [n, D] -> (experts [n, k] int32, gate weights [n, k] fp32)."""
-    w_r, bias = p["router"].astype(jnp.float32), p["router_bias"].astype(jnp.float32)
+    w_r = p["router"].astype(jnp.float32)
     if cfg.router_frozen:
-        w_r, bias = jax.lax.stop_gradient(w_r), jax.lax.stop_gradient(bias)
-    scores = jax.nn.sigmoid(x.astype(jnp.float32) @ w_r)  # [n, E]
+        w_r = jax.lax.stop_gradient(w_r)
+    logits = x.astype(jnp.float32) @ w_r  # [n, E]
+    if cfg.router == Router.SOFTMAX:
+        scores = jax.nn.softmax(logits, axis=-1)
+        choice = scores
+    else:
+        bias = p["router_bias"].astype(jnp.float32)
+        if cfg.router_frozen:
+            bias = jax.lax.stop_gradient(bias)
+        scores = jax.nn.sigmoid(logits)
+        choice = scores + bias
     if routing is None:
-        idx = select_experts(scores + bias, cfg)
+        idx = select_experts(choice, cfg)
     else:
         idx = routing.astype(jnp.int32)
     weights = jnp.take_along_axis(scores, idx, axis=-1)
@@ -128,7 +140,9 @@ def _route_per_chip(p, x2, cfg: ModelConfig, replay, mesh, axes: tuple[str, ...]
     neither tokens nor routing are gathered (the CPU partitioner gathers a token-sharded
     top_k otherwise)."""
     tokens = PartitionSpec(axes or None)
-    w, bias = p["router"], p["router_bias"]
+    w = p["router"]
+    # The softmax router has no correction bias: a zero stands in (route ignores it).
+    bias = p.get("router_bias", jnp.zeros((w.shape[-1],), jnp.float32))
     if replay is None:
         def fn(w, bias, x):
             return route({"router": w, "router_bias": bias}, x, cfg)
@@ -142,8 +156,8 @@ def _route_per_chip(p, x2, cfg: ModelConfig, replay, mesh, axes: tuple[str, ...]
 
 
 # ---- routed expert dispatch: x_l [n, w], idx/weights [n, k] -> per-choice outputs [n, k, w] --
-def _experts_dense(xl, idx, up, down):
-    h = relu2(jnp.einsum("nw,ewf->nef", xl, up))
+def _experts_dense(xl, idx, up, down, act=Activation.RELU2):
+    h = activate(act, jnp.einsum("nw,ewf->nef", xl, up))
     out = jnp.einsum("nef,efw->new", h, down)  # [n, E, w]
     return jnp.take_along_axis(out, idx[..., None], axis=1)  # [n, k, w]
 
@@ -155,11 +169,11 @@ def _sort_choices(idx, e: int):
     return flat, order, counts
 
 
-def _experts_ragged(xl, idx, up, down):
+def _experts_ragged(xl, idx, up, down, act=Activation.RELU2):
     n, k = idx.shape
     flat, order, counts = _sort_choices(idx, up.shape[0])
     xs = xl[order // k]
-    h = relu2(jax.lax.ragged_dot(xs, up, counts))
+    h = activate(act, jax.lax.ragged_dot(xs, up, counts))
     ys = jax.lax.ragged_dot(h, down, counts)
     out = jnp.zeros_like(ys).at[order].set(ys)
     return out.reshape(n, k, -1)
@@ -173,7 +187,7 @@ def capacity_ladder(n: int, k: int, e: int) -> tuple[int, ...]:
     return tuple(sorted(caps | {n}))
 
 
-def _experts_capacity(xl, idx, up, down):
+def _experts_capacity(xl, idx, up, down, act=Activation.RELU2):
     n, k = idx.shape
     e = up.shape[0]
     flat, order, counts = _sort_choices(idx, e)
@@ -183,7 +197,8 @@ def _experts_capacity(xl, idx, up, down):
     ladder = capacity_ladder(n, k, e)
     which = jnp.searchsorted(jnp.asarray(ladder), jnp.max(counts), side="left")
     i32 = lambda a: a.astype(jnp.int32)  # noqa: E731
-    return _bucketed_experts(xl, up, down, i32(order), i32(sorted_e), i32(rank), i32(which))
+    return _bucketed_experts(xl, up, down, i32(order), i32(sorted_e), i32(rank), i32(which),
+                             act)
 
 
 def _bucket_maps(order, sorted_e, rank, e: int, cap: int):
@@ -204,8 +219,8 @@ def _with_zero_row(a):
     return jnp.concatenate([a, jnp.zeros((1, a.shape[-1]), a.dtype)])
 
 
-@jax.custom_vjp
-def _bucketed_experts(xl, up, down, order, sorted_e, rank, which):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _bucketed_experts(xl, up, down, order, sorted_e, rank, which, act):
     """Routed experts through a [e, cap, w] buffer, cap the `which`-th rung of the capacity
     ladder (`lax.switch`): x_l [n, w] -> per-choice outputs [n, k, w].
 
@@ -215,10 +230,10 @@ def _bucketed_experts(xl, up, down, order, sorted_e, rank, which):
     activations have one shape for every rung ([n * k, f] pre-activations, rows sorted by
     expert): differentiating through the switch instead makes every rung's buffers residuals,
     zero-filled for the rungs not taken (the largest has n rows per expert)."""
-    return _bucketed_fwd(xl, up, down, order, sorted_e, rank, which)[0]
+    return _bucketed_fwd(xl, up, down, order, sorted_e, rank, which, act)[0]
 
 
-def _bucketed_fwd(xl, up, down, order, sorted_e, rank, which):
+def _bucketed_fwd(xl, up, down, order, sorted_e, rank, which, act):
     n, w = xl.shape
     e = up.shape[0]
     k = order.shape[0] // n
@@ -228,7 +243,7 @@ def _bucketed_fwd(xl, up, down, order, sorted_e, rank, which):
             slot_sorted, slot, src, _ = _bucket_maps(order, sorted_e, rank, e, cap)
             buf = jnp.take(_with_zero_row(xl), src // k, axis=0).reshape(e, cap, w)
             pre = jnp.einsum("ecw,ewf->ecf", buf, up)
-            y = jnp.einsum("ecf,efw->ecw", relu2(pre), down).reshape(e * cap, -1)
+            y = jnp.einsum("ecf,efw->ecw", activate(act, pre), down).reshape(e * cap, -1)
             out = jnp.take(y, slot, axis=0).reshape(n, k, -1)
             return out, jnp.take(pre.reshape(e * cap, -1), slot_sorted, axis=0)
         return branch
@@ -238,7 +253,7 @@ def _bucketed_fwd(xl, up, down, order, sorted_e, rank, which):
     return out, (xl, up, down, order, sorted_e, rank, which, pre_sorted)
 
 
-def _bucketed_bwd(res, g):
+def _bucketed_bwd(act, res, g):
     xl, up, down, order, sorted_e, rank, which, pre_sorted = res
     n, k, w = g.shape
     e = up.shape[0]
@@ -249,8 +264,8 @@ def _bucketed_bwd(res, g):
             buf = jnp.take(_with_zero_row(xl), src // k, axis=0).reshape(e, cap, -1)
             pre = jnp.take(_with_zero_row(pre_sorted), src_sorted, axis=0).reshape(e, cap, -1)
             g_y = jnp.take(_with_zero_row(g.reshape(n * k, w)), src, axis=0).reshape(e, cap, w)
-            g_down = jnp.einsum("ecf,ecw->efw", relu2(pre), g_y)
-            g_pre = jnp.einsum("ecw,efw->ecf", g_y, down) * (2 * jax.nn.relu(pre))
+            g_down = jnp.einsum("ecf,ecw->efw", activate(act, pre), g_y)
+            g_pre = activate_grad(act, pre, jnp.einsum("ecw,efw->ecf", g_y, down))
             g_up = jnp.einsum("ecw,ecf->ewf", buf, g_pre)
             g_buf = jnp.einsum("ecf,ewf->ecw", g_pre, up).reshape(e * cap, -1)
             g_x = jnp.take(g_buf, slot, axis=0).reshape(n, k, -1).sum(axis=1)
@@ -300,17 +315,17 @@ def _grouped_plan(idx, e: int):
     return tile, i32(order), i32(slot_sorted), i32(tile_expert), i32(jnp.sum(tiles_of))
 
 
-def _experts_grouped(xl, idx, up, down):
+def _experts_grouped(xl, idx, up, down, act=Activation.RELU2):
     """Sort by expert, pad each expert's rows to whole tiles of `group_tile` rows, and run the
     occupied tiles one by one in a loop, each against its own expert's weights read in place.
     Padding is under one tile per expert, whatever the load (the capacity buffer pads every
     expert to the busiest one, 1.6-2x the mean), and the tiles past the last occupied one are
     not computed at all."""
     _, order, slot_sorted, tile_expert, used = _grouped_plan(idx, up.shape[0])
-    return _grouped_experts(xl, up, down, order, slot_sorted, tile_expert, used)
+    return _grouped_experts(xl, up, down, order, slot_sorted, tile_expert, used, act)
 
 
-def _experts_grouped_out_in(xl, idx, up_t, down_t):
+def _experts_grouped_out_in(xl, idx, up_t, down_t, act=Activation.RELU2):
     """GROUPED's forward on expert weights held output-first (`dense.OutIn`: up_t [E, f, w],
     down_t [E, w, f]; the engine's decode layout on CPU): the same tiles, each product as
     `dense.out_in_product`. Forward only (the engine does not differentiate)."""
@@ -324,14 +339,14 @@ def _experts_grouped_out_in(xl, idx, up_t, down_t):
     def one_tile(i, y):
         e = tile_expert[i]
         buf = jnp.take(rows_in, _tile_rows(src, i, tile) // k, axis=0)
-        h = relu2(out_in_product(buf, up_t[e]))
+        h = activate(act, out_in_product(buf, up_t[e]))
         return jax.lax.dynamic_update_slice_in_dim(y, out_in_product(h, down_t[e]), i * tile, 0)
 
     y = jax.lax.fori_loop(0, used, one_tile, jnp.zeros((tiles * tile, w), xl.dtype))
     return jnp.take(y, slot, axis=0).reshape(n, k, w)
 
 
-def _experts_packed(xl, idx, up: Packed, down: Packed):
+def _experts_packed(xl, idx, up: Packed, down: Packed, act=Activation.RELU2):
     """The engine's experts on the CPU kernel (`cpu_gemm.Packed`, forward only): choices sorted
     by expert, each expert's rows one run, and each run's products read that expert's weights in
     place, once, for however many rows it has (no tiles, no padding rows, no weight copies)."""
@@ -339,7 +354,7 @@ def _experts_packed(xl, idx, up: Packed, down: Packed):
     flat, order, _ = _sort_choices(idx, up.shape[0])
     expert = flat[order].astype(jnp.int32)
     rows = jnp.take(xl, order // k, axis=0)  # [n*k, w], grouped by expert
-    h = relu2(grouped_rows_product(rows, expert, up))
+    h = activate(act, grouped_rows_product(rows, expert, up))
     y = grouped_rows_product(h, expert, down)
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(n * k, dtype=order.dtype))
     return jnp.take(y, inverse, axis=0).reshape(n, k, -1)
@@ -358,8 +373,8 @@ def _tile_rows(src, i, tile: int):
     return jax.lax.dynamic_slice_in_dim(src, i * tile, tile)
 
 
-@jax.custom_vjp
-def _grouped_experts(xl, up, down, order, slot_sorted, tile_expert, used):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _grouped_experts(xl, up, down, order, slot_sorted, tile_expert, used, act):
     """x_l [n, w] -> per-choice outputs [n, k, w], `used` occupied tiles of rows in a loop.
 
     Why a loop rather than one batched matmul over [tiles, tile, w]: on XLA:CPU the batched
@@ -369,10 +384,10 @@ def _grouped_experts(xl, up, down, order, slot_sorted, tile_expert, used):
     routed experts, fwd+bwd at 4,096 tokens: 360 -> 230-245 ms, one core). Rows move by
     gathers in both directions; each tile's weight gradient is added into its expert's slice
     (no scatter-add over rows)."""
-    return _grouped_fwd(xl, up, down, order, slot_sorted, tile_expert, used)[0]
+    return _grouped_fwd(xl, up, down, order, slot_sorted, tile_expert, used, act)[0]
 
 
-def _grouped_fwd(xl, up, down, order, slot_sorted, tile_expert, used):
+def _grouped_fwd(xl, up, down, order, slot_sorted, tile_expert, used, act):
     n, w = xl.shape
     k = order.shape[0] // n
     tiles = tile_expert.shape[0]
@@ -385,7 +400,7 @@ def _grouped_fwd(xl, up, down, order, slot_sorted, tile_expert, used):
         e = tile_expert[i]
         buf = jnp.take(rows_in, _tile_rows(src, i, tile) // k, axis=0)
         pre_i = buf @ up[e]
-        y = jax.lax.dynamic_update_slice_in_dim(y, relu2(pre_i) @ down[e], i * tile, 0)
+        y = jax.lax.dynamic_update_slice_in_dim(y, activate(act, pre_i) @ down[e], i * tile, 0)
         return y, jax.lax.dynamic_update_index_in_dim(pre, pre_i, i, 0)
 
     init = (jnp.zeros((tiles * tile, w), xl.dtype),
@@ -395,7 +410,7 @@ def _grouped_fwd(xl, up, down, order, slot_sorted, tile_expert, used):
     return out, (xl, up, down, order, slot_sorted, tile_expert, used, pre)
 
 
-def _grouped_bwd(res, g):
+def _grouped_bwd(act, res, g):
     xl, up, down, order, slot_sorted, tile_expert, used, pre = res
     n, k, w = g.shape
     tiles, tile = pre.shape[:2]
@@ -410,8 +425,8 @@ def _grouped_bwd(res, g):
         buf = jnp.take(rows_in, rows // k, axis=0)
         g_y = jnp.take(rows_g, rows, axis=0)
         pre_i = pre[i]
-        g_down = g_down.at[e].add(transposed(relu2(pre_i)) @ g_y)
-        g_pre = (g_y @ down[e].T) * (2 * jax.nn.relu(pre_i))
+        g_down = g_down.at[e].add(transposed(activate(act, pre_i)) @ g_y)
+        g_pre = activate_grad(act, pre_i, g_y @ down[e].T)
         g_up = g_up.at[e].add(transposed(buf) @ g_pre)
         g_rows = jax.lax.dynamic_update_slice_in_dim(g_rows, g_pre @ up[e].T, i * tile, 0)
         return g_up, g_down, g_rows
@@ -430,6 +445,17 @@ def _grouped_bwd(res, g):
 _grouped_experts.defvjp(_grouped_fwd, _grouped_bwd)
 
 
+def fused_up(p: dict):
+    """The routed experts' up weight as the dispatch backends take it: `experts_up` [E, w, f],
+    or under SWIGLU the gate and up side by side [E, w, 2f] (`activations.py`). The engine's
+    CPU layouts hold the fused weight already (`experts_gate_up`, made once per weight set)."""
+    if "experts_gate_up" in p:
+        return p["experts_gate_up"]
+    if "experts_gate" in p:
+        return jnp.concatenate([p["experts_gate"], p["experts_up"]], axis=-1)
+    return p["experts_up"]
+
+
 _DISPATCH = {
     MoeBackend.DENSE: _experts_dense,
     MoeBackend.RAGGED_DOT: _experts_ragged,
@@ -438,13 +464,18 @@ _DISPATCH = {
 }
 
 
-def _shared_expert(p: dict, x2):
-    """The shared expert: relu2(x2 W_up + b) W_down + b, in x2's dtype."""
+def _shared_expert(p: dict, x2, act: Activation):
+    """The shared expert: relu2(x2 W_up + b) W_down + b (SWIGLU: silu(x2 W_gate) * (x2 W_up)),
+    in x2's dtype."""
     dtype = x2.dtype
     h = dense(x2, p["shared_up"].astype(dtype))
     if "shared_up_bias" in p:
         h = h + p["shared_up_bias"].astype(dtype)
-    shared = dense(relu2(h), p["shared_down"].astype(dtype))
+    if act == Activation.SWIGLU:
+        h = jax.nn.silu(dense(x2, p["shared_gate"].astype(dtype))) * h
+    else:
+        h = relu2(h)
+    shared = dense(h, p["shared_down"].astype(dtype))
     if "shared_down_bias" in p:
         shared = shared + p["shared_down_bias"].astype(dtype)
     return shared
@@ -476,7 +507,8 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
         xl = dense(x2, p["latent_in"].astype(dtype))
         if "latent_in_bias" in p:
             xl = xl + p["latent_in_bias"].astype(dtype)
-    up, down = p["experts_up"].astype(dtype), p["experts_down"].astype(dtype)
+    act = cfg.mlp_activation
+    up, down = fused_up(p).astype(dtype), p["experts_down"].astype(dtype)
     # The platform of the mesh the layer is traced for, a one-device mesh's too (compiling for
     # a GPU or TPU from a CPU host must not pick the host's backend); no rules: the default.
     platform = (active[0].devices.flat[0].platform if active is not None
@@ -484,7 +516,7 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
     chosen = resolve_backend(backend or cfg.moe_backend, platform)
     if mesh is not None:
         routed, dropped = moe_ep.expert_parallel(
-            xl, idx, weights, up, down, mesh=mesh, batch_axes=axes, backend=chosen,
+            xl, idx, weights, up, down, mesh=mesh, batch_axes=axes, backend=chosen, act=act,
             chunk=cfg.moe_dispatch_chunk, capacity_factor=cfg.moe_capacity_factor,
             remat_chunks=cfg.remat != Remat.NONE)
         # Named for Remat.SELECTIVE(_UNITS): the recompute keeps this output instead of
@@ -496,16 +528,16 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
                              "under a mesh")
         if isinstance(up, OutIn) and chosen == MoeBackend.GROUPED:
             # The engine's decode layout on CPU (params.out_in_params).
-            per_choice = _experts_grouped_out_in(xl, idx, up.t, down.t)
+            per_choice = _experts_grouped_out_in(xl, idx, up.t, down.t, act)
         elif isinstance(up, Packed) and chosen == MoeBackend.GROUPED:
             # The engine's layout on CPU with the kernel (params.out_in_params, packed).
-            per_choice = _experts_packed(xl, idx, up, down)
+            per_choice = _experts_packed(xl, idx, up, down, act)
         elif isinstance(up, (OutIn, Packed)):
             raise ValueError(f"moe_layer: the engine's expert layouts run grouped only, not "
                              f"backend={chosen.value!r} (params.out_in_params keeps them "
                              "[E, in, out])")
         else:
-            per_choice = _DISPATCH[chosen](xl, idx, up, down)
+            per_choice = _DISPATCH[chosen](xl, idx, up, down, act)
         dropped = jnp.zeros((), jnp.int32)  # the single-device backends are dropless
         routed = jnp.einsum("nkw,nk->nw", per_choice.astype(jnp.float32),
                             weights).astype(dtype)
@@ -514,7 +546,9 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
         if "latent_out_bias" in p:
             routed = routed + p["latent_out_bias"].astype(dtype)
 
-    shared = _shared_expert({k: v for k, v in p.items() if k.startswith("shared_")}, x2)
-
-    y = (routed + shared).reshape(b, t, d)
+    y = routed
+    if cfg.moe_shared_expert_intermediate_size:
+        y = y + _shared_expert({k: v for k, v in p.items() if k.startswith("shared_")}, x2,
+                               act)
+    y = y.reshape(b, t, d)
     return constrain(y, ("batch", "act_seq", "act_embed")), idx.reshape(b, t, -1), dropped

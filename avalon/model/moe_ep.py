@@ -38,11 +38,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
-from avalon.model.config import MoeBackend
-
-
-def relu2(x):
-    return jnp.square(jax.nn.relu(x))
+from avalon.model.activations import activate
+from avalon.model.config import Activation, MoeBackend
 
 
 def _tile(dim: int, most: int) -> int:
@@ -109,7 +106,8 @@ def _grouped(xs, counts, w, backend: MoeBackend):
     return jnp.einsum("rgb,rg->rb", out, hit.astype(out.dtype))
 
 
-def local_experts(x_rows, e_rows, up, down, backend: MoeBackend):
+def local_experts(x_rows, e_rows, up, down, backend: MoeBackend,
+                  act: Activation = Activation.RELU2):
     """x_rows [R, w], e_rows [R] local expert ids (sentinel = up.shape[0] for empty rows)
     -> [R, w]; empty rows are zero, or unspecified under megablox (see `_grouped`): the
     dispatch reads only the rows of kept choices, in the forward and in the backward."""
@@ -117,7 +115,7 @@ def local_experts(x_rows, e_rows, up, down, backend: MoeBackend):
     order = jnp.argsort(e_rows, stable=True)
     counts = jnp.zeros((g + 1,), jnp.int32).at[e_rows].add(1)[:g]
     xs = x_rows[order]
-    h = relu2(_grouped(xs, counts, up, backend))
+    h = activate(act, _grouped(xs, counts, up, backend))
     ys = _grouped(h, counts, down, backend)
     return jnp.zeros_like(ys).at[order].set(ys)
 
@@ -132,7 +130,7 @@ def capacity(n: int, k: int, ep: int, factor: float | None, multiple: int = 1) -
 
 
 def _dispatch_chunk(xl, idx, weights, up, down, *, ep: int, backend: MoeBackend,
-                    factor: float | None):
+                    factor: float | None, act: Activation = Activation.RELU2):
     """One chunk on one chip: xl [n, w], idx [n, k] global experts, weights [n, k] fp32 gates
     -> (sum over the k choices of gate x expert output [n, w] in xl's dtype, choices dropped
     (int32 scalar))."""
@@ -157,7 +155,7 @@ def _dispatch_chunk(xl, idx, weights, up, down, *, ep: int, backend: MoeBackend,
     a2a = functools.partial(jax.lax.all_to_all, axis_name="expert", split_axis=0,
                             concat_axis=0, tiled=True)
     recv_x, recv_e = a2a(send_x), a2a(send_e)
-    y = local_experts(recv_x, recv_e, up, down, backend)
+    y = local_experts(recv_x, recv_e, up, down, backend, act)
     back = a2a(y)
     ys = jnp.where(kept[:, None], back[jnp.minimum(slot, ep * cap - 1)], 0)
     out = jnp.zeros_like(ys).at[order].set(ys).reshape(n, k, -1)
@@ -169,11 +167,12 @@ def _dispatch_chunk(xl, idx, weights, up, down, *, ep: int, backend: MoeBackend,
 
 def expert_parallel(xl, idx, weights, up, down, *, mesh: Mesh, batch_axes: tuple[str, ...],
                     backend: MoeBackend, chunk: int, capacity_factor: float | None,
-                    remat_chunks: bool = False):
+                    remat_chunks: bool = False, act: Activation = Activation.RELU2):
     """xl [n, w], idx [n, k] and gate weights [n, k] (fp32) sharded over `batch_axes`;
-    up [E, w, f], down [E, f, w] split over `expert` -> (the gate-weighted sum of each token's
-    expert outputs [n, w] in xl's dtype, sharded like xl, dropped choices adding zero;
-    choices dropped by the capacity bound, an int32 scalar summed over all chips).
+    up [E, w, f] ([E, w, 2f] gate | up under SWIGLU), down [E, f, w] split over `expert`
+    -> (the gate-weighted sum of each token's expert outputs [n, w] in xl's dtype, sharded like xl,
+    dropped choices adding zero; choices dropped by the capacity bound, an int32 scalar summed over
+    all chips).
 
     `remat_chunks`: when a chip's tokens take several chunks, recompute each chunk's dispatch
     in the backward pass instead of keeping its buffers (2 x ep x C rows, pre-activations) for
@@ -193,7 +192,7 @@ def expert_parallel(xl, idx, weights, up, down, *, mesh: Mesh, batch_axes: tuple
             raise ValueError(f"ModelConfig.moe_dispatch_chunk={chunk}: must divide the "
                              f"{n} tokens each chip routes")
         run = functools.partial(_dispatch_chunk, up=up, down=down, ep=ep, backend=backend,
-                                factor=capacity_factor)
+                                factor=capacity_factor, act=act)
         if c == n:
             out, dropped = run(xl, idx, weights)
             return out, dropped[None]

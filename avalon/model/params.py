@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from avalon.model.config import LETTERS, ModelConfig, MoeBackend
+from avalon.model.config import LETTERS, Activation, ModelConfig, MoeBackend, Router
 from avalon.model.cpu_gemm import Packed
 from avalon.model.dense import OutIn
 from avalon.model.moe import resolve_backend
@@ -160,22 +160,30 @@ def moe_specs(cfg: ModelConfig) -> dict:
     d, e, f, fs, w = (cfg.hidden_size, cfg.n_routed_experts, cfg.moe_intermediate_size,
                       cfg.moe_shared_expert_intermediate_size, cfg.expert_width)
     pd = cfg.param_dtype
+    swiglu = cfg.mlp_activation == Activation.SWIGLU
     s = {
         "norm": _vec([d], ["embed"], ones, pd),
         # HF keeps the router and its correction bias in fp32 whatever the model dtype.
         "router": _w(cfg, [d, e], ["embed", "router_experts"], dtype="float32"),
-        "router_bias": _vec([e], ["router_experts"], zeros, "float32"),
         "experts_up": _w(cfg, [e, w, f], ["experts", "expert_in", "expert_mlp"]),
         "experts_down": _w(cfg, [e, f, w], ["experts", "expert_mlp", "expert_in"]),
-        "shared_up": _w(cfg, [d, fs], ["embed", "mlp"]),
-        "shared_down": _w(cfg, [fs, d], ["mlp", "embed"]),
     }
+    if cfg.router == Router.SIGMOID:
+        s["router_bias"] = _vec([e], ["router_experts"], zeros, "float32")
+    if swiglu:
+        s["experts_gate"] = _w(cfg, [e, w, f], ["experts", "expert_in", "expert_mlp"])
+    if fs:
+        s["shared_up"] = _w(cfg, [d, fs], ["embed", "mlp"])
+        s["shared_down"] = _w(cfg, [fs, d], ["mlp", "embed"])
+        if swiglu:
+            s["shared_gate"] = _w(cfg, [d, fs], ["embed", "mlp"])
     if cfg.moe_latent_size is not None:
         s["latent_in"] = _w(cfg, [d, cfg.moe_latent_size], ["embed", "latent"])
         s["latent_out"] = _w(cfg, [cfg.moe_latent_size, d], ["latent", "embed"])
     if cfg.mlp_bias:
-        s["shared_up_bias"] = _vec([fs], ["mlp"], zeros, pd)
-        s["shared_down_bias"] = _vec([d], ["embed"], zeros, pd)
+        if fs:
+            s["shared_up_bias"] = _vec([fs], ["mlp"], zeros, pd)
+            s["shared_down_bias"] = _vec([d], ["embed"], zeros, pd)
         if cfg.moe_latent_size is not None:
             s["latent_in_bias"] = _vec([cfg.moe_latent_size], ["latent"], zeros, pd)
             s["latent_out_bias"] = _vec([d], ["embed"], zeros, pd)
@@ -184,13 +192,24 @@ def moe_specs(cfg: ModelConfig) -> dict:
 
 def attention_specs(cfg: ModelConfig) -> dict:
     d, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    return {
-        "norm": _vec([d], ["embed"], ones, cfg.param_dtype),
+    pd = cfg.param_dtype
+    s = {
+        "norm": _vec([d], ["embed"], ones, pd),
         "q": _w(cfg, [d, nh, hd], ["embed", "q_heads", "head_dim"]),
         "k": _w(cfg, [d, nkv, hd], ["embed", "kv_heads", "head_dim"]),
         "v": _w(cfg, [d, nkv, hd], ["embed", "kv_heads", "head_dim"]),
         "o": _w(cfg, [nh, hd, d], ["q_heads", "head_dim", "embed"]),
     }
+    if cfg.attention_qkv_bias:
+        s["q_bias"] = _vec([nh, hd], ["q_heads", "head_dim"], zeros, pd)
+        s["k_bias"] = _vec([nkv, hd], ["kv_heads", "head_dim"], zeros, pd)
+        s["v_bias"] = _vec([nkv, hd], ["kv_heads", "head_dim"], zeros, pd)
+    if cfg.attention_out_bias:
+        s["o_bias"] = _vec([d], ["embed"], zeros, pd)
+    if cfg.qk_norm:
+        s["q_norm"] = _vec([hd], ["head_dim"], ones, pd)
+        s["k_norm"] = _vec([hd], ["head_dim"], ones, pd)
+    return s
 
 
 def mlp_specs(cfg: ModelConfig) -> dict:
@@ -200,6 +219,10 @@ def mlp_specs(cfg: ModelConfig) -> dict:
         "up": _w(cfg, [d, f], ["embed", "mlp"]),
         "down": _w(cfg, [f, d], ["mlp", "embed"]),
     }
+    if cfg.mlp_activation == Activation.SWIGLU:
+        s["gate"] = _w(cfg, [d, f], ["embed", "mlp"])
+        if cfg.mlp_bias:
+            s["gate_bias"] = _vec([f], ["mlp"], zeros, cfg.param_dtype)
     if cfg.mlp_bias:
         s["up_bias"] = _vec([f], ["mlp"], zeros, cfg.param_dtype)
         s["down_bias"] = _vec([d], ["embed"], zeros, cfg.param_dtype)
@@ -263,13 +286,24 @@ def unstack_params(cfg: ModelConfig, params: dict) -> dict:
 PROJECTIONS = {
     "mamba": {"in_z": 1, "in_x": 1, "in_B": 1, "in_C": 1, "in_dt": 1, "out": 2},
     "attention": {"q": 1, "k": 1, "v": 1, "o": 2},
-    "mlp": {"up": 1, "down": 1},
-    "moe": {"shared_up": 1, "shared_down": 1, "latent_in": 1, "latent_out": 1,
-            "experts_up": 1, "experts_down": 1},
+    "mlp": {"up": 1, "down": 1, "gate": 1},
+    "moe": {"shared_up": 1, "shared_down": 1, "shared_gate": 1, "latent_in": 1,
+            "latent_out": 1, "experts_up": 1, "experts_down": 1, "experts_gate_up": 1},
 }
 # Leading axes in front of a projection's input axes in its leaf: the layer stack, and for the
 # routed experts the expert axis too.
-_LEAD = {"experts_up": 2, "experts_down": 2}
+_LEAD = {"experts_up": 2, "experts_down": 2, "experts_gate_up": 2}
+
+
+def _fuse_gate_up(layer: dict) -> dict:
+    """A SWIGLU MoE layer's `experts_gate` and `experts_up` as one `experts_gate_up` [.., w,
+    2f] (gate columns first), the weight the dispatch runs (`moe.fused_up`): made once here
+    for the engine's layouts instead of concatenated at every decode step."""
+    if "experts_gate" not in layer:
+        return layer
+    out = {n: a for n, a in layer.items() if n not in ("experts_gate", "experts_up")}
+    out["experts_gate_up"] = jnp.concatenate([layer["experts_gate"], layer["experts_up"]], -1)
+    return out
 
 
 def out_in_params(cfg: ModelConfig, params: dict, packed: bool = False) -> dict:
@@ -286,9 +320,10 @@ def out_in_params(cfg: ModelConfig, params: dict, packed: bool = False) -> dict:
         block = {}
         for j, ch in enumerate(unit):
             key, table = layer_key(j, ch), PROJECTIONS.get(LETTERS[ch], {})
+            layer = _fuse_gate_up(bp[key]) if experts else bp[key]
             block[key] = {n: layout.of(a, table[n], _LEAD.get(n, 1))
                           if n in table and (experts or n not in _LEAD) else a
-                          for n, a in bp[key].items()}
+                          for n, a in layer.items()}
         blocks.append(block)
     out = {**params, "blocks": blocks}
     if "lm_head" in params:

@@ -4,11 +4,15 @@
 - `toy`: CPU organisations (a few million parameters, compact vocabulary, short window).
 - `hybrid_2b_a06b`, `dense_1b`: benchmark configs of `shared/reference/performance.md`.
 - `nemotron3_nano_30b_a3b`, `nemotron3_super_120b_a12b`: the published NVIDIA models.
+- `tiny_llama`, `tiny_qwen3_moe`: unit tests of the Llama/Qwen families (rotary attention,
+  SwiGLU, q/k norm, softmax routing).
+- `smollm2_135m`: SmolLM2-135M-Instruct's shapes (Llama architecture; the weights come from its
+  GGUF file or Hugging Face directory through `avalon.checkpoint`).
 """
 
 from __future__ import annotations
 
-from avalon.model.config import ModelConfig, MoeBackend
+from avalon.model.config import Activation, ModelConfig, MoeBackend, Router
 
 NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
 SUPER_PATTERN = (
@@ -85,6 +89,40 @@ def _super() -> ModelConfig:
         max_context=131072)
 
 
+def _tiny_llama() -> ModelConfig:
+    # Every Llama/Qwen attention option at once (biases, q/k norm, partial llama3 rotation) so
+    # one preset exercises them all; the HF parity tests use the real classes' option sets.
+    return ModelConfig(
+        vocab_size=128, hidden_size=64, pattern="*-" * 3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=96, mamba_num_heads=1,
+        mamba_head_dim=1, ssm_state_size=1, n_groups=1, mlp_activation=Activation.SWIGLU,
+        rope_theta=10000.0, rotary_dim=8, attention_qkv_bias=True, qk_norm=True,
+        tie_word_embeddings=True, rescale_prenorm_residual=False, layer_norm_epsilon=1e-6,
+        max_context=256)
+
+
+def _tiny_qwen3_moe() -> ModelConfig:
+    return ModelConfig(
+        vocab_size=128, hidden_size=64, pattern="*E*-*E*E", num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=96, mamba_num_heads=1,
+        mamba_head_dim=1, ssm_state_size=1, n_groups=1, mlp_activation=Activation.SWIGLU,
+        router=Router.SOFTMAX, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, moe_shared_expert_intermediate_size=0, norm_topk_prob=True,
+        rope_theta=1000000.0, qk_norm=True, rescale_prenorm_residual=False,
+        layer_norm_epsilon=1e-6, max_context=256)
+
+
+def _smollm2_135m() -> ModelConfig:
+    # HuggingFaceTB/SmolLM2-135M-Instruct: 30 Llama layers, d 576, 9 q / 3 kv heads x 64,
+    # SwiGLU 1536, RoPE theta 100,000, tied embeddings, vocabulary 49,152, context 8,192.
+    return ModelConfig(
+        vocab_size=49152, hidden_size=576, pattern="*-" * 30, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, intermediate_size=1536, mamba_num_heads=1,
+        mamba_head_dim=1, ssm_state_size=1, n_groups=1, mlp_activation=Activation.SWIGLU,
+        rope_theta=100000.0, tie_word_embeddings=True, rescale_prenorm_residual=False,
+        layer_norm_epsilon=1e-5, initializer_range=0.041666666666666664, max_context=8192)
+
+
 _PRESETS = {
     "tiny": _tiny,
     "toy": _toy,
@@ -92,6 +130,9 @@ _PRESETS = {
     "dense_1b": _dense_1b,
     "nemotron3_nano_30b_a3b": _nano,
     "nemotron3_super_120b_a12b": _super,
+    "tiny_llama": _tiny_llama,
+    "tiny_qwen3_moe": _tiny_qwen3_moe,
+    "smollm2_135m": _smollm2_135m,
 }
 
 NAMES = tuple(_PRESETS)

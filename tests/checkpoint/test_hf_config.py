@@ -99,7 +99,7 @@ def test_overrides_set_implementation_fields():
     ({"mlp_hidden_act": "gelu"}, r"'mlp_hidden_act'='gelu' is not supported"),
     ({"num_nextn_predict_layers": 2}, r"'num_nextn_predict_layers'=2"),
     ({"mamba_num_heads": 7}, r"n_groups=2.*mamba_num_heads=7"),
-    ({"model_type": "llama"}, r"'model_type'='llama'"),
+    ({"model_type": "gpt2"}, r"'model_type'='gpt2' is not supported"),
 ])
 def test_bad_configs_name_the_key(change, message):
     d = dict(HUB)
