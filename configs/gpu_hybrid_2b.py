@@ -68,13 +68,21 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                             "unvisited_weight": 0.02})
     c.sft = ml_collections.ConfigDict({"teacher_episodes": 64 if smoke else 4096,
                                        "steps": 4 if smoke else 1000, "batch_seqs": 8,
-                                       "lr": 2e-5})
+                                       "micro_batches": 8, "lr": 2e-5})
     c.rollout = ml_collections.ConfigDict({"steps": 2 if smoke else 400, "groups_per_step": 8,
                                            "rollouts_per_group": 16, "seq_len": 16384,
-                                           "seq_bucket": 8, "temperature": 1.0, "top_p": 1.0})
-    c.rl = ml_collections.ConfigDict({"lr": 4e-6, "temperature": 1.0, "micro_batches": 8})
+                                           "seq_bucket": 8, "max_update_rows": 64,
+                                           "temperature": 1.0, "top_p": 1.0})
+    # One row of 16,384 tokens per micro-batch, 64 rows per update call (rollout.max_update_rows:
+    # a step that packs more runs more calls of that one shape, the one measured on paper).
+    c.rl = ml_collections.ConfigDict({"lr": 4e-6, "temperature": 1.0, "micro_batches": 64})
+    # The KV pool starts at its ceiling: 2^19 pages of 16 = 8.4M tokens (7.3K a slot on
+    # average; any one context may still reach the 16K window), 34.4 GB of bf16 KV beside the
+    # slots' 18.5 GB of Mamba state. Measured with the 25.9 GB of trainer state that stays on
+    # the card while rollouts decode (RESULTS.md, "One H200 on paper", issue 43).
     c.engine = ml_collections.ConfigDict({"slots": 1152, "steps_per_dispatch": 16,
                                           "prefill_chunk": 1024, "decode_dtype": "bfloat16",
+                                          "kv_pages": 2 ** 19, "max_kv_pages": 2 ** 19,
                                           "continuous": True})
     c.eval = ml_collections.ConfigDict({"every": 20, "tasks": 8, "seeds": 2, "budget": 8,
                                         "clock_s": 1200.0})

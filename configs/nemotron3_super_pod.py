@@ -131,6 +131,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # (613 GB of Mamba state alone): the driver admits rollouts as slots free up
     # (RolloutDriver max_agents = slots), so a step plays its rollouts in waves.
     c.engine = ml_collections.ConfigDict({"slots": 64, "kv_pages": 64 * 65536 // 16,
+                                          "max_kv_pages": 64 * 65536 // 16,
                                           "steps_per_dispatch": 32, "prefill_chunk": 4096,
                                           "decode_dtype": "bfloat16", "continuous": True})
     c.eval = ml_collections.ConfigDict({"every": 25, "tasks": 64, "seeds": 4, "budget": 8,

@@ -16,7 +16,10 @@ import numpy as np
 class StopReason(enum.Enum):
     STOP = "stop"  # a stop token or stop string was sampled
     LENGTH = "length"  # max_new_tokens reached
-    CONTEXT_FULL = "context_full"  # the slot's context window is full
+    CONTEXT_FULL = "context_full"  # the slot's context window (or the KV pool) is full
+    # The KV pool, at `max_kv_pages` and full of other slots' contexts, had no room for the
+    # turn's new tokens: nothing absorbed, nothing sampled (the caller decides what it means).
+    POOL_FULL = "pool_full"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,8 @@ Serving (`submit` + `step`; `generate` = submit, then step until those turns are
    slot's context + new tokens + max_new_tokens) fits beside every running turn's, so no
    dispatch runs out of pages; until then it waits (in submission order). When nothing runs
    and it still does not fit (the pool is full of idle contexts), it samples only as many
-   tokens as fit and ends CONTEXT_FULL (none absorbed if even its new tokens do not fit).
+   tokens as fit and ends CONTEXT_FULL, or, if not even its new tokens fit, ends POOL_FULL
+   with nothing absorbed.
 2. Prefill has priority: while some turns still have new tokens to absorb, each step runs one
    chunk of up to `prefill_chunk` tokens over exactly those turns' slots (padded to a rung of
    the chunk ladder, `num_new` per row; where padding would cost more than another dispatch,
@@ -185,7 +186,7 @@ class Engine:
         run_cfg = cfg.replace(scan_layers=False) if self.unstack_layers else cfg
         self._setup = dev.Setup(cfg=run_cfg, mesh=mesh, max_context=self.max_context,
                                 steps=self.steps_per_dispatch, page_size=self.page_size)
-        self.set_params(params)
+        self._state = None  # made by set_params, once the pool's size is known
         # The pool's size is in every program's shapes: each size it grows through compiles
         # its own prefill and decode buckets (on CPU ~10 s and ~500 memory maps of JIT code
         # each), so a run that knows its need starts at it (`kv_pages`).
@@ -207,7 +208,7 @@ class Engine:
         if max_kv_pages is not None:
             kv_pages = min(kv_pages, max_kv_pages)
         self._pool = PagePool(self.page_size, kv_pages, self.num_slots, self._setup.pool_shards)
-        self._state = dev.init_state(self._setup, self.num_slots, kv_pages)
+        self.set_params(params)
         self._lengths = np.zeros(self.num_slots, np.int64)  # host mirror of the context lengths
         self._allocated = np.zeros(self.num_slots, bool)
         self._to_reset: set[int] = set()
@@ -243,6 +244,8 @@ class Engine:
         projections transposed (or, with `packed_weights` and float32 params, packed) once
         (`params.out_in_params`): the only copies made."""
         check_params("set_params", params, self.cfg)
+        if self._state is None:  # after `suspend`: every slot empty, at the pool's size
+            self._state = dev.init_state(self._setup, self.num_slots, self._pool.num_pages)
         self._params = params
         run = _unstack(self.cfg, params) if self.unstack_layers else params
         # The kernel is float32 only: a bf16 decode view keeps the output-first layout.
@@ -250,6 +253,22 @@ class Engine:
             a.dtype == jnp.float32 for a in jax.tree.leaves(run)
             if jnp.issubdtype(a.dtype, jnp.floating))
         self._run_params = _out_in(self._setup.cfg, run, packed) if self.out_in_weights else run
+
+    def suspend(self) -> None:
+        """Free the device memory of the params view and of the slot state (Mamba state, KV
+        pool) while no slot is allocated: the trainer's update step runs in that memory between
+        rollouts (one accelerator holds both). `set_params` brings both back, every slot empty
+        and the pool at the size it had."""
+        if self.busy or self._allocated.any():
+            raise RuntimeError("Engine.suspend: slots are allocated or turns in progress; "
+                               "release every slot first")
+        self._params = self._run_params = None
+        self._state = None
+        self._to_reset.clear()
+
+    @property
+    def suspended(self) -> bool:
+        return self._state is None
 
     @staticmethod
     def release_programs() -> None:
@@ -502,7 +521,7 @@ class Engine:
                 room = self._room(t)
                 if room is None:
                     self._waiting.popleft()
-                    self._ready.append(self._empty_result(t, StopReason.CONTEXT_FULL))
+                    self._ready.append(self._empty_result(t, StopReason.POOL_FULL))
                     continue
                 t, capped = dataclasses.replace(t, max_new_tokens=room), True
             self._waiting.popleft()

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from avalon.inference.api import SamplingParams, TurnRequest
+from avalon.inference.api import SamplingParams, StopReason, TurnRequest
 from avalon.org.agents import AgentKey
 from avalon.org.policy import Turn, TurnOutput
 from avalon.tokenizer.chat import ChatFormat
@@ -165,6 +165,16 @@ class EnginePolicy:
     def _output(req: TurnRequest, res, pre: np.ndarray | None) -> TurnOutput:
         if res.slot != req.slot:
             raise RuntimeError(f"engine result for slot {res.slot}, request was {req.slot}")
+        if res.stop_reason is StopReason.POOL_FULL:
+            # The engine's KV pool (at max_kv_pages) had no room for the prompt: nothing was
+            # absorbed or sampled. The organisation counts the turn as refused and stops the
+            # agent. The prompt's routing is never replayed into a loss (no sampled token
+            # follows it in the row): zeros of its length keep the row's routing aligned.
+            n = len(req.new_tokens) + (0 if pre is None else len(pre))
+            routing = None if res.routing is None else np.zeros(
+                (n, *res.routing.shape[1:]), res.routing.dtype)
+            return TurnOutput(tokens=np.zeros(0, np.int32), logprobs=np.zeros(0, np.float32),
+                              routing=routing, stop=StopReason.POOL_FULL)
         if res.n_in_new != len(req.new_tokens):
             raise RuntimeError(f"engine absorbed {res.n_in_new} of {len(req.new_tokens)} "
                                f"prompt tokens in slot {req.slot}: its max_context is "

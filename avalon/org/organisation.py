@@ -68,7 +68,7 @@ from avalon.org.prompts import (
     summary_restart,
 )
 from avalon.org.schedule import Scheduled, Work, pick_batch
-from avalon.org.toolcall import Call, parse_turn
+from avalon.org.toolcall import Call, ParsedTurn, parse_turn
 from avalon.org.tools import (
     HANDLERS,
     NOT_COORDINATION,
@@ -85,6 +85,8 @@ from avalon.tokenizer.chat import ChatFormat
 _MASK64 = (1 << 64) - 1
 _ORG_TOOLS = {t.value: t for t in OrgTool}
 _PLAN_REFUSED = frozenset(t.value for t in PLAN_MODE_REFUSED)
+# A turn the engine refused for want of KV pages (`StopReason.POOL_FULL`).
+POOL_REFUSED = "refused: the engine's KV pool is full"
 
 
 def turn_seed(seed: int, agent_index: int, call_index: int) -> int:
@@ -203,7 +205,7 @@ class Organisation:
             commitments=self._commitments(a_id) if pinned else "",
             tools=[SPECS[OrgTool(n)] if n not in self.env_specs else self.env_specs[n]
                    for n in tools],
-            style=self.config.prompt_style)
+            style=self.config.prompt_style, json_calls=self.chat.json_calls)
 
     def _commitments(self, a_id: str) -> str:
         """Open commitments: the agent's own last report, or for the CEO everyone's."""
@@ -407,7 +409,13 @@ class Organisation:
                       turn=a.model_calls - 1, stop=out.stop.value)
         skipped = ("ended" if self.end_reason is not None
                    else "fired" if a.state is AgentState.FIRED else None)
-        if not skipped and a.summary_turn:
+        if not skipped and out.stop is EngineStop.POOL_FULL:
+            # The engine's KV pool (at its ceiling, full of other contexts) had no room for the
+            # prompt: nothing was sampled. A penalised (malformed) turn; `_finish_turn` stops
+            # the agent, whose context can no longer grow, and its slot's pages come back.
+            w.parsed = ParsedTurn("", (), POOL_REFUSED, False)
+            fields["malformed"] = POOL_REFUSED
+        elif not skipped and a.summary_turn:
             fields["summary"] = True
         elif not skipped:
             w.parsed = parse_turn(self.chat, out_ids, self.config.max_calls_per_turn)
@@ -435,7 +443,7 @@ class Organisation:
         if skipped:
             a.work = None
             return False
-        if a.summary_turn:
+        if a.summary_turn and w.parsed is None:
             self._restart(a, out_ids, w.mc)
             return True
         a.turns += 1
@@ -476,6 +484,9 @@ class Organisation:
                 a.pending.append(f"(turn cut at {len(w.out.tokens)} tokens)")
             a.plan_mode = False
         a.work = None
+        if w.out.stop is EngineStop.POOL_FULL and a.state is AgentState.READY:
+            self._stop(a, StopReason.CONTEXT_FULL)
+            return
         self._after_turn(a)
 
     def _dispatch(self, a: Agent, call: Call) -> ToolResult:

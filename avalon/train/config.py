@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import os
 import typing
 from collections.abc import Callable, Mapping
@@ -110,6 +111,12 @@ class EngineConfig:
     # passes through compiles its own programs, so a config that knows its need starts there
     # (the toy: slots x window / 16, all of it).
     kv_pages: int = 16
+    # The pool's ceiling (0: none, the pool doubles whenever it runs short). With one, a turn
+    # starts only when its worst case fits beside the running turns' (it waits otherwise),
+    # and a prompt the pool cannot hold even then is refused: a penalised turn that stops its
+    # agent (`StopReason.POOL_FULL`). Set it where the memory budget ends: the accelerator
+    # configs size it from the AOT compile of the decode step (RESULTS.md).
+    max_kv_pages: int = 0
     # The weights the engine decodes with, made from the trainer's master at every switch
     # (avalon/inference/weights.py DecodeView): "float32" reads the master itself (no copy);
     # "bfloat16" a bf16 view of its matrices (half the bytes per decoded token; the sampler /
@@ -386,6 +393,13 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
               f"{1 + cfg.budget.max_budget} (one rollout's agents at once)")
     if cfg.engine.kv_pages < 1:
         _fail("engine.kv_pages", cfg.engine.kv_pages, "must be >= 1")
+    if cfg.engine.max_kv_pages:
+        # The engine's pool is split by pages over the devices of its process.
+        chips = max(1, math.prod(cfg.mesh.values()) // num_processes)
+        if cfg.engine.max_kv_pages < cfg.engine.kv_pages or cfg.engine.max_kv_pages % chips:
+            _fail("engine.max_kv_pages", cfg.engine.max_kv_pages,
+                  f"must be 0 (no ceiling), or >= engine.kv_pages={cfg.engine.kv_pages} and a "
+                  f"multiple of the {chips} devices each process's KV pool is split over")
     eval_alive = cfg.eval.seeds * (2 + cfg.eval.budget)  # one task, both arms
     if cfg.engine.slots < eval_alive:
         _fail("engine.slots", cfg.engine.slots, f"must be >= {eval_alive} for evaluation")

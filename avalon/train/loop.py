@@ -242,6 +242,7 @@ class Run:
                       max_context=cfg.org.window, mesh=self.setup.local_mesh,
                       steps_per_dispatch=cfg.engine.steps_per_dispatch,
                       prefill_chunk=cfg.engine.prefill_chunk, kv_pages=cfg.engine.kv_pages,
+                      max_kv_pages=cfg.engine.max_kv_pages or None,
                       detokenize=self.setup.chat.tok.decode)
 
     def switch_engine(self) -> dict:
@@ -329,6 +330,9 @@ class Run:
                                max_agents=cfg.engine.slots, continuous=cfg.engine.continuous)
         stats0 = self.engine.stats.snapshot()
         result = driver.run(specs)
+        # Every slot is free again: the engine's params view and slot state (KV pool, Mamba
+        # state) leave the device while the update runs there; the switch brings them back.
+        self.engine.suspend()
         t_rollout = time.perf_counter() - t0
         if log_dir is not None:
             write_index(log_dir, (

@@ -80,7 +80,7 @@ def test_with_nothing_running_a_turn_takes_the_room_there_is(params):
     _same(res_a, _alone(params, ra))
     _same(res_b, _alone(params, rb), n=18)  # 30 + 18 = 48 positions
     assert res_b.stop_reason == StopReason.CONTEXT_FULL and res_b.context_length == 48
-    assert res_c.stop_reason == StopReason.CONTEXT_FULL and res_c.n_in_new == 0
+    assert res_c.stop_reason == StopReason.POOL_FULL and res_c.n_in_new == 0
     assert len(res_c.tokens) == 0 and eng.context_length(c) == 0
     assert eng.stats.turns_cut_by_pool == 1
     # A fork needs a free page for a copy of the partial last page: refused, not grown.
@@ -99,3 +99,23 @@ def test_with_nothing_running_a_turn_takes_the_room_there_is(params):
 def test_bad_max_kv_pages_is_one_line(params, kw, match):
     with pytest.raises(ValueError, match=match):
         _engine(params, **kw)
+
+
+def test_a_suspended_engine_frees_its_device_state_and_comes_back_empty(params):
+    """Between rollouts the trainer's update runs where the engine's params view and slot
+    state were (`Engine.suspend`); after `set_params` the engine samples as a fresh one."""
+    eng = _engine(params, kv_pages=CAP, max_kv_pages=CAP)
+    a = eng.allocate()
+    req = TurnRequest(a, _prompt(75, 30), 12, GREEDY)
+    eng.generate([req])
+    with pytest.raises(RuntimeError, match="release every slot first"):
+        eng.suspend()
+    eng.release(a)
+    eng.suspend()
+    assert eng.suspended and eng._params is None and eng._run_params is None
+    eng.set_params(params)
+    assert not eng.suspended and eng.kv_pages == (0, CAP)  # none held, the pool as it was
+    b = eng.allocate()
+    [res] = eng.generate([TurnRequest(b, req.new_tokens, req.max_new_tokens, GREEDY)])
+    _same(res, _alone(params, req))
+    assert eng.context_length(b) == 30 + len(res.tokens)
