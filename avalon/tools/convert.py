@@ -15,13 +15,15 @@ generation config, chat template) are copied along. Progress goes to stderr.
 
 A trained run (`RUN`, its newest checkpoint, or `RUN/checkpoints/N`) exports its params
 (`avalon.train.run_dir`) to either format; the tokenizer files and extra HF config keys come
-from the run's `tokenizer_path` or `init_from` HF directory when it has one (a toy run's word
-tokenizer has no file: its vocabulary is rebuilt from the config's environments).
+from the run's `tokenizer_path` or `init_from` HF directory when it has one; a run trained with
+the word tokenizer (the toy) gets its word list (RUN/tokenizer_record.json) written as
+tokenizer.json, so `transformers` alone encodes and decodes for it.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import shutil
 import sys
 import time
@@ -33,6 +35,10 @@ from absl import app, flags
 from avalon import command
 from avalon.checkpoint import avalon_format, hf, hf_config
 from avalon.sharding import make_mesh
+from avalon.tokenizer.hf_files import write_tokenizer_files
+from avalon.tokenizer.record import RECORD_FILE, from_record
+from avalon.tokenizer.word import WordTokenizer
+from avalon.tokenizer.word_export import as_tokenizers
 from avalon.train import run_dir
 
 HF_CONFIG_COPY = "hf_config.json"
@@ -105,6 +111,18 @@ def _run_aux_dir(run: Path) -> Path | None:
     return None
 
 
+def _write_word_tokenizer(run, dst: Path) -> None:
+    """A run trained with the word tokenizer: its word list (RUN/tokenizer_record.json) as
+    tokenizer.json + tokenizer_config.json, so `transformers` alone encodes and decodes with
+    the run's ids (`avalon/tokenizer/word_export.py`)."""
+    record = run / RECORD_FILE
+    if not record.is_file():
+        return
+    tok = from_record(json.loads(record.read_text()), where=str(record))
+    if isinstance(tok, WordTokenizer):
+        write_tokenizer_files(dst, as_tokenizers(tok))
+
+
 def convert(src: str | Path, dst: str | Path, to: Target, *, mesh_spec: str = "",
             param_dtype: str | None = None, max_shard_bytes: int = hf.DEFAULT_MAX_SHARD_BYTES,
             progress: bool = True) -> None:
@@ -129,6 +147,8 @@ def convert(src: str | Path, dst: str | Path, to: Target, *, mesh_spec: str = ""
                     progress=bar)
         if aux is not None:
             _copy_aux_files(aux, dst)
+        else:
+            _write_word_tokenizer(run, dst)
         return
     if to == Target.AVALON:
         if avalon_format.is_avalon_checkpoint(src):
