@@ -2,13 +2,14 @@
 
     html = render_episode(events, title="group0_rollout1")   # `python -m avalon.tools.view`
 
-Every event is placed at its agent's derived clock (`avalon/org/latency.py`): model calls and
-tool calls as bars from start to end, hires, fires, waits, wakes, compactions, stops and rewards
-as marks, and each delivered message as an arrow from the sender's clock at the send to the
-receiver's clock at the delivery. Clicking any bar, mark or arrow shows the event's fields and
-text (the prompt, briefs, outputs, tool arguments and results, message text, when logged).
-The page holds its data as JSON and draws itself with a small inline script (SVG); it loads
-nothing from anywhere.
+Every event is placed at its agent's derived clock (`avalon/org/latency.py`), drawn on a time
+axis of that clock: model calls and tool calls as bars from start to end, hires, fires, waits,
+wakes, compactions, stops and rewards as marks, and each delivered message as an arrow from the
+sender's clock at the send to the receiver's clock at the delivery; a legend names every colour
+and mark. Hovering shows an event's text (a turn's output, a tool call's arguments and result,
+a message's text); clicking shows every field of the event. Zoom (buttons, Ctrl + wheel, or
+`#zoom=4` in the URL) widens the clock; the chart scrolls. The page holds its data as JSON and
+draws itself with a small inline script (SVG); it loads nothing from anywhere.
 """
 
 from __future__ import annotations
@@ -20,13 +21,36 @@ from collections.abc import Mapping, Sequence
 from avalon.org.events import EventKind
 from avalon.org.latency import ClockReplay
 
+HOVER_CHARS = 400  # text shown on hover (a click shows every field in full)
+
+
+def _hover(e: Mapping, kind: str) -> str:
+    """What hovering an event shows: its text, a tool call's arguments and result, a hire's
+    title, a message's text."""
+    if kind == EventKind.MODEL_CALL.value:
+        text = f"turn {e.get('turn', '')}: {e.get('text', '(text not logged)')}"
+    elif kind == EventKind.TOOL_CALL.value:
+        args = json.dumps(e.get("args", {}), sort_keys=True)
+        result = e.get("result", "(result not logged)")
+        text = f"{e.get('tool')}({args}) -> {result}"
+        if e.get("error"):
+            text += f"  [error: {e['error']}]" if isinstance(e["error"], str) else "  [error]"
+    elif kind == EventKind.HIRE.value:
+        text = f"hire {e.get('new_agent')}: {e.get('title', '')} - {e.get('role', '')}"
+    elif kind == EventKind.SEND.value:
+        text = e.get("text", "(text not logged)")
+    else:
+        fields = {k: v for k, v in e.items() if k not in ("seq", "agent", "kind", "cause")}
+        text = f"{kind} {json.dumps(fields, sort_keys=True, default=str)}"
+    return text if len(text) <= HOVER_CHARS else text[:HOVER_CHARS - 3] + "..."
+
 
 def episode_data(events: Sequence[Mapping]) -> dict:
     """What the page draws: lanes, timed items, message arrows (all JSON)."""
     clocks = ClockReplay()
     agents: dict[str, str] = {}  # id -> title, in order of appearance
     items, arrows = [], []
-    sends: dict[str, tuple[str, float, int]] = {}
+    sends: dict[str, tuple[str, float, int, Mapping]] = {}
     for e in events:
         agent = e["agent"]
         before = clocks.clock(agent)
@@ -45,21 +69,23 @@ def episode_data(events: Sequence[Mapping]) -> dict:
             label = (e["tool"] if kind == EventKind.TOOL_CALL.value
                      else f"turn {e.get('turn', '')}")
             items.append({"seq": e["seq"], "agent": agent, "kind": kind, "t0": start,
-                          "t1": after, "label": label,
+                          "t1": after, "label": label, "hover": _hover(e, kind),
                           "error": bool(e.get("error") or e.get("malformed")),
                           "reward": sum(float(r["value"]) for r in e.get("rewards", ()))
                           if not e.get("late") else 0.0})
         elif kind == EventKind.SEND.value:
-            sends[e["message_id"]] = (agent, after, e["seq"])
+            sends[e["message_id"]] = (agent, after, e["seq"], e)
         elif kind == EventKind.DELIVER.value:
             src = sends.get(e["message_id"])
             if src is not None:
                 arrows.append({"message": e["message_id"], "from": src[0], "to": agent,
                                "t0": src[1], "t1": after, "seq": src[2],
-                               "deliver_seq": e["seq"]})
+                               "deliver_seq": e["seq"],
+                               "hover": f"{e['message_id']} {src[0]} -> {agent}: "
+                                        f"{_hover(src[3], EventKind.SEND.value)}"})
         else:
             items.append({"seq": e["seq"], "agent": agent, "kind": kind, "t0": after,
-                          "t1": after, "label": kind, "error": False,
+                          "t1": after, "label": kind, "hover": _hover(e, kind), "error": False,
                           "reward": sum(float(r["value"]) for r in e.get("rewards", ()))})
     messages = sorted({e["message_id"] for e in events if e["kind"] == EventKind.SEND.value})
     report = clocks.report()
@@ -70,8 +96,38 @@ def episode_data(events: Sequence[Mapping]) -> dict:
             "critical_token_share": report.critical_token_share}
 
 
+# (class, what it is) for the legend; the classes are the ones the script draws with.
+LEGEND = (("model_call", "model call (a turn)"), ("tool_call", "tool call"),
+          ("err", "error or malformed turn"), ("crit", "on the critical path"),
+          ("hire", "hire"), ("fire", "fire"), ("compaction", "compaction"),
+          ("end", "end of the episode"), ("mark", "other event (wait, wake, stop, ...)"),
+          ("msg", "message, send -> delivery"), ("reward", "reward"))
+
+
+def _legend_html() -> str:
+    keys = []
+    for cls, text in LEGEND:
+        if cls in ("model_call", "tool_call", "err", "crit"):
+            shape = (f'<rect x="1" y="2" width="18" height="8" class="'
+                     f'{"model_call " + cls if cls == "crit" else cls}"/>')
+        elif cls == "msg":
+            shape = '<path d="M1,6 L17,6" class="msg"/>'
+        elif cls == "reward":
+            shape = '<text x="1" y="10" class="reward">+1</text>'
+        else:
+            shape = f'<circle cx="10" cy="6" r="4" class="{cls}"/>'
+        keys.append(f'<span class="key" data-legend="{cls}"><svg width="20" height="12">'
+                    f'{shape}</svg>{html.escape(text)}</span>')
+    return ('<div id="legend"><b>Legend</b> ' + " ".join(keys)
+            + ' <span class="key">x axis: the derived clock (s); hover for text, click for '
+              'every field; zoom with the buttons or Ctrl + wheel</span></div>')
+
+
 _STYLE = """
 body{font:13px sans-serif;margin:12px;color:#222}
+#toolbar{margin:6px 0}#toolbar button{min-width:2.2em}
+#legend{margin:6px 0;line-height:20px}.key{margin-right:12px;white-space:nowrap}
+.key svg{vertical-align:middle;margin-right:3px}
 #wrap{display:flex;gap:12px}
 #chart{flex:3;overflow-x:auto;border:1px solid #ccc}
 #detail{flex:2;max-height:85vh;overflow:auto;border:1px solid #ccc;padding:8px;
@@ -83,73 +139,130 @@ white-space:pre-wrap;font:12px monospace}
 .end{fill:#000}.reward{fill:#d4ac0d;font-size:11px}
 .msg{stroke:#555;stroke-width:1;fill:none;marker-end:url(#arrow)}
 .msg:hover,.sel{stroke:#d00;stroke-width:2}
+.axis{stroke:#888}.grid{stroke:#eee}.tick-label{font-size:10px;fill:#555}
+.axis-title{font-size:11px;fill:#555}
 """
 
 _SCRIPT = r"""
 (function () {
   const data = JSON.parse(document.getElementById('episode-data').textContent);
   const NS = 'http://www.w3.org/2000/svg';
-  const laneH = 36, left = 150, top = 24, width = 1100;
+  const laneH = 36, left = 150, top = 40, baseWidth = 1100;
   const span = Math.max(data.latency_s, 1e-9);
-  const x = t => left + (t / span) * (width - left - 20);
-  const lane = {};
-  data.agents.forEach((a, i) => { lane[a.id] = top + i * laneH; });
   const bySeq = {};
   data.events.forEach(e => { bySeq[e.seq] = e; });
   const crit = new Set(data.critical_path);
-  const svg = document.createElementNS(NS, 'svg');
-  svg.setAttribute('width', width);
-  svg.setAttribute('height', top + data.agents.length * laneH + 20);
-  svg.innerHTML = '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" ' +
-    'markerWidth="6" markerHeight="6" orient="auto"><path d="M0,0L10,5L0,10z" fill="#555"/>' +
-    '</marker></defs>';
-  function el(name, attrs, text) {
-    const n = document.createElementNS(NS, name);
-    for (const k in attrs) n.setAttribute(k, attrs[k]);
-    if (text !== undefined) n.textContent = text;
-    svg.appendChild(n);
-    return n;
-  }
+  const lane = {};
+  data.agents.forEach((a, i) => { lane[a.id] = top + i * laneH; });
+  let zoom = 1;
+  const fromHash = /zoom=([0-9.]+)/.exec(window.location.hash);
+  if (fromHash) zoom = Math.min(64, Math.max(1, parseFloat(fromHash[1])));
+
   function show(seqs) {
     const out = seqs.map(s => JSON.stringify(bySeq[s], null, 1)).join('\n\n');
     document.getElementById('detail').textContent = out;
   }
-  data.agents.forEach(a => {
-    el('line', {x1: left, x2: width - 10, y1: lane[a.id] + laneH / 2, y2: lane[a.id] + laneH / 2,
-                stroke: '#eee'});
-    const t = el('text', {x: 4, y: lane[a.id] + laneH / 2 + 4, class: 'lane-label',
-                          'data-agent': a.id}, a.id + ' ' + a.title);
-    t.addEventListener('click', () => show([]));
-  });
-  data.items.forEach(it => {
-    const y = lane[it.agent];
-    let n;
-    if (it.kind === 'model_call' || it.kind === 'tool_call') {
-      const w = Math.max(x(it.t1) - x(it.t0), 2);
-      const cls = it.kind + (it.error ? ' err' : '') + (crit.has(it.seq) ? ' crit' : '');
-      const h = it.kind === 'model_call' ? 14 : 10;
-      n = el('rect', {x: x(it.t0), y: y + (laneH - h) / 2, width: w, height: h, class: cls,
-                      'data-seq': it.seq});
-    } else {
-      const cls = ['hire', 'fire', 'compaction', 'end'].includes(it.kind) ? it.kind : 'mark';
-      n = el('circle', {cx: x(it.t0), cy: y + laneH / 2, r: it.kind === 'end' ? 5 : 4,
-                        class: cls, 'data-seq': it.seq});
+  function niceStep(raw) {  // 1, 2 or 5 x 10^k seconds
+    const p = Math.pow(10, Math.floor(Math.log10(raw)));
+    for (const m of [1, 2, 5, 10]) if (m * p >= raw) return m * p;
+    return 10 * p;
+  }
+  function clockText(t) {
+    if (span < 120) return (Math.round(t * 100) / 100) + ' s';
+    const m = Math.floor(t / 60), s = Math.round(t - 60 * m);
+    return m + 'm' + (s < 10 ? '0' : '') + s + 's';
+  }
+
+  function draw() {
+    const width = left + (baseWidth - left) * zoom;
+    const x = t => left + (t / span) * (width - left - 20);
+    const height = top + data.agents.length * laneH + 20;
+    const old = document.querySelector('#chart svg');
+    if (old) old.remove();
+    const svg = document.createElementNS(NS, 'svg');
+    svg.setAttribute('width', width);
+    svg.setAttribute('height', height);
+    svg.innerHTML = '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" ' +
+      'markerWidth="6" markerHeight="6" orient="auto"><path d="M0,0L10,5L0,10z" ' +
+      'fill="#555"/></marker></defs>';
+    function el(name, attrs, text) {
+      const n = document.createElementNS(NS, name);
+      for (const k in attrs) n.setAttribute(k, attrs[k]);
+      if (text !== undefined) n.textContent = text;
+      svg.appendChild(n);
+      return n;
     }
-    const title = document.createElementNS(NS, 'title');
-    title.textContent = it.label + ' @' + it.t0.toFixed(2) + 's';
-    n.appendChild(title);
-    n.addEventListener('click', () => show([it.seq]));
-    if (it.reward) {
-      el('text', {x: x(it.t1) + 2, y: y + 10, class: 'reward'}, '+' + it.reward);
+    function hover(n, text) {
+      const title = document.createElementNS(NS, 'title');
+      title.textContent = text;
+      n.appendChild(title);
     }
-  });
-  data.arrows.forEach(a => {
-    const y0 = lane[a.from] + laneH / 2, y1 = lane[a.to] + laneH / 2;
-    const p = el('path', {d: `M${x(a.t0)},${y0} L${x(a.t1)},${y1}`, class: 'msg',
-                          'data-message': a.message});
-    p.addEventListener('click', () => { show([a.seq, a.deliver_seq]); });
-  });
-  document.getElementById('chart').appendChild(svg);
+    // The time axis: the derived clock, ticks every 1, 2 or 5 x 10^k seconds.
+    const step = niceStep(span / Math.max(4, Math.round(10 * zoom)));
+    el('line', {x1: left, x2: x(span), y1: top - 8, y2: top - 8, class: 'axis'});
+    el('text', {x: 4, y: top - 22, class: 'axis-title'}, 'derived clock');
+    for (let t = 0; t <= span + 1e-9; t += step) {
+      el('line', {x1: x(t), x2: x(t), y1: top - 8, y2: height - 20, class: 'grid'});
+      el('line', {x1: x(t), x2: x(t), y1: top - 12, y2: top - 4, class: 'axis tick',
+                  'data-tick': t.toFixed(3)});
+      el('text', {x: x(t) + 2, y: top - 16, class: 'tick-label'}, clockText(t));
+    }
+    data.agents.forEach(a => {
+      el('line', {x1: left, x2: width - 10, y1: lane[a.id] + laneH / 2,
+                  y2: lane[a.id] + laneH / 2, stroke: '#eee'});
+      const t = el('text', {x: 4, y: lane[a.id] + laneH / 2 + 4, class: 'lane-label',
+                            'data-agent': a.id}, a.id + ' ' + a.title);
+      t.addEventListener('click', () => show([]));
+    });
+    data.items.forEach(it => {
+      const y = lane[it.agent];
+      let n;
+      if (it.kind === 'model_call' || it.kind === 'tool_call') {
+        const w = Math.max(x(it.t1) - x(it.t0), 2);
+        const cls = it.kind + (it.error ? ' err' : '') + (crit.has(it.seq) ? ' crit' : '');
+        const h = it.kind === 'model_call' ? 14 : 10;
+        n = el('rect', {x: x(it.t0), y: y + (laneH - h) / 2, width: w, height: h, class: cls,
+                        'data-seq': it.seq});
+      } else {
+        const cls = ['hire', 'fire', 'compaction', 'end'].includes(it.kind) ? it.kind : 'mark';
+        n = el('circle', {cx: x(it.t0), cy: y + laneH / 2, r: it.kind === 'end' ? 5 : 4,
+                          class: cls, 'data-seq': it.seq});
+      }
+      hover(n, it.label + ' @' + clockText(it.t0) + '\n' + it.hover);
+      n.addEventListener('click', () => show([it.seq]));
+      if (it.reward) {
+        el('text', {x: x(it.t1) + 2, y: y + 10, class: 'reward'}, '+' + it.reward);
+      }
+    });
+    data.arrows.forEach(a => {
+      const y0 = lane[a.from] + laneH / 2, y1 = lane[a.to] + laneH / 2;
+      const p = el('path', {d: `M${x(a.t0)},${y0} L${x(a.t1)},${y1}`, class: 'msg',
+                            'data-message': a.message});
+      hover(p, a.hover);
+      p.addEventListener('click', () => { show([a.seq, a.deliver_seq]); });
+    });
+    document.getElementById('chart').appendChild(svg);
+    document.getElementById('zoom-level').textContent = zoom + 'x';
+  }
+
+  function setZoom(z, anchor) {  // keep the clock under `anchor` (chart px) in place
+    const chart = document.getElementById('chart');
+    const before = (chart.scrollLeft + (anchor || 0) - left) / zoom;
+    zoom = Math.min(64, Math.max(1, z));
+    draw();
+    chart.scrollLeft = Math.max(0, before * zoom + left - (anchor || 0));
+  }
+  document.getElementById('zoom-in').addEventListener('click', () => setZoom(zoom * 2));
+  document.getElementById('zoom-out').addEventListener('click', () => setZoom(zoom / 2));
+  document.getElementById('zoom-fit').addEventListener('click', () => setZoom(1));
+  document.getElementById('chart').addEventListener('wheel', ev => {
+    if (!ev.ctrlKey) return;
+    ev.preventDefault();
+    const box = document.getElementById('chart').getBoundingClientRect();
+    setZoom(ev.deltaY < 0 ? zoom * 1.25 : zoom / 1.25, ev.clientX - box.left);
+  }, {passive: false});
+  draw();
+
   const list = document.getElementById('messages');
   data.messages.forEach(m => {
     const li = document.createElement('li');
@@ -180,7 +293,13 @@ def render_episode(events: Sequence[Mapping], title: str = "episode") -> str:
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
         f"<h2>{html.escape(title)}</h2><p>{html.escape(head)}</p>"
-        "<p id=\"status\">loading</p><div id=\"wrap\"><div id=\"chart\"></div>"
+        "<p id=\"status\">loading</p>"
+        "<div id=\"toolbar\">zoom <button id=\"zoom-out\" title=\"zoom out\">&minus;</button>"
+        "<button id=\"zoom-in\" title=\"zoom in\">+</button>"
+        "<button id=\"zoom-fit\" title=\"the whole episode\">fit</button> "
+        "<span id=\"zoom-level\"></span></div>"
+        f"{_legend_html()}"
+        "<div id=\"wrap\"><div id=\"chart\"></div>"
         "<div id=\"detail\">click a bar, mark or arrow</div></div>"
         "<h3>Messages</h3><ul id=\"messages\"></ul>"
         f"<script type=\"application/json\" id=\"episode-data\">{payload}</script>"
