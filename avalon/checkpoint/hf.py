@@ -62,7 +62,8 @@ class CheckpointError(ValueError):
 def load(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, *,
          rules: Rules = TRAIN_RULES, progress: Progress | None = None,
          **overrides) -> tuple[ModelConfig, dict]:
-    """Read a local HF Nemotron-H checkpoint directory. Returns (ModelConfig, params).
+    """Read a local HF checkpoint directory (Nemotron-H, Llama, Qwen2, Qwen3, Qwen3-MoE) or a
+    GGUF file of those families. Returns (ModelConfig, params).
 
     mesh: place every leaf per `avalon.sharding.param_shardings(cfg, mesh, rules)`; None gives
     plain single-device arrays. overrides: ModelConfig fields (e.g. `param_dtype="float32"`,
@@ -70,6 +71,8 @@ def load(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, *,
     progress(done, total) is called after each leaf.
     """
     path = Path(path)
+    if path.is_file() and is_gguf(path):
+        return load_gguf(path, mesh, rules=rules, progress=progress, **overrides)
     cfg_path = path / "config.json"
     if not cfg_path.exists():
         raise CheckpointError(f"{path}: no config.json")
@@ -80,6 +83,34 @@ def load(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, *,
                             progress=progress, **overrides)
     finally:
         st.close()
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    """A file that starts with GGUF's magic (llama.cpp's single-file format)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def load_gguf(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, *,
+              rules: Rules = TRAIN_RULES, progress: Progress | None = None,
+              **overrides) -> tuple[ModelConfig, dict]:
+    """`load` from a GGUF file (`checkpoint/gguf.py`): the HF config and tensors it stands for,
+    dequantised to float32 one tensor at a time (params float32 unless `param_dtype=`)."""
+    from avalon.checkpoint.gguf import GgufCheckpoint, GgufError
+
+    try:
+        ck = GgufCheckpoint(path)
+    except GgufError as e:
+        raise CheckpointError(str(e)) from None
+    try:
+        st = ck.tensors()
+        return load_tensors(ck.hf_config(), st, mesh, source=str(path), rules=rules,
+                            progress=progress, **overrides)
+    finally:
+        ck.close()
 
 
 def load_tensors(raw: dict, st, mesh: jax.sharding.Mesh | None = None, *,

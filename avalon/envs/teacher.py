@@ -66,7 +66,8 @@ class TeacherPolicy:
                 step = Step(self.summary_text)
             else:
                 step = actor.step(turn.view, np.random.default_rng(turn.seed))
-            ids = self.chat.output(step.text, [format_call(n, a) for n, a in step.calls])
+            ids = self.chat.output(step.text, [format_call(n, a, json_call=self.chat.json_calls)
+                                               for n, a in step.calls])
             self.cut_turns += len(ids) > turn.max_new_tokens
             out.append(scripted_output(ids, turn.max_new_tokens))
         return out

@@ -57,6 +57,10 @@ class OrgConfig:
     permissions: Permissions = Permissions()
     workspace: WorkspaceLimits = WorkspaceLimits()
     log_text: bool = True  # model outputs, tool args/results and message text in the log
+    # Tool calls spelt in text, `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`,
+    # instead of after a call token: what a pretrained model without such a token can write
+    # zero-shot (avalon/tokenizer/chat.py). Needs a Hugging Face tokenizer with a chat template.
+    text_tool_calls: bool = False
 
     def __post_init__(self):
         positive = ("window", "summary_cap", "max_new_tokens", "max_turns", "max_calls_per_turn",

@@ -205,7 +205,7 @@ class Organisation:
             commitments=self._commitments(a_id) if pinned else "",
             tools=[SPECS[OrgTool(n)] if n not in self.env_specs else self.env_specs[n]
                    for n in tools],
-            style=self.config.prompt_style)
+            style=self.config.prompt_style, json_calls=self.chat.json_calls)
 
     def _commitments(self, a_id: str) -> str:
         """Open commitments: the agent's own last report, or for the CEO everyone's."""

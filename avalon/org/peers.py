@@ -75,7 +75,7 @@ def start_peers(org: Organisation, team: PeerTeam, start_seq: int) -> None:
         card = role_card(agent=pid, title=team.title, role=team.role, task=org.task.prompt,
                          brief=brief, roster=roster, subscriptions=[(channel, "full")],
                          budget_left=None, commitments="", tools=specs,
-                         style=org.config.prompt_style)
+                         style=org.config.prompt_style, json_calls=org.chat.json_calls)
         agent = Agent(id=pid, index=index, title=team.title, role=team.role, brief=brief,
                       tools=tools, context=AgentContext(org.chat.system(card), pid, team.title),
                       last_seq=start_seq, card=card)

@@ -154,7 +154,8 @@ class ScriptedPolicy:
         out = []
         for turn in turns:
             step = self.script(turn.view)
-            ids = self.chat.output(step.text, [format_call(n, a) for n, a in step.calls])
+            ids = self.chat.output(step.text, [format_call(n, a, json_call=self.chat.json_calls)
+                                               for n, a in step.calls])
             out.append(scripted_output(ids, turn.max_new_tokens))
         return out
 

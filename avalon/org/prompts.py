@@ -15,12 +15,15 @@ from avalon.org.env import ToolSpec
 CEO_ROLE = "You lead: plan, hire, co-ordinate, then send the final message."
 CALL_FORMAT = ('Act by calls after your text: <|call|>name {"arg":value}; end your turn with '
                "<|end|>.")
+# Text calls (a pretrained vocabulary without a call token; avalon/tokenizer/chat.py).
+JSON_CALL_FORMAT = ("To act, write tool calls after your text, one per line: <tool_call>"
+                    '{"name": "tool_name", "arguments": {"arg": value}}</tool_call>')
 
 
 def role_card(*, agent: str, title: str, role: str, task: str | None, brief: str,
               roster: Sequence[tuple[str, str]], subscriptions: Sequence[tuple[str, str]],
               budget_left: int | None, commitments: str, tools: Sequence[ToolSpec],
-              style: PromptStyle) -> str:
+              style: PromptStyle, json_calls: bool = False) -> str:
     """The system text of an agent (also the pinned part after a compaction)."""
     lines = [f"You are {agent}, {title}. {role}".rstrip()]
     if task is not None:
@@ -41,7 +44,7 @@ def role_card(*, agent: str, title: str, role: str, task: str | None, brief: str
     else:
         lines.append("Tools:")
         lines += [f"{t.signature()} - {t.description}" for t in tools]
-        lines.append(CALL_FORMAT)
+        lines.append(JSON_CALL_FORMAT if json_calls else CALL_FORMAT)
     return "\n".join(lines)
 
 

@@ -18,6 +18,12 @@ limit, a call without a valid name, JSON that does not parse or is not an object
 Infinity are refused). A call that parses but names an unknown tool, breaks a rule or fails is a
 tool error (`avalon/org/tools.py`), not a parse failure. A turn cut by the token limit is parsed
 as it stands: a cut call usually fails to parse.
+
+With text calls (`ChatFormat.json_calls`, a pretrained vocabulary without a call token) each
+call is a JSON object between `<tool_call>` markers, the convention instruction-tuned models
+learnt (`{"name": "hire", "arguments": {...}}`; "parameters" is read as "arguments", and a
+JSON list of such objects is several calls). The native grammar `NAME {JSON}` is accepted there
+too, so a model that writes either is understood; anything else is malformed.
 """
 
 from __future__ import annotations
@@ -51,6 +57,49 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not allowed in tool arguments")
 
 
+def _json_call(obj) -> tuple[Call | None, str | None]:
+    """A `{"name": ..., "arguments": {...}}` object -> (call, None) or (None, error)."""
+    if not isinstance(obj, dict):
+        return None, "a call must be a JSON object with \"name\" and \"arguments\""
+    name = obj.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        shown = repr(name)[:40]
+        return None, f"\"name\" must be a tool name ([a-z][a-z0-9_]*), got {shown}"
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as e:
+            return None, f"{name}: arguments are not valid JSON ({str(e)[:80]})"
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        return None, f"{name}: arguments must be a JSON object"
+    return Call(name, args), None
+
+
+def parse_calls(text: str) -> tuple[list[Call], str | None]:
+    """One call block's text -> (calls, None) or ([], error): the native `NAME {JSON}`, or a
+    JSON call object, or a JSON list of them (text calls)."""
+    stripped = text.strip()
+    if stripped[:1] in ("{", "["):
+        try:
+            obj = json.loads(stripped, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as e:
+            return [], f"the call is not valid JSON ({str(e)[:80]})"
+        calls = []
+        for item in obj if isinstance(obj, list) else [obj]:
+            call, error = _json_call(item)
+            if error is not None:
+                return [], error
+            calls.append(call)
+        if not calls:
+            return [], "an empty list of calls"
+        return calls, None
+    call, error = parse_call(text)
+    return ([call] if call is not None else []), error
+
+
 def parse_call(text: str) -> tuple[Call | None, str | None]:
     """One call's text (after `<|call|>`) -> (call, None) or (None, error)."""
     m = _CALL.fullmatch(text)
@@ -77,17 +126,28 @@ def parse_turn(chat: ChatFormat, output: Sequence[int], max_calls: int) -> Parse
     if len(parts.calls) > max_calls:
         return ParsedTurn(parts.text, (), f"{len(parts.calls)} calls in one turn; the limit is "
                           f"{max_calls}", parts.ended)
-    calls = []
+    calls: list[Call] = []
     for i, text in enumerate(parts.calls):
-        call, error = parse_call(text)
+        if chat.json_calls:
+            found, error = parse_calls(text)
+        else:
+            call, error = parse_call(text)
+            found = [call]
         if error is not None:
             return ParsedTurn(parts.text, (), f"call {i + 1}: {error}", parts.ended)
-        calls.append(call)
+        calls += found
+    if len(calls) > max_calls:  # a JSON list holds several
+        return ParsedTurn(parts.text, (), f"{len(calls)} calls in one turn; the limit is "
+                          f"{max_calls}", parts.ended)
     return ParsedTurn(parts.text, tuple(calls), None, parts.ended)
 
 
-def format_call(name: str, args: Mapping[str, Any] | None = None) -> str:
-    """The text of one call (what follows `<|call|>`), compact JSON, no arguments = bare name."""
+def format_call(name: str, args: Mapping[str, Any] | None = None, *,
+                json_call: bool = False) -> str:
+    """The text of one call (what follows `<|call|>`), compact JSON, no arguments = bare name;
+    with `json_call` (text calls) the JSON object `{"name": ..., "arguments": {...}}`."""
+    if json_call:
+        return json.dumps({"name": name, "arguments": dict(args or {})}, ensure_ascii=False)
     if not args:
         return name
     return name + " " + json.dumps(dict(args), separators=(",", ":"), ensure_ascii=False)

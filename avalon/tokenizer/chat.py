@@ -27,6 +27,19 @@ text the template puts between turns (`\n`) opens every prompt, and a call is th
 `<tool_call>` ... `</tool_call>` when it has them. `Rendering` holds those id sequences; the
 format's rules (openings only from the renderer, one stop id, calls split at one id, any other
 control id in an output malformed) are the same for both.
+
+Text calls (`Rendering.text_calls`), for a pretrained vocabulary without a `<tool_call>` token
+(SmolLM2, Llama): a call is written in ordinary tokens, the way instruction-tuned models were
+taught to call tools (Hermes, Qwen2.5, SmolLM2's function-calling data):
+
+    FREE TEXT
+    <tool_call>{"name": "hire", "arguments": {"title": "QA", "role": "test"}}</tool_call>
+
+A new special id would be a row the pretrained model has never produced, so it could not call
+a tool zero-shot; markers it can spell, it can. The output is decoded to text and split at the
+marker strings (`split_output`); text between or after the calls is not part of any call, an
+unclosed last call runs to the end of the output. The rules on control ids are unchanged: any
+other special (or an `<|end|>` before the last token) makes the turn malformed.
 """
 
 from __future__ import annotations
@@ -51,6 +64,9 @@ class Rendering:
     call_close: tuple[int, ...] = ()  # ends one tool call (template markup), or nothing
     sep: tuple[int, ...] = ()  # between a segment's end and the next opening
     control: frozenset[int] = frozenset()  # ids an output may hold only as call / call_close
+    # Calls spelt in text between these two strings (`call` is then unused: -1); None: one
+    # call id. See the module docstring.
+    text_calls: tuple[str, str] | None = None
 
     @classmethod
     def native(cls, special_ids) -> Rendering:
@@ -104,9 +120,19 @@ class ChatFormat:
         r = self.rendering
         return [*r.sep, *r.obs_open, *self.tok.encode(obs_text), r.end, *r.sep, *r.agent_open]
 
+    @property
+    def json_calls(self) -> bool:
+        """Calls are spelt in text as JSON objects (`Rendering.text_calls`), not after an id."""
+        return self.rendering.text_calls is not None
+
     def output(self, text: str, calls: Sequence[str] = ()) -> list[int]:
-        """An agent output as ids: `text<|call|>call ...<|end|>` (scripted policies use it)."""
+        """An agent output as ids: `text<|call|>call ...<|end|>` (scripted policies use it);
+        with text calls, `text` then each call on its own line between the markers."""
         r = self.rendering
+        if r.text_calls is not None:
+            opening, closing = r.text_calls
+            lines = ([text] if text else []) + [f"{opening}{c}{closing}" for c in calls]
+            return self.tok.encode("\n".join(lines)) + [r.end]
         ids = self.tok.encode(text)
         for call in calls:
             ids += [r.call, *self.tok.encode(call), *r.call_close]
@@ -123,6 +149,9 @@ class ChatFormat:
             if (i in r.control or i == r.end) and i not in self._allowed:
                 error = f"stray {self.tok.decode([i])} at output token {pos}"
                 break
+        if r.text_calls is not None:
+            text, calls = split_text_calls(self.tok.decode(body), *r.text_calls)
+            return OutputParts(text=text, calls=calls, ended=ended, error=error)
         chunks: list[list[int]] = [[]]
         for i in body:
             if i == r.call:
@@ -137,3 +166,24 @@ class ChatFormat:
             calls.append(self.tok.decode([i for i in c if i not in r.call_close]))
         return OutputParts(text=self.tok.decode(chunks[0]), calls=tuple(calls), ended=ended,
                            error=error)
+
+
+def split_text_calls(text: str, opening: str, closing: str) -> tuple[str, tuple[str, ...]]:
+    """(free text before the first call, each call's text between the markers). A call
+    without its closing marker runs to the end; text outside the calls is not kept."""
+    first = text.find(opening)
+    if first < 0:
+        return text, ()
+    calls, pos = [], first
+    while pos >= 0:
+        start = pos + len(opening)
+        end = text.find(closing, start)
+        nxt = text.find(opening, start)
+        if end < 0 or (0 <= nxt < end):  # unclosed: up to the next opening, or the end
+            stop = nxt if nxt >= 0 else len(text)
+            calls.append(text[start:stop])
+            pos = nxt
+            continue
+        calls.append(text[start:end])
+        pos = text.find(opening, end + len(closing))
+    return text[:first], tuple(calls)

@@ -145,11 +145,12 @@ def gguf_tokenizer(source: str | os.PathLike | GgufCheckpoint):
 
 
 def load_gguf_tokenizer(source: str | os.PathLike | GgufCheckpoint, *,
-                        use_chat_template: bool = True) -> HFTokenizer:
+                        use_chat_template: bool = True, text_calls: bool = False) -> HFTokenizer:
     """`HFTokenizer` over a GGUF file's vocabulary, with its chat template (unless
-    `use_chat_template=False`, or the file has none)."""
+    `use_chat_template=False`, or the file has none) and `text_calls` (see HFTokenizer)."""
     tok, info = gguf_tokenizer(source)
-    return HFTokenizer(tok, chat_template=info.chat_template if use_chat_template else None)
+    template = info.chat_template if use_chat_template else None
+    return HFTokenizer(tok, chat_template=template, text_calls=text_calls and template is not None)
 
 
 def write_gguf_tokenizer_files(source: str | os.PathLike | GgufCheckpoint,

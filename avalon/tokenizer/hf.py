@@ -4,8 +4,11 @@ With a chat template (`from_dir` reads the directory's; `avalon/tokenizer/templa
 organisation renders through the template's markup and special tokens (`rendering`): only
 `<|end|>` (the template's end of turn) and `<|call|>` (the vocabulary's `<tool_call>`) are
 `Special`s, and a token is added only when the vocabulary has none (`<|call|>` without
-`<tool_call>`). Without a template, the chat specials map to tokens the vocabulary already has
-when their strings are given in `special_strings` and present, and are added otherwise.
+`<tool_call>`). With `text_calls=True` nothing is added: calls are spelt in text between
+`<tool_call>` markers (`Rendering.text_calls`, avalon/tokenizer/chat.py), which a pretrained
+model without that token can write zero-shot; only `<|end|>` is then a `Special`. Without a
+template, the chat specials map to tokens the vocabulary already has when their strings are
+given in `special_strings` and present, and are added otherwise.
 Added tokens go after the existing vocabulary (check `vocab_size` against the model's) and are
 listed in `added` (id -> string), so a checkpoint's embedding rows for them can be initialised
 from existing rows (`avalon.train.setup.init_added_rows`). `encode` treats every special
@@ -30,18 +33,21 @@ class HFTokenizer:
     """
 
     def __init__(self, tok, special_strings: Mapping[Special, str] | None = None, *,
-                 chat_template: str | None = None):
+                 chat_template: str | None = None, text_calls: bool = False):
         from tokenizers import AddedToken  # the [hf] extra; imported only when used
 
         self._tok = tok
         vocab_specials = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
         is_special = lambda text: tok.token_to_id(text) in vocab_specials
         m = None
+        if text_calls and chat_template is None:
+            raise ValueError("HFTokenizer: text_calls=True needs a chat template")
         if chat_template is not None:
             m = template.markup(chat_template, is_special)
             has_call = tok.token_to_id(template.TOOL_CALL) is not None
-            strings = {Special.END: m.end,
-                       Special.CALL: template.TOOL_CALL if has_call else Special.CALL.value}
+            strings = {Special.END: m.end}
+            if not text_calls:
+                strings[Special.CALL] = template.TOOL_CALL if has_call else Special.CALL.value
         else:
             strings = {s: s.value for s in Special}
         if special_strings is not None:
@@ -69,7 +75,15 @@ class HFTokenizer:
         self._size = tok.get_vocab_size(with_added_tokens=True)
         self.chat_template = chat_template
         self.rendering: Rendering | None = None
-        if m is not None:
+        if m is not None and text_calls:
+            self.rendering = Rendering(
+                system_open=tuple(self.encode_markup(m.system_open)),
+                obs_open=tuple(self.encode_markup(m.obs_open)),
+                agent_open=tuple(self.encode_markup(m.agent_open)),
+                end=ids[Special.END], call=-1, sep=tuple(self.encode_markup(m.sep)),
+                control=frozenset(vocab_specials | set(ids.values())),
+                text_calls=(template.TOOL_CALL, template.TOOL_CALL_CLOSE))
+        elif m is not None:
             close = tok.token_to_id(template.TOOL_CALL_CLOSE) \
                 if strings[Special.CALL] == template.TOOL_CALL else None
             self.rendering = Rendering(
@@ -84,7 +98,7 @@ class HFTokenizer:
     @classmethod
     def from_dir(cls, path: str | os.PathLike,
                  special_strings: Mapping[Special, str] | None = None, *,
-                 use_chat_template: bool = True) -> HFTokenizer:
+                 use_chat_template: bool = True, text_calls: bool = False) -> HFTokenizer:
         """Loads `path/tokenizer.json` (a checkpoint directory) and, unless
         `use_chat_template=False`, the directory's chat template."""
         from tokenizers import Tokenizer
@@ -93,7 +107,8 @@ class HFTokenizer:
         if not os.path.isfile(file):
             raise FileNotFoundError(f"HFTokenizer.from_dir: no tokenizer.json in {path!r}")
         chat_template = template.read_template(path) if use_chat_template else None
-        return cls(Tokenizer.from_file(file), special_strings, chat_template=chat_template)
+        return cls(Tokenizer.from_file(file), special_strings, chat_template=chat_template,
+                   text_calls=text_calls)
 
     def encode_markup(self, text: str) -> list[int]:
         """Template markup to ids, its special tokens recognised (never for message text)."""

@@ -7,11 +7,13 @@ A word tokenizer's ids depend on the words of the environments the run trained o
 a tool that evaluates the run elsewhere (the safety suite, other environments) cannot rebuild
 them from its own environments: it reads the record. `{"kind": "word", "words": [...]}` keeps
 the word list in id order; `{"kind": "byte"}`; `{"kind": "hf", "path": DIR}` names the
-directory the run read its `tokenizer.json` (and chat template) from.
+directory the run read its `tokenizer.json` (and chat template) from, or its GGUF file, and
+`"text_calls": true` when its tool calls were spelt in text (`HFTokenizer`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from avalon.tokenizer.byte import ByteTokenizer
@@ -30,7 +32,8 @@ def describe(tok, hf_path: str = "") -> dict:
         if not hf_path:
             raise ValueError("tokenizer record: an HF tokenizer needs the directory it was read "
                              "from (hf_path)")
-        return {"kind": "hf", "path": str(hf_path)}
+        text_calls = tok.rendering is not None and tok.rendering.text_calls is not None
+        return {"kind": "hf", "path": str(hf_path), "text_calls": text_calls}
     raise ValueError(f"tokenizer record: cannot describe a {type(tok).__name__}")
 
 
@@ -50,5 +53,11 @@ def from_record(record: Mapping, where: str = "tokenizer record"):
         path = record.get("path")
         if not isinstance(path, str) or not path:
             raise ValueError(f"{where}: 'path' must name the tokenizer's directory, got {path!r}")
-        return HFTokenizer.from_dir(path)
+        text_calls = record.get("text_calls", False)
+        if not isinstance(text_calls, bool):
+            raise ValueError(f"{where}: 'text_calls' must be true or false, got {text_calls!r}")
+        if os.path.isfile(path):
+            from avalon.tokenizer.gguf import load_gguf_tokenizer
+            return load_gguf_tokenizer(path, text_calls=text_calls)
+        return HFTokenizer.from_dir(path, text_calls=text_calls)
     raise ValueError(f"{where}: kind={kind!r}; use 'word', 'byte' or 'hf'")

@@ -1,9 +1,16 @@
-"""Convert between Hugging Face Nemotron-H checkpoints and avalon params checkpoints.
+"""Convert between Hugging Face checkpoints (Nemotron-H, Llama, Qwen2, Qwen3, Qwen3-MoE), GGUF
+files of those families, and avalon params checkpoints.
 
     python -m avalon.tools.convert --src=/ckpt/NVIDIA-Nemotron-3-Super-120B-A12B-BF16 \
         --dst=/ckpt/super-avalon --to=avalon
     python -m avalon.tools.convert --src=/ckpt/super-avalon --dst=/out/super-hf --to=hf
     python -m avalon.tools.convert --src=runs/toy --dst=/out/toy-hf --to=hf   # a trained run
+    python -m avalon.tools.convert --src=SmolLM2-135M-Instruct.Q4_1.gguf --dst=/out/smol --to=hf
+
+A GGUF file (llama.cpp's format; `avalon/checkpoint/gguf.py`) is read as the HF checkpoint it
+stands for, its quantised tensors dequantised to float32 (`--param_dtype` casts them), and
+written with its tokenizer and chat template as HF tokenizer files (`tokenizer.json`,
+`tokenizer_config.json`, `special_tokens_map.json`), so `transformers` alone loads the result.
 
 --to=avalon reads a local HF directory (hub or transformers layout) onto a mesh of this host's
 devices (`--mesh`, default every device on the tensor axis, so no device holds the whole model)
@@ -111,6 +118,17 @@ def _run_aux_dir(run: Path) -> Path | None:
     return None
 
 
+def _run_gguf(run: Path) -> Path | None:
+    """The GGUF file a run started from or took its tokenizer from, if any (its tokenizer and
+    HF config keys go with the export)."""
+    d = run_dir.run_config(run)
+    for key in ("tokenizer_path", "init_from"):
+        path = d.get(key) or ""
+        if path and Path(path).is_file() and hf.is_gguf(path):
+            return Path(path)
+    return None
+
+
 def _write_word_tokenizer(run, dst: Path) -> None:
     """A run trained with the word tokenizer: its word list (RUN/tokenizer_record.json) as
     tokenizer.json + tokenizer_config.json, so `transformers` alone encodes and decodes with
@@ -130,6 +148,9 @@ def convert(src: str | Path, dst: str | Path, to: Target, *, mesh_spec: str = ""
     src, dst = Path(src), Path(dst)
     mesh = make_mesh(parse_mesh(mesh_spec))
     overrides = {} if param_dtype is None else {"param_dtype": param_dtype}
+    if src.is_file():
+        _convert_gguf(src, dst, to, mesh, overrides, max_shard_bytes, progress)
+        return
     if run_dir.is_run(src):  # a trained run: RUN or RUN/checkpoints/N
         cfg, params, _ = run_dir.load_run_params(src, mesh)
         if param_dtype is not None:
@@ -139,6 +160,10 @@ def convert(src: str | Path, dst: str | Path, to: Target, *, mesh_spec: str = ""
         aux = _run_aux_dir(run)
         extra = hf_config.read_json(aux / "config.json") \
             if aux is not None and (aux / "config.json").is_file() else None
+        gguf_src = _run_gguf(run) if aux is None else None
+        if gguf_src is not None:
+            from avalon.checkpoint.gguf import GgufCheckpoint
+            extra = GgufCheckpoint(gguf_src).hf_config()
         if to == Target.AVALON:
             avalon_format.save_avalon(dst, cfg, params)
         else:
@@ -147,6 +172,9 @@ def convert(src: str | Path, dst: str | Path, to: Target, *, mesh_spec: str = ""
                     progress=bar)
         if aux is not None:
             _copy_aux_files(aux, dst)
+        elif gguf_src is not None:
+            from avalon.tokenizer.gguf import write_gguf_tokenizer_files
+            write_gguf_tokenizer_files(gguf_src, dst, model_max_length=cfg.max_context)
         else:
             _write_word_tokenizer(run, dst)
         return
@@ -172,7 +200,39 @@ def convert(src: str | Path, dst: str | Path, to: Target, *, mesh_spec: str = ""
     _copy_aux_files(src, dst)
 
 
-_SRC = flags.DEFINE_string("src", None, "source checkpoint directory", required=True)
+def _convert_gguf(src: Path, dst: Path, to: Target, mesh, overrides: dict,
+                  max_shard_bytes: int, progress: bool) -> None:
+    """A GGUF file -> an HF directory or an avalon checkpoint, each with the file's tokenizer
+    files (and for avalon its HF config as `hf_config.json`, so converting on restores it)."""
+    from avalon.checkpoint.gguf import GgufCheckpoint, GgufError
+    from avalon.tokenizer.gguf import write_gguf_tokenizer_files
+
+    if not hf.is_gguf(src):
+        raise ValueError(f"--src={src} is a file but not a GGUF file (no 'GGUF' magic); give a "
+                         "GGUF file, a checkpoint directory or a run directory")
+    try:
+        ck = GgufCheckpoint(src)
+    except GgufError as e:
+        raise ValueError(str(e)) from None
+    try:
+        raw = ck.hf_config()
+        bar = ProgressBar("reading GGUF") if progress else None
+        cfg, params = hf.load_tensors(raw, ck.tensors(), mesh, source=str(src), progress=bar,
+                                      **overrides)
+        if to == Target.AVALON:
+            avalon_format.save_avalon(dst, cfg, params)
+            hf_config.write_json(dst / HF_CONFIG_COPY, raw)
+        else:
+            bar = ProgressBar("writing HF") if progress else None
+            hf.save(dst, cfg, params, max_shard_bytes=max_shard_bytes, extra_config=raw,
+                    progress=bar)
+        write_gguf_tokenizer_files(ck, dst, model_max_length=cfg.max_context)
+    finally:
+        ck.close()
+
+
+_SRC = flags.DEFINE_string("src", None, "source checkpoint directory, GGUF file or run "
+                           "directory", required=True)
 _DST = flags.DEFINE_string("dst", None, "destination directory", required=True)
 _TO = flags.DEFINE_enum_class("to", None, Target, "output format: avalon or hf", required=True,
                               case_sensitive=False)

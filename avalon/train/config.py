@@ -42,7 +42,8 @@ MAX_HIRES = 8
 class TokenizerKind(enum.Enum):
     WORD = "word"  # compact word list from the environments' and the organisation's vocabulary
     BYTE = "byte"  # 256 bytes + specials
-    HF = "hf"  # `tokenizer.json` from `tokenizer_path` (a checkpoint directory)
+    HF = "hf"  # `tokenizer.json` from `tokenizer_path` (a checkpoint directory), or a GGUF
+    # file's vocabulary and chat template
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +163,7 @@ class TrainConfig:
     seed: int
     model: ModelConfig
     init_from: str  # "" = random init; else a run directory (or its checkpoints/N), an avalon
-    # params checkpoint or a Hugging Face Nemotron-H directory (`setup.load_init_from`)
+    # params checkpoint, a Hugging Face directory or a GGUF file (`setup.load_init_from`)
     mesh: dict[str, int]
     tokenizer: TokenizerKind
     tokenizer_path: str
@@ -312,6 +313,15 @@ _TOP = {"seed", "model", "init_from", "env", "mesh", "tokenizer", "tokenizer_pat
         "rl", "engine", "eval", "checkpoint", "plots", "keep_event_logs"}
 
 
+def _is_gguf(path) -> bool:
+    """A GGUF model file (llama.cpp's format), which `init_from` and `tokenizer_path` take."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except (OSError, TypeError):
+        return False
+
+
 def from_config_dict(config: ml_collections.ConfigDict, *, num_devices: int,
                      num_processes: int = 1) -> TrainConfig:
     """Convert and validate (see the module docstring)."""
@@ -338,8 +348,9 @@ def from_config_dict(config: ml_collections.ConfigDict, *, num_devices: int,
 
     org = org_config(items["org"])
 
-    if items["init_from"] and not os.path.isdir(items["init_from"]):
-        _fail("init_from", items["init_from"], "no such checkpoint directory")
+    if items["init_from"] and not os.path.isdir(items["init_from"]) \
+            and not _is_gguf(items["init_from"]):
+        _fail("init_from", items["init_from"], "no such checkpoint directory or GGUF file")
     for name in ("make_environments", "make_teacher"):
         if not callable(items[name]):
             _fail(name, items[name], "must be a function")
@@ -382,6 +393,9 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
               f"is above the configured maximum budget.max_budget={cfg.budget.max_budget}")
     if cfg.tokenizer is TokenizerKind.HF and not cfg.tokenizer_path:
         _fail("tokenizer_path", cfg.tokenizer_path, "is required with tokenizer='hf'")
+    if cfg.org.text_tool_calls and cfg.tokenizer is not TokenizerKind.HF:
+        _fail("org.text_tool_calls", True, "needs tokenizer='hf' (a chat template renders "
+              "the calls' text)")
     if cfg.rollout.temperature != cfg.rl.temperature:
         _fail("rl.temperature", cfg.rl.temperature,
               f"must equal rollout.temperature={cfg.rollout.temperature}: the trainer must "

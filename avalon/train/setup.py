@@ -60,7 +60,16 @@ def build_tokenizer(cfg: TrainConfig, envs: list[Environment]):
         return WordTokenizer(tuple(dict.fromkeys(words)))  # first occurrence order, no repeats
     if cfg.tokenizer is TokenizerKind.BYTE:
         return ByteTokenizer()
-    return HFTokenizer.from_dir(cfg.tokenizer_path)
+    return hf_tokenizer(cfg)
+
+
+def hf_tokenizer(cfg: TrainConfig) -> HFTokenizer:
+    """The `tokenizer_path` checkpoint directory's tokenizer, or a GGUF file's vocabulary and
+    chat template; tool calls as text when `org.text_tool_calls`."""
+    if os.path.isfile(cfg.tokenizer_path) and hf.is_gguf(cfg.tokenizer_path):
+        from avalon.tokenizer.gguf import load_gguf_tokenizer
+        return load_gguf_tokenizer(cfg.tokenizer_path, text_calls=cfg.org.text_tool_calls)
+    return HFTokenizer.from_dir(cfg.tokenizer_path, text_calls=cfg.org.text_tool_calls)
 
 
 def build(cfg: TrainConfig, env_section) -> Setup:
@@ -92,7 +101,8 @@ def build(cfg: TrainConfig, env_section) -> Setup:
 
 def load_init_from(path: str, mesh: Mesh, param_dtype: str) -> tuple[ModelConfig, dict]:
     """(config, params on `mesh`) from a run directory or one of its checkpoints (the trained
-    params), an avalon params checkpoint, or a Hugging Face directory, in that order."""
+    params), an avalon params checkpoint, or a Hugging Face directory or GGUF file, in that
+    order."""
     if run_dir.is_run(path):
         loaded_cfg, params, _ = run_dir.load_run_params(path, mesh)
     elif avalon_format.is_avalon_checkpoint(path):
@@ -107,8 +117,9 @@ def load_init_from(path: str, mesh: Mesh, param_dtype: str) -> tuple[ModelConfig
 def initial_params(cfg: TrainConfig, mesh: Mesh) -> tuple[ModelConfig, dict]:
     """Random init, or the params of `init_from` (see `load_init_from`) placed on the mesh."""
     if cfg.init_from:
-        if not os.path.isdir(cfg.init_from):
-            raise ValueError(f"config.init_from={cfg.init_from!r}: no such directory")
+        if not os.path.isdir(cfg.init_from) and not hf.is_gguf(cfg.init_from):
+            raise ValueError(f"config.init_from={cfg.init_from!r}: no such directory or GGUF "
+                             "file")
         loaded_cfg, params = load_init_from(cfg.init_from, mesh, cfg.model.param_dtype)
         for field in ("pattern", "hidden_size", "vocab_size"):
             if getattr(loaded_cfg, field) != getattr(cfg.model, field):
@@ -116,7 +127,7 @@ def initial_params(cfg: TrainConfig, mesh: Mesh) -> tuple[ModelConfig, dict]:
                                  f"{getattr(loaded_cfg, field)!r} differs from config.model's "
                                  f"{getattr(cfg.model, field)!r}")
         if cfg.tokenizer is TokenizerKind.HF and not run_dir.is_run(cfg.init_from):
-            params = init_added_rows(params, HFTokenizer.from_dir(cfg.tokenizer_path))
+            params = init_added_rows(params, hf_tokenizer(cfg))
         return cfg.model, params
     shardings = sharding.param_shardings(cfg.model, mesh, sharding.TRAIN_RULES)
     return cfg.model, init_params(jax.random.key(cfg.seed), cfg.model, shardings)
