@@ -2,41 +2,31 @@
 
 Paths. Agents name files relative to the workspace root. Refused (a `ToolError`, never an
 exception out of the simulator): empty paths, NUL bytes, lone surrogates, absolute paths, any
-`..` component, names over 255 bytes, paths over 4,096 bytes or `max_depth` levels. Every
-operation goes by directory descriptors (`beneath.py`: `openat2` with `RESOLVE_BENEATH |
-RESOLVE_NO_SYMLINKS`, or a per-component `O_NOFOLLOW` walk), so no symlink is followed on any
-component and a program swapping directories and links meanwhile cannot redirect it; only
-regular files are read or written (a FIFO, socket, device or link is a tool error, checked
-before opening and opened `O_NONBLOCK`, so nothing blocks). Listing and snapshots read
-directories by descriptor too, so they stand whatever a program made (FIFOs, sockets, link
-loops, deep or long paths, unreadable files); `listdir` gives only the files the tools can
-name. `resolve` gives a path's absolute name (for messages and child processes), never one to
-open: `read_bytes`/`write_bytes`/`remove`/`size` are the race-free operations.
+`..` component, names over 255 bytes, paths over 4,096 bytes or `max_depth` levels, names with
+control, bidi or zero-width characters (`names.py`). Every operation goes by directory
+descriptors (`beneath.py`: `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or a
+per-component `O_NOFOLLOW` walk), so no symlink is followed on any component and a program
+swapping directories and links meanwhile cannot redirect it; only regular files are read or
+written (a FIFO, socket, device or link is a tool error, checked before opening and opened
+`O_NONBLOCK`, so nothing blocks). Listing and snapshots read directories by descriptor too, so
+they stand whatever a program made (FIFOs, sockets, link loops, deep or long paths, unreadable
+files); `listdir` gives only the files the tools can name. `resolve` gives a path's absolute
+name (for messages), never one to open: `read_bytes`/`write_bytes`/`remove`/`size` are the
+race-free operations.
 
-Caps: bytes per file, bytes in total, entries (files, directories, links, ...) in total. The
-file tools check them before writing; sandboxed code is held to them too: RLIMIT_FSIZE per
-file, a check every `CAPS_POLL_S` while it runs (killed when over) and one after; a run that
-broke them gets `RunResult.caps_broken`, and everything it created or changed is removed.
+Caps: bytes per file, bytes in total, entries (files, directories, links, ...) in total, depth.
+The file tools check them before writing; sandboxed code is held to them by the kernel (the
+sandbox's workspace is a tmpfs of that many bytes and inodes, and RLIMIT_FSIZE per file), and a
+run whose workspace ends over a cap changes nothing (`RunResult.caps_broken`).
 
-`run_python(path)` runs a workspace file with this interpreter in a child process, which first
-runs `avalon/org/sandbox_boot.py` (its docstring has every rule):
-- time: killed (with its process group) after `run_timeout_s` wall seconds; RLIMIT_CPU too;
-- memory: RLIMIT_AS = `run_memory_mb`; file size: RLIMIT_FSIZE = `max_file_bytes`;
-- files: reading only the workspace and the standard library, writing only the workspace
-  (symlinks and `..` resolved), no deleting, renaming, chmod, linking or chdir outside it;
-- processes and signals: no starting processes (a seccomp filter: the run is one process, so
-  the kill ends all of it and the memory limit covers all of it), no `os.kill`/`killpg`/
-  `pthread_kill`;
-- network: a fresh network namespace (only a downed loopback) where the kernel allows one,
-  and no `socket.connect/bind/sendto/sendmsg/getaddrinfo`;
-- native code: no `ctypes`, no native modules from outside the standard library;
-- environment: a minimal one (PATH, HOME = TMPDIR = the workspace, LANG); `python -I -B` (no
-  user site, no PYTHON* variables, no bytecode files written).
-Two layers: an audit hook (always; clear `PermissionError("sandbox: ...")` errors) stops Python
-code; below it the kernel: seccomp (processes, always: a run fails without it), and where it
-has them the network namespace and Landlock (files, executing, TCP, signals), which also hold
-against native code. `sandbox_layers()` says which kernel layers hold here.
-The duration returned is measured wall time (such tool calls are logged `measured`).
+`run_python(path)` runs a workspace file in the sandbox of `avalon/org/sandbox.py` (its
+docstring has every rule: namespaces, the uid, the system-call filter, the limits). Under
+bubblewrap the program works on a private copy of the workspace; its regular files and
+directories are written back after the run (`_apply`: only what changed, so a file's mtime
+moves only when its bytes do). Without bubblewrap it works on this directory, watched every
+0.1 s, and a run over a cap has everything it created or changed removed. Stdout and stderr
+are kept to `max_output_bytes` each (a marker says how much was cut). The duration returned is
+measured wall time (such tool calls are logged `measured`).
 """
 
 from __future__ import annotations
@@ -44,28 +34,16 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import functools
 import os
-import signal
 import stat
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
-from avalon.org import beneath
+from avalon.org import beneath, sandbox
 from avalon.org.env import ToolError
 from avalon.org.names import name_problem
 
-# The child sets its own limits and sandbox before running the agent's code (no `preexec_fn`:
-# running Python between fork and exec in a multithreaded parent, JAX's, can deadlock). argv:
-# the limits (address space, CPU seconds, file size), the file, then the file's own arguments.
-_BOOT_FILE = Path(__file__).with_name("sandbox_boot.py")
-_BOOT = _BOOT_FILE.read_text(encoding="utf-8")
 MAX_NAME_BYTES, MAX_PATH_BYTES = 255, 4096  # per component, whole path (Linux's NAME_MAX, PATH_MAX)
 MAX_ARGS, MAX_ARGS_BYTES = 256, 64 << 10  # of run_python's program arguments
-CAPS_POLL_S = 0.1  # how often the caps are checked while a program runs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +55,8 @@ class WorkspaceLimits:
     run_memory_mb: int = 1024
     max_output_bytes: int = 16 << 10  # of stdout (its head) and stderr (its tail) returned
     max_depth: int = 32  # directory levels of a path
+    max_open_files: int = 64  # RLIMIT_NOFILE of a run (it also bounds pipes and sockets)
+    max_threads: int = 64  # threads of a run (RLIMIT_NPROC of the sandbox's uid)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,52 +70,21 @@ class RunResult:
     caps_broken: str = ""  # why the run broke the workspace caps ("" if not): its changes are gone
 
 
-def _probe(call: str) -> int:
-    """Runs `call` on sandbox_boot's functions in a fresh child; returns what it prints."""
-    code = (f"import ctypes, sys\nns = {{'__name__': 'probe'}}\n"
-            f"exec(open({str(_BOOT_FILE)!r}).read(), ns)\n"
-            f"print(int(ns[{call!r}](ctypes.CDLL(None, use_errno=True))))")
-    out = subprocess.run([sys.executable, "-I", "-B", "-c", code], capture_output=True,
-                         text=True, timeout=30, check=True)
-    return int(out.stdout)
-
-
-@functools.cache
-def network_namespaces_available() -> bool:
-    """Whether a child can enter a fresh network namespace here (probed once)."""
-    return _probe("enter_network_namespace") == 1
-
-
-@functools.cache
-def landlock_abi() -> int:
-    """The kernel's Landlock ABI (0: none), i.e. whether file confinement holds below the hook."""
-    return _probe("landlock_abi")
-
-
-@functools.cache
-def process_filter_available() -> bool:
-    """Whether the seccomp process filter installs here (probed once; runs fail without it)."""
-    try:
-        return _probe("install_process_filter") == 1
-    except subprocess.CalledProcessError:
-        return False
-
-
-def sandbox_layers() -> dict[str, bool]:
-    """Which sandbox layers hold here, besides the audit hook (always)."""
-    abi = landlock_abi()
-    return {"process_filter": process_filter_available(),
-            "network_namespace": network_namespaces_available(), "landlock_files": abi >= 1,
-            "landlock_tcp": abi >= 4, "landlock_signals": abi >= 6}
+def sandbox_layers() -> dict[str, object]:
+    """Which sandbox layers hold here (`sandbox.Layers`, as a dict)."""
+    return dataclasses.asdict(sandbox.layers())
 
 
 class Workspace:
     """File tools confined to `root` (created if missing); see the module docstring."""
 
-    def __init__(self, root: str | os.PathLike, limits: WorkspaceLimits = WorkspaceLimits()):
+    def __init__(self, root: str | os.PathLike, limits: WorkspaceLimits = WorkspaceLimits(),
+                 *, probe: bool = True):
         Path(root).mkdir(parents=True, exist_ok=True)
         self.root = Path(os.path.realpath(root))
         self.limits = limits
+        if probe:  # the first workspace of a process says which sandbox layers are missing
+            sandbox.report_layers()
 
     # ----- paths -----
 
@@ -347,12 +296,14 @@ class Workspace:
         finally:
             os.close(base)
 
-    def keep_only(self, keys) -> None:
-        """Removes every entry that is neither one of the regular files `keys` nor a directory
-        on the way to one (emptied directories, links, FIFOs, ...): a mirror of another
-        workspace holds what it holds, and no leftover counts against the entry cap."""
+    def keep_only(self, keys, dirs=()) -> None:
+        """Removes every entry that is neither one of the regular files `keys` nor one of the
+        directories `dirs` or a directory on the way to one (emptied directories, links,
+        FIFOs, ...): a mirror of another workspace holds what it holds, and no leftover counts
+        against the entry cap."""
         keep = set(keys)
-        dirs = {k.rsplit("/", i)[0] for k in keep for i in range(1, k.count("/") + 1)}
+        dirs = set(dirs)
+        dirs |= {k.rsplit("/", i)[0] for k in keep | dirs for i in range(1, k.count("/") + 1)}
         gone: list[str] = []
         with self._root_fd() as root:
             for rel, st, _ in list(beneath.walk(root, self.limits.max_depth)):
@@ -421,64 +372,72 @@ class Workspace:
     # ----- running code -----
 
     def run_python(self, rel: str, args: tuple[str, ...] = ()) -> RunResult:
-        """Runs a workspace Python file in the sandbox described in the module docstring."""
+        """Runs a workspace Python file in the sandbox (module docstring, `sandbox.py`)."""
         self.size(rel)  # a regular file, or the tool error saying why not
         _check_args(args)
-        lim = self.limits
-        limits = (str(lim.run_memory_mb << 20), str(int(lim.run_timeout_s) + 1),
-                  str(lim.max_file_bytes))
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.root), "TMPDIR": str(self.root),
-               "LANG": "C.UTF-8"}
+        key = self.key(rel)
+        if sandbox.layers().bubblewrap:
+            raw = sandbox.run_bwrap(self, key, args)
+            changed = self._apply(raw.files) if raw.files is not None else ()
+            return RunResult(raw.returncode, raw.stdout, raw.stderr, raw.duration_s,
+                             raw.timed_out, changed, raw.caps_broken)
         before = self._inventory()
-        broken = ""
-        with tempfile.TemporaryDirectory(prefix="avalon-run-") as tmp:
-            out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
-            with open(out_path, "wb") as out, open(err_path, "wb") as err:
-                start = time.monotonic()
-                proc = subprocess.Popen(
-                    [sys.executable, "-I", "-B", "-c", _BOOT, *limits, self.key(rel), *args],
-                    cwd=self.root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    start_new_session=True)
-                code: int | None = None
-                timed_out = False
-                while True:  # the caps are checked while it runs, so excess stays bounded
-                    left = start + lim.run_timeout_s - time.monotonic()
-                    try:
-                        code = proc.wait(timeout=max(0.0, min(CAPS_POLL_S, left)))
-                        break
-                    except subprocess.TimeoutExpired:
-                        timed_out = left <= CAPS_POLL_S
-                        broken = "" if timed_out else self.caps_broken()
-                        if timed_out or broken:
-                            os.killpg(proc.pid, signal.SIGKILL)
-                            proc.wait()
-                            code = None if timed_out else proc.returncode
-                            break
-                duration = time.monotonic() - start
-            stdout, stderr = self._head(out_path), self._tail(err_path)
-        broken = broken or self.caps_broken()
-        if broken:
+        raw = sandbox.run_direct(self, key, args, self.caps_broken)
+        if raw.caps_broken:
             self._remove_changes(before)
         after = self.snapshot()
         changed = tuple(k for k, v in after.items()
                         if (before.get(k) or (0,))[1:] != v and _nameable(k))
-        return RunResult(code, stdout, stderr, duration, timed_out, changed, broken)
+        return RunResult(raw.returncode, raw.stdout, raw.stderr, raw.duration_s,
+                         raw.timed_out, changed, raw.caps_broken)
 
-    def _tail(self, path: str) -> str:
-        """The end of a stream (where a traceback's error is)."""
-        n = self.limits.max_output_bytes
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - n))
-            text = f.read().decode("utf-8", errors="replace")
-        return ("(output truncated)\n" if size > n else "") + text
+    def tree(self) -> tuple[list[str], list[str]]:
+        """(directories, regular files) the tools can name, each sorted (a sandbox's copy)."""
+        dirs, files = [], []
+        with self._root_fd() as root:
+            for rel, st, _ in beneath.walk(root, self.limits.max_depth):
+                if _nameable(rel) and stat.S_ISDIR(st.st_mode):
+                    dirs.append(rel)
+                elif _nameable(rel) and stat.S_ISREG(st.st_mode):
+                    files.append(rel)
+        return sorted(dirs), sorted(files)
 
-    def _head(self, path: str) -> str:
-        with open(path, "rb") as f:
-            data = f.read(self.limits.max_output_bytes + 1)
-        text = data[:self.limits.max_output_bytes].decode("utf-8", errors="replace")
-        return text + ("\n(output truncated)" if len(data) > self.limits.max_output_bytes else "")
+    def make_dirs(self, rel: str) -> None:
+        """Directory `rel` and those above it (no link followed)."""
+        parts = self._file_parts(rel)
+        with self._root_fd() as root:
+            try:
+                fd, _ = beneath.open_parent(root, (*parts, "."), create=True)
+            except OSError as e:
+                raise _failure(rel, e) from None
+            os.close(fd)
+
+    def _apply(self, found) -> tuple[str, ...]:
+        """Makes the workspace hold what a sandboxed run left (its directories and regular
+        files, `sandbox.RawRun.files`); returns the files whose bytes changed. Names the tools
+        cannot name, and paths past `max_depth`, stay behind."""
+        dirs, files = set(), {}
+        for kind, name, data in found:
+            rel = os.fsdecode(name)
+            if not _nameable(rel) or rel.count("/") >= self.limits.max_depth:
+                continue
+            if kind == b"D":
+                dirs.add(rel)
+            else:
+                files[rel] = data
+        self.keep_only(files, dirs)
+        for d in sorted(dirs):
+            self.make_dirs(d)
+        changed = []
+        for rel, data in files.items():
+            try:
+                same = self.size(rel) == len(data) and self.read_bytes(rel) == data
+            except ToolError:
+                same = False
+            if not same:
+                self.write_bytes(rel, data)
+                changed.append(rel)
+        return tuple(sorted(changed))
 
 
 def _show(rel: str) -> str:

@@ -124,12 +124,14 @@ def test_reference_implementations_cannot_be_imported_or_read(env):
         ws.write("probe.py", f"import solution\nprint(solution.{names[0]} is not None)\n")
         r = ws.run_python("probe.py")
         assert r.returncode != 0 and "True" not in r.stdout
-        assert "sandbox: reading" in r.stderr
+        # (the audit hook's refusal without bubblewrap; under it the file is not there)
+        assert "sandbox: reading" in r.stderr or "FileNotFoundError" in r.stderr, r.stderr
     # ... and the grader refuses to read anything outside the submission and the stdlib.
     reward, d = submit(env, tid, hack)
     assert reward == 0.0
     if env is LOCAL:
-        assert set(d.session.report.errors.values()) == {"import PermissionError"}
+        assert set(d.session.report.errors.values()) in ({"import PermissionError"},
+                                                         {"import FileNotFoundError"})
     # Importing the trainer's package is refused by name too.
     code = (f"import sys\nsys.path.insert(0, {REPO!r})\nimport avalon\n"
             + reference_solution(names))
