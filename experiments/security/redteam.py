@@ -2,8 +2,9 @@
 
     python -m experiments.security.redteam [--only=SUBSTRING]
 
-Each attack module exposes `ATTACKS: list[Attack]`; an attack that raises is a crash. Exit status 1
-when any attack crashed.
+Each attack module exposes `ATTACKS: list[Attack]`; an attack that raises is a crash. The last
+line counts the crashes by what they mean (`KINDS`: an escape from the sandbox, a crash of the
+driver, a server limit broken, a wrong restore). Exit status 1 when any attack crashed.
 """
 
 import argparse
@@ -14,20 +15,37 @@ import traceback
 
 from experiments.security.outcome import Attack, Outcome
 
+# What a CRASH of each module's attacks is, for the summary line.
+KINDS = {"sandbox_attacks": "escapes", "kernel_attacks": "escapes",
+         "driver_attacks": "driver crashes", "http_attacks": "server or driver failures",
+         "server_attacks": "broken server limits",
+         "checkpoint_attacks": "silent wrong restores or stopped resumes"}
 
-def all_attacks() -> list[Attack]:
-    from experiments.security import checkpoint_attacks, http_attacks, sandbox_attacks
-    return [*sandbox_attacks.ATTACKS, *http_attacks.ATTACKS, *checkpoint_attacks.ATTACKS]
+
+def all_attacks() -> list[tuple[str, Attack]]:
+    """(kind of failure, attack) for every attack of every module."""
+    from experiments.security import (
+        checkpoint_attacks,
+        driver_attacks,
+        http_attacks,
+        kernel_attacks,
+        sandbox_attacks,
+        server_attacks,
+    )
+    modules = [sandbox_attacks, kernel_attacks, driver_attacks, http_attacks, server_attacks,
+               checkpoint_attacks]
+    return [(KINDS[m.__name__.rsplit(".", 1)[1]], a) for m in modules for a in m.ATTACKS]
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="run only attacks whose name contains this")
     args = parser.parse_args(argv)
-    rows = []
-    for attack in all_attacks():
+    rows, kinds = [], []
+    for kind, attack in all_attacks():
         if args.only not in attack.name:
             continue
+        kinds.append(kind)
         start = time.monotonic()
         with tempfile.TemporaryDirectory() as tmp:
             try:
@@ -41,8 +59,10 @@ def main(argv=None) -> int:
     print("| --- | --- | --- | --- |")
     for row in rows:
         print("| " + " | ".join(row) + " |")
-    crashed = sum(row[1] == Outcome.CRASH.value for row in rows)
-    print(f"\n{len(rows)} attacks: {len(rows) - crashed} blocked or tool errors, {crashed} crashes")
+    crashed = [kind for kind, row in zip(kinds, rows) if row[1] == Outcome.CRASH.value]
+    counts = ", ".join(f"{crashed.count(k)} {k}" for k in dict.fromkeys(KINDS.values()))
+    print(f"\n{len(rows)} attacks tried: {len(rows) - len(crashed)} blocked or tool errors; "
+          f"{counts}")
     return 1 if crashed else 0
 
 
