@@ -118,6 +118,7 @@ def _parse(argv):
     # `--config.allow_config_change` reads as a config override but is a flag of this program.
     argv = ["--allow_config_change" if a in (ALLOW_CHANGE, ALLOW_CHANGE + "=True",
                                              ALLOW_CHANGE + "=true") else a for a in argv]
+    sys.argv[1:] = argv[1:]  # ml_collections reads the `--config.` overrides from sys.argv
     return command.absl_flags_parser(config=True)(argv)
 
 
