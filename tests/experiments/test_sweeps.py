@@ -178,3 +178,25 @@ def test_budget_sweep_on_the_toy_smoke_config(tmp_path):
     want = table.collect(s, str(tmp_path))[2]
     assert rows[2]["eval/org_reward"] == want["eval/org_reward"]
     assert rows[2]["eval/single_reward"] == want["eval/single_reward"]
+
+
+def test_a_sweep_whose_runs_fail_exits_non_zero(tmp_path):
+    """Every run refused at start-up (a budget above the organisation's limit): the sweep
+    still writes its table, then says which runs failed and exits 1."""
+    sweep_file = tmp_path / "bad.py"
+    sweep_file.write_text(
+        "from experiments.sweeps.sweep import Sweep\n\n\n"
+        "def get_sweep(arg=''):\n"
+        "    return Sweep(config='configs/toy_org.py', x='budget.max_budget',\n"
+        "                 runs=({'budget.max_budget': 9}, {'budget.max_budget': 10}))\n")
+    r = subprocess.run([sys.executable, "-m", "experiments.sweeps.run",
+                        f"--sweep={sweep_file}", f"--workdir={tmp_path / 'w'}"], cwd=REPO,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert "budget.max_budget=9: is above the organisation's limit of 8 hires" in r.stderr
+    assert lines[-1] == ("experiments.sweeps.run: 2 of 2 runs failed (budget.max_budget=9, "
+                         "budget.max_budget=10; their output is above); rerun the same command "
+                         "to retry them")
+    assert (tmp_path / "w" / "sweep.md").exists()  # the table is written all the same
