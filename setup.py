@@ -20,9 +20,10 @@ RUNTIME = [
 EXTRAS = {
     # nbclient, nbformat and ipykernel execute the notebook (tests/experiments/test_notebook.py).
     # gcsfs and gcp-storage-emulator (a loopback GCS server) run a gs:// workdir end to end
-    # (tests/train/test_remote_workdir.py).
+    # (tests/train/test_remote_workdir.py). hypothesis generates the tool arguments of the
+    # security fuzz (tests/security/test_tool_fuzz.py).
     "test": ["pytest", "ruff", "nbclient", "nbformat", "ipykernel", "gcsfs",
-             "gcp-storage-emulator"],
+             "gcp-storage-emulator", "hypothesis"],
     # A gs:// workdir (pod runs): etils.epath and TensorBoard reach GCS through gcsfs.
     "gcs": ["gcsfs"],
     # The Hugging Face oracle and checkpoint formats (parity tests, import/export); jinja2
