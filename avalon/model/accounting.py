@@ -8,14 +8,16 @@ and `jax.eval_shape`-style param shapes; nothing is allocated.
 Decode bytes per step (B slots at context T): weights touched (every non-expert weight except the
 embedding table, B embedding rows, and per MoE layer the E (1 - (1 - k/E)^B) distinct experts B
 tokens are expected to touch) + KV read + SSM state read and write + conv state read and write +
-the fp32 logits written.
+the fp32 logits written. With tied embeddings the LM head reads the whole table every step,
+so it counts as a weight read. SwiGLU feed-forwards (`Activation.SWIGLU`) have three matrices
+(gate, up, down) where Nemotron's squared-ReLU ones have two.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from avalon.model.config import ModelConfig
+from avalon.model.config import Activation, ModelConfig
 from avalon.model.params import abstract_params, count_params
 
 # One H200 (performance.md): datasheet and measured ceilings.
@@ -28,9 +30,14 @@ def _itemsize(dtype: str) -> int:
     return np.dtype(dtype).itemsize if dtype != "bfloat16" else 2
 
 
+def _matrices(cfg: ModelConfig) -> int:
+    """Weight matrices of one feed-forward (MLP, expert, shared expert)."""
+    return 3 if cfg.mlp_activation == Activation.SWIGLU else 2
+
+
 def _expert_param_count(cfg: ModelConfig) -> int:
     """Routed expert weights of one MoE layer."""
-    return cfg.n_routed_experts * 2 * cfg.expert_width * cfg.moe_intermediate_size
+    return cfg.n_routed_experts * _matrices(cfg) * cfg.expert_width * cfg.moe_intermediate_size
 
 
 def param_counts(cfg: ModelConfig) -> dict:
@@ -40,7 +47,7 @@ def param_counts(cfg: ModelConfig) -> dict:
     total = count_params(shapes) - mtp
     n_moe = cfg.count("E")
     routed = n_moe * _expert_param_count(cfg)
-    active_routed = n_moe * cfg.num_experts_per_tok * 2 * cfg.expert_width * \
+    active_routed = n_moe * cfg.num_experts_per_tok * _matrices(cfg) * cfg.expert_width * \
         cfg.moe_intermediate_size
     embedding = cfg.vocab_size * cfg.hidden_size
     # "Active" follows NVIDIA's convention (Nano: 3.2B active, 3.6B with embeddings): the
@@ -70,13 +77,14 @@ def _layer_forward_flops(cfg: ModelConfig, letter: str, attn_context: float) -> 
         return 2 * d * hd * (2 * nq + 2 * nkv) + 4 * nq * hd * attn_context
     if letter == "E":
         w = cfg.expert_width
+        m = _matrices(cfg)
         f = (2 * d * cfg.n_routed_experts
-             + cfg.num_experts_per_tok * 2 * w * cfg.moe_intermediate_size * 2
-             + 2 * d * cfg.moe_shared_expert_intermediate_size * 2)
+             + cfg.num_experts_per_tok * 2 * w * cfg.moe_intermediate_size * m
+             + 2 * d * cfg.moe_shared_expert_intermediate_size * m)
         if cfg.moe_latent_size is not None:
             f += 2 * 2 * d * cfg.moe_latent_size
         return f
-    return 2 * d * cfg.intermediate_size * 2  # "-"
+    return 2 * d * cfg.intermediate_size * _matrices(cfg)  # "-"
 
 
 def forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
@@ -104,10 +112,11 @@ def decode_step_bytes(cfg: ModelConfig, batch: int, context: int) -> dict:
     counts = param_counts(cfg)
     n_moe = cfg.count("E")
     dense = counts["total"] - counts["routed_experts"] - counts["embedding"]
-    expert = 2 * cfg.expert_width * cfg.moe_intermediate_size
+    expert = _matrices(cfg) * cfg.expert_width * cfg.moe_intermediate_size
     e, k = cfg.n_routed_experts, cfg.num_experts_per_tok
     touched = e * (1.0 - (1.0 - k / e) ** batch) if n_moe else 0.0
-    weights = (dense + batch * cfg.hidden_size + n_moe * touched * expert) * wbytes
+    head = counts["embedding"] if cfg.tie_word_embeddings else 0  # the tied head reads it all
+    weights = (dense + head + batch * cfg.hidden_size + n_moe * touched * expert) * wbytes
     n_attn, n_mamba = cfg.count("*"), cfg.count("M")
     kv = batch * context * n_attn * 2 * cfg.num_key_value_heads * cfg.head_dim * abytes
     ssm = 2 * batch * n_mamba * cfg.mamba_inner * cfg.ssm_state_size * sbytes

@@ -2,6 +2,7 @@
 
 import json
 
+from avalon.checkpoint import hf_config
 from avalon.model import accounting, presets
 from avalon.tools.model_info import model_info
 
@@ -49,3 +50,22 @@ def test_model_info_is_json():
     json.dumps(info)
     assert info["layers"] == {"mamba": 40, "moe": 40, "attention": 8, "mlp": 0}
     assert info["decode"]["step_bytes"]["total"] > info["decode"]["step_bytes"]["weights"]
+
+
+def test_llama_family_counts_match_transformers():
+    """SwiGLU's three matrices, q/k norms, biases, tied embeddings and softmax experts without a
+    shared expert: the parameter count equals transformers' for the same configs, and the
+    SmolLM2 preset is the published 134,515,008 (HuggingFaceTB/SmolLM2-135M-Instruct)."""
+    import pytest
+    transformers = pytest.importorskip("transformers")
+    assert accounting.param_counts(presets.get("smollm2_135m"))["total"] == 134_515_008
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    for cls, extra in ((transformers.Qwen2Config, {}),
+                       (transformers.Qwen3Config, {"tie_word_embeddings": True}),
+                       (transformers.Qwen3MoeConfig, {"moe_intermediate_size": 24,
+                                                      "num_experts": 8, "mlp_only_layers": [1]})):
+        hf_cfg = cls(**common, **extra)
+        model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+        cfg = hf_config.from_hf(hf_cfg.to_dict())
+        assert accounting.param_counts(cfg)["total"] == model.num_parameters(), cls.__name__

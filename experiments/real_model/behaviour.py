@@ -1,0 +1,80 @@
+"""What a model does in the organisation, per evaluation, environment and arm: tool-call form,
+hires and titles, rewards (`avalon/analysis/tool_use.py`), as markdown tables and JSON.
+
+    python -m experiments.real_model.behaviour --run=RUN [--phase=eval] [--json=OUT.json]
+
+RUN is a training run directory (its `events/`); each held-out evaluation is one block: for the
+organisation and the single agent on each environment, well-formed turns (share and 95% Wilson
+interval), turns that ran a call, hires per organisation rollout and the titles hired, the
+mean reward with its standard error, and per tool the share of attempted calls that were
+well-formed and that ran without a tool error.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import app, flags
+
+from avalon import command
+from avalon.analysis.logs import read_run
+from avalon.analysis.tool_use import tool_use_by_group
+
+_RUN = flags.DEFINE_string("run", None, "a training run directory (its events/)", required=True)
+_PHASE = flags.DEFINE_string("phase", "eval", "events phase: eval or rl")
+_JSON = flags.DEFINE_string("json", "", "also write the summaries as JSON to this file")
+
+
+def _share(s: dict) -> str:
+    if s["share"] is None:
+        return "n/a"
+    return f"{s['share']:.2f} [{s['low']:.2f}, {s['high']:.2f}] ({s['k']}/{s['n']})"
+
+
+def _mean(m: dict) -> str:
+    if m["mean"] is None:
+        return "n/a"
+    return f"{m['mean']:.2f}" + ("" if m["se"] is None else f" ± {m['se']:.2f}")
+
+
+def tables(summaries: dict) -> str:
+    """Markdown: one table of arms per step, then each arm's tools."""
+    lines: list[str] = []
+    for step in sorted({k[1] for k in summaries}):
+        lines += [f"### step {step}", "",
+                  "| env | arm | rollouts | well-formed turns | turns with a call | hires | "
+                  "reward | titles (count) |", "|---|---|---|---|---|---|---|---|"]
+        keys = sorted(k for k in summaries if k[1] == step)
+        for key in keys:
+            s = summaries[key]
+            titles = ", ".join(f"{t} ({n})" for t, n in list(s["titles"].items())[:6]) or "-"
+            lines.append(f"| {key[2]} | {key[3]} | {s['rollouts']} | "
+                         f"{_share(s['well_formed_turns'])} | {_share(s['turns_with_calls'])} | "
+                         f"{_mean(s['hires'])} | {_mean(s['reward'])} | {titles} |")
+        lines += ["", "| env | arm | tool | attempts | well-formed | ran ok |",
+                  "|---|---|---|---|---|---|"]
+        for key in keys:
+            for tool, t in summaries[key]["tools"].items():
+                lines.append(f"| {key[2]} | {key[3]} | {tool} | {t['attempts']} | "
+                             f"{_share(t['well_formed'])} | {_share(t['ran_ok'])} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv):
+    del argv
+    groups = tool_use_by_group(read_run(_RUN.value, phase=_PHASE.value))
+    if not groups:
+        raise command.Stop(f"--run={_RUN.value}: no {_PHASE.value} event logs under events/")
+    summaries = {k: v.summary() for k, v in groups.items()}
+    sys.stdout.write(tables(summaries) + "\n")
+    if _JSON.value:
+        with open(_JSON.value, "w") as f:
+            json.dump([{"phase": k[0], "step": k[1], "env": k[2], "arm": k[3], **s}
+                       for k, s in sorted(summaries.items())], f, indent=1)
+
+
+if __name__ == "__main__":
+    command.run("experiments.real_model.behaviour",
+                lambda: app.run(main, flags_parser=command.absl_flags_parser()))
