@@ -119,6 +119,7 @@ def own_uid() -> bool:
     return os.geteuid() == 0
 
 
+@functools.cache
 def _interpreter() -> tuple[str, list[str]]:
     """The base interpreter (not a venv's link) and the directories it reads."""
     exe = os.path.realpath(sys.executable)
@@ -242,9 +243,13 @@ def _workspace_bytes(lim) -> int:
     return lim.max_total_bytes + 4096 * (lim.max_files + 1)
 
 
+@functools.cache
+def _filter_hex() -> str:
+    return seccomp_filter.program_bytes(os.uname().machine).hex()
+
+
 def _config(lim, rel: str, args, **extra) -> dict:
-    return {"limits": _limits(lim), "file": rel, "args": list(args),
-            "filter": seccomp_filter.program_bytes(os.uname().machine).hex(),
+    return {"limits": _limits(lim), "file": rel, "args": list(args), "filter": _filter_hex(),
             "timeout_s": lim.run_timeout_s, "poll_s": POLL_S, **extra}
 
 

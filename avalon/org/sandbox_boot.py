@@ -36,6 +36,7 @@ import json
 import os
 import resource
 import runpy
+import select
 import signal
 import stat
 import struct
@@ -322,9 +323,12 @@ def supervise(cfg: dict) -> None:
         if pid == 0:
             run_agent(libc, cfg)
         caps = cfg["caps"]
+        exited = os.pidfd_open(pid)  # readable once the child exits: no polling delay
         while True:
-            done, wait_status = os.waitpid(pid, os.WNOHANG)
-            if done:
+            left = start + cfg["timeout_s"] - time.monotonic()
+            wait = left if status["inode_limit"] else min(left, cfg["poll_s"])
+            if select.select([exited], [], [], max(0.0, wait))[0]:
+                _, wait_status = os.waitpid(pid, 0)
                 break
             if time.monotonic() - start >= cfg["timeout_s"]:
                 os.kill(pid, signal.SIGKILL)
@@ -338,7 +342,6 @@ def supervise(cfg: dict) -> None:
                     status["caps_broken"] = f"over {caps['max_files']} entries"
                     _, wait_status = os.waitpid(pid, 0)
                     break
-            time.sleep(cfg["poll_s"])
         status["duration_s"] = time.monotonic() - start
         if os.WIFSIGNALED(wait_status):
             status["signal"] = os.WTERMSIG(wait_status)

@@ -312,3 +312,14 @@ def test_the_trainers_uid_mode_is_read_only_but_the_workspace_and_holds_nothing(
     assert r.stdout.split("\n")[:4] == ["0 False 0", "Read-only file system",
                                         "Read-only file system", "Read-only file system"]
     assert ws.read("mine.txt") == "kept"
+
+
+def test_missing_layers_are_said_once_at_start_up(tmp_path, monkeypatch, caplog):
+    import threading
+    monkeypatch.setattr(sandbox, "layers", lambda: LEGACY)
+    monkeypatch.setattr(sandbox, "_reported", threading.Event())
+    with caplog.at_level("WARNING", logger="avalon.org.sandbox"):
+        Workspace(tmp_path / "a")
+        Workspace(tmp_path / "b")
+    said = [r.getMessage() for r in caplog.records if r.name == "avalon.org.sandbox"]
+    assert len(said) == 1 and "bubblewrap (test)" in said[0] and "Landlock" in said[0], said
