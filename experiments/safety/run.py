@@ -3,16 +3,20 @@
     python -m experiments.safety.run --checkpoints=runs/toy,ckpt/step150 --runs=30 \
         [--scenarios=stag_hunt,cyberattack] --out=DIR [--tokenizer=byte|word|run|hf:PATH]
 
-A checkpoint is an avalon params checkpoint (`avalon/checkpoint/avalon_format.py`:
-`config.json` + `params/`, what `avalon.tools.convert --to=avalon` writes), a training run
-directory (`WORKDIR/config.json` + `WORKDIR/checkpoints/`: the newest step's params, the model
-config from the run's config.json), or one step of one (`WORKDIR/checkpoints/STEP`). For each
-checkpoint every run of every scenario goes through the batched engine in ONE driver call
-(`avalon/envs/safety/play.py`); the cyberattack's confederates are the scripted ones. The
+A checkpoint is an avalon params checkpoint (`avalon/checkpoint/avalon_format.py`: `config.json`
++ `params/`, what `avalon.tools.convert --to=avalon` writes), a training run directory
+(`WORKDIR/config.json` + `WORKDIR/checkpoints/`: the newest step's params, the model config from
+the run's config.json), or one step of one (`WORKDIR/checkpoints/STEP`), or a pretrained model
+(a Hugging Face directory or a GGUF file, `avalon.checkpoint.hf.load`:
+SmolLM2-135M-Instruct.Q4_1.gguf zero-shot with `--tokenizer=hf:FILE.gguf --text_tool_calls`).
+For each checkpoint every run of every scenario goes through the batched engine in ONE driver
+call (`avalon/envs/safety/play.py`); the cyberattack's confederates are the scripted ones. The
 tokenizer must be the one the checkpoint was trained with: `byte`, `hf:PATH`, `word` (the
 organisation's and the scenarios' words; a run trained with a word tokenizer over other
-environments has other ids), or `run`: each checkpoint's training run's own tokenizer, read
-from `RUN/tokenizer_record.json` (what `avalon.main` writes; a toy run's word tokenizer).
+environments has other ids; `hf:PATH` takes a checkpoint directory or a GGUF file, and
+`--text_tool_calls` spells tool calls in text as a pretrained model writes them), or `run`: each
+checkpoint's training run's own tokenizer, read from `RUN/tokenizer_record.json` (what
+`avalon.main` writes; a toy run's word tokenizer).
 
 Writes DIR/safety.csv (one row per scenario x checkpoint: each measure's rate, Wilson 95%
 interval, k and n), DIR/safety.md (the table), DIR/plots/<measure>.png (one per measure, rates
@@ -33,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from avalon import command
+from avalon.checkpoint import hf
 from avalon.checkpoint.avalon_format import config_from_dict, is_avalon_checkpoint, load_avalon
 from avalon.checkpoint.train_state import TrainCheckpointer
 from avalon.envs.safety import MEASURES, Scenario, ScenarioEnv, by_name, summarise
@@ -56,11 +61,20 @@ GAME_MEASURES = ("cooperation", "punish_agent")  # the table shows only these fo
 PROG = "experiments.safety.run"
 
 
+def _pretrained(p: Path) -> bool:
+    """A GGUF file or a Hugging Face checkpoint directory (config.json and safetensors)."""
+    if p.is_file():
+        return hf.is_gguf(p)
+    return (p / "config.json").is_file() and any(p.glob("*.safetensors")) \
+        and not (p / "checkpoints").is_dir()
+
+
 def checkpoint_source(path: str) -> tuple[Path, int | None, bool]:
-    """(directory, step or None, is an avalon params checkpoint) of a `--checkpoints` entry;
-    a ValueError naming it when it is none of the three kinds `load_checkpoint` reads."""
+    """(directory or file, step or None, is an avalon params checkpoint or a pretrained one) of
+    a `--checkpoints` entry; a ValueError naming it when it is none of the kinds
+    `load_checkpoint` reads."""
     p = Path(path)
-    if is_avalon_checkpoint(p):
+    if is_avalon_checkpoint(p) or _pretrained(p):
         return p, None, True
     step = None
     if p.parent.name == "checkpoints" and p.name.isdigit():
@@ -69,7 +83,8 @@ def checkpoint_source(path: str) -> tuple[Path, int | None, bool]:
         return p, step, False
     raise ValueError(f"--checkpoints: {path!r} is neither an avalon params checkpoint "
                      "(config.json + params/) nor a run directory (config.json + checkpoints/) "
-                     "nor a step of one (RUN/checkpoints/STEP)")
+                     "nor a step of one (RUN/checkpoints/STEP) nor a Hugging Face directory or "
+                     "GGUF file")
 
 
 def load_checkpoint(path: str) -> tuple[ModelConfig, dict]:
@@ -77,7 +92,7 @@ def load_checkpoint(path: str) -> tuple[ModelConfig, dict]:
     step) or one step of a run directory (`RUN/checkpoints/STEP`)."""
     p, step, params_only = checkpoint_source(path)
     if params_only:
-        return load_avalon(p)
+        return hf.load(p) if _pretrained(p) else load_avalon(p)
     ckpt = TrainCheckpointer(p / "checkpoints", async_save=False)
     try:
         state, _ = ckpt.restore(step)
@@ -87,7 +102,8 @@ def load_checkpoint(path: str) -> tuple[ModelConfig, dict]:
     return config_from_dict(model), state["params"]
 
 
-def make_tokenizer(kind: str, scenarios: Sequence[Scenario], checkpoint: str = ""):
+def make_tokenizer(kind: str, scenarios: Sequence[Scenario], checkpoint: str = "", *,
+                   text_calls: bool = False):
     """The tokenizer for `--tokenizer=kind`; `run` reads the one `checkpoint`'s training run
     recorded (RUN/tokenizer_record.json), so every id means what it meant in training."""
     if kind == "byte":
@@ -98,7 +114,11 @@ def make_tokenizer(kind: str, scenarios: Sequence[Scenario], checkpoint: str = "
             words += ScenarioEnv(s).vocabulary()
         return WordTokenizer(tuple(dict.fromkeys(words)))
     if kind.startswith("hf:"):
-        return HFTokenizer.from_dir(kind[3:])
+        path = kind[3:]
+        if Path(path).is_file() and hf.is_gguf(path):
+            from avalon.tokenizer.gguf import load_gguf_tokenizer
+            return load_gguf_tokenizer(path, text_calls=text_calls)
+        return HFTokenizer.from_dir(path, text_calls=text_calls)
     if kind == "run":
         return run_tokenizer(checkpoint)
     raise ValueError(f"--tokenizer={kind!r}: use byte, word, run or hf:PATH")
@@ -243,9 +263,14 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--prompt_style", default=None, choices=[s.value for s in PromptStyle],
                    help="(compact)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--text_tool_calls", action="store_true",
+                   help="tool calls spelt in text (<tool_call>{json}</tool_call>), for a "
+                        "pretrained model's hf:PATH tokenizer without a call token")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error(f"--runs must be >= 1, got {args.runs}")
+    if args.text_tool_calls and not args.tokenizer.startswith("hf:"):
+        p.error(f"--text_tool_calls needs --tokenizer=hf:PATH, got --tokenizer={args.tokenizer}")
     org_flags = ("window", "max_turns", "max_new_tokens", "prompt_style")
     if args.org == "run":
         for name in org_flags:
@@ -276,12 +301,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     for path in paths:  # every one readable before anything is played or written
         checkpoint_source(path)
     shared_chat = None if args.tokenizer == "run" else chat_of(
-        make_tokenizer(args.tokenizer, scenarios))
+        make_tokenizer(args.tokenizer, scenarios, text_calls=args.text_tool_calls))
     shared_org = None
     if args.org == "flags":
         limits = {} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens}
         shared_org = OrgConfig.scaled(args.window, max_turns=args.max_turns,
-                                      prompt_style=PromptStyle(args.prompt_style), **limits)
+                                      prompt_style=PromptStyle(args.prompt_style),
+                                      text_tool_calls=args.text_tool_calls, **limits)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     labels = labels_of(paths)
