@@ -184,8 +184,11 @@ class ModelJudge:
 
 def load_model_judge(path: str, *, chat: ChatFormat | None = None, slots: int = 64,
                      max_context: int = 4096, max_answer_tokens: int = 8) -> ModelJudge:
-    """A `ModelJudge` over a checkpoint directory: Avalon's own format (`save_avalon`) or a
-    Hugging Face Nemotron-H directory; `chat` defaults to the directory's `tokenizer.json`."""
+    """A `ModelJudge` over a checkpoint: Avalon's own format (`save_avalon`), a Hugging Face
+    directory or a GGUF file (`hf.load`); `chat` defaults to the checkpoint's own tokenizer
+    (`tokenizer.json` or the GGUF file's vocabulary), rendered through its chat template."""
+    import os
+
     from avalon.checkpoint import hf
     from avalon.checkpoint.avalon_format import is_avalon_checkpoint, load_avalon
     from avalon.inference.engine import Engine
@@ -196,7 +199,12 @@ def load_model_judge(path: str, *, chat: ChatFormat | None = None, slots: int = 
     else:
         cfg, params = hf.load(path, max_context=max_context)
     if chat is None:
-        chat = ChatFormat(HFTokenizer.from_dir(path))
+        if os.path.isfile(path) and hf.is_gguf(path):
+            from avalon.tokenizer.gguf import load_gguf_tokenizer
+            tok = load_gguf_tokenizer(path, text_calls=True)
+        else:
+            tok = HFTokenizer.from_dir(path)
+        chat = ChatFormat(tok, tok.rendering)
     engine = Engine(cfg, params, num_slots=slots, max_context=min(max_context, cfg.max_context))
     return ModelJudge(engine, chat, max_answer_tokens=max_answer_tokens)
 
