@@ -16,6 +16,7 @@ Each name's reduction comes from `REDUCTIONS`, first match wins (`reduction(name
   `x_mean`, or `eval/org_reward/std` beside `eval/org_reward`): the population std of the union;
 - `mean` (everything else): weighted by each host's `weight` (what its mean is over: rollouts,
   groups), so a mean over uneven shares is the mean over the union, as one host would log it.
+  A host of weight 0 (it played nothing) takes no part in means, extremes or deviations.
 
 A dict value (a counter such as `org/titles`) is summed key by key. Issue-specific metrics need
 no code here: a new name falls to `mean` unless a row of the table says otherwise.
@@ -75,6 +76,11 @@ def combine(parts: list[tuple[dict, float]]) -> dict:
     out = {}
     for name in names:
         held = [(m[name], w, m) for m, w in parts if name in m]
+        how = reduction(name)
+        if how != "sum" and any(w > 0 for _, w, _ in held):
+            # A host that played nothing (an empty share) has nothing to average or bound:
+            # its mean of no rollouts is NaN, not a value.
+            held = [h for h in held if h[1] > 0]
         values = [v for v, _, _ in held]
         if isinstance(values[0], dict):
             total: dict = {}
@@ -83,7 +89,6 @@ def combine(parts: list[tuple[dict, float]]) -> dict:
                     total[k] = total.get(k, 0) + n
             out[name] = dict(sorted(total.items(), key=lambda kv: -kv[1]))
             continue
-        how = reduction(name)
         if how == "sum":
             out[name] = float(sum(values))
         elif how == "max":

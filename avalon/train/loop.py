@@ -2,7 +2,9 @@
 
     run(config, workdir)      # what `python -m avalon.main --config=... --workdir=...` calls
 
-Steps are counted globally: `step` = updates applied so far (SFT updates first, then RLCR);
+Steps are counted globally: `step` = SFT updates, then RLCR steps, so far (an RLCR step whose
+rollouts pack into more than `rollout.max_update_rows` rows applies several updates of that
+shape, `train/updates`);
 every line of `WORKDIR/metrics.jsonl` carries it, with `phase` ("sft", "rl" or "eval") and, for
 RLCR lines, `rl_step`. An evaluation runs once SFT ends (the starting point) and every
 `eval.every` RLCR steps; it compares the organisation with a single agent on held-out tasks.

@@ -4,7 +4,9 @@ Teacher traces are regenerated deterministically from the seed (so a resumed run
 the step count, not the traces): episode e plays training task `tasks[e]` with hire budget
 `budgets[e]` from the configured budget mix, under the clock of RL step 0. Every agent's rows
 are kept (the demonstrated outputs carry the loss), packed once into sequences; each SFT update
-takes `batch_seqs` of them, in a fresh permutation per epoch.
+takes `batch_seqs` of them, in a fresh permutation per epoch. With several processes each plays
+its share of the episodes and every process receives every row (`teacher_traces`); each update
+then takes its own slice of the same global batch.
 """
 
 from __future__ import annotations

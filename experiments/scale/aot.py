@@ -1,9 +1,16 @@
-"""Compile a config's real update step for a TPU topology from a CPU host; print memory and cost.
+"""Compile a config's real update step for a TPU topology or a GPU from a CPU host; print memory
+and cost.
 
     pip install -e .[aot]        # libtpu matching the jax release (no TPU needed)
     python -m experiments.scale.aot --config=configs/nemotron3_super_pod.py --topology=v5p-256
     python -m experiments.scale.aot --config=configs/gpu_hybrid_2b.py --topology=v5p-8 \\
         --mesh=fsdp=4 --rows=4 --seq=4096
+
+`--topology=h200` compiles for one NVIDIA H200 instead (the `gpu` extra: jax-cuda12-plugin's
+compile-only topology, `gpu_target.py`); there the memory is XLA:GPU's buffer assignment
+(`memory_analysis`: arguments + outputs - aliased + the preallocated temporaries), against
+141 GB, and the decode's JSON adds the trainer's state, which stays on the card while the
+engine decodes (`peak_with_trainer_state_bytes_per_chip`).
 
 `jax.experimental.topologies` describes the TPU slice (v5p-N: N TensorCores, N/2 chips) and
 its devices build the config's mesh; `make_update_step` (the very step the trainer runs) is
@@ -45,6 +52,7 @@ The JSON has the same memory fields, and what the weights, the slot state and th
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import math
@@ -103,6 +111,32 @@ def tpu_devices(topology: str):
     return topo.devices
 
 
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a compile is for: the devices, the memory a chip has, the processes of a run."""
+
+    devices: list
+    hbm_bytes: float
+    processes: int  # a v5p host drives 4 chips; one GPU is one process
+
+
+def target(topology: str) -> Target:
+    """'v5p-N' / 'v5p:AxBxC' (libtpu) or a GPU name such as 'h200' (jax-cuda12-plugin)."""
+    from experiments.scale import gpu_target
+    if topology in gpu_target.TARGETS:
+        try:
+            devices = gpu_target.gpu_devices(topology)
+        except gpu_target.GpuTargetError as e:
+            raise AotError(str(e)) from None
+        return Target(list(devices), gpu_target.TARGETS[topology].hbm_bytes, 1)
+    devices = tpu_devices(topology)
+    return Target(list(devices), V5P_HBM_BYTES, max(1, len(devices) // 4))
+
+
+def is_tpu(devices) -> bool:
+    return devices[0].platform == "tpu"
+
+
 def abstract_batch(cfg, rows: int, seq: int, with_routing: bool):
     import jax
     import jax.numpy as jnp
@@ -136,7 +170,7 @@ def compile_train_step(model_cfg, rl_cfg, mesh_shape: dict, devices, rows: int, 
     state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
                        opt_state=jax.eval_shape(step.optimizer.init, params))
     batch = abstract_batch(step.model_cfg, rows, seq, rl_cfg.loss == LossKind.CISPO)
-    return compile_with_memory_report(step.step_fn.lower(state, batch))
+    return compile_with_memory_report(step.step_fn.lower(state, batch), tpu=is_tpu(devices))
 
 
 def memory_spaces(report_text: str) -> dict[str, int]:
@@ -155,9 +189,19 @@ def dump_options(dump_dir: str) -> dict[str, str]:
     return {"xla_dump_to": dump_dir, "xla_dump_hlo_pass_re": "NONE"}
 
 
-def compile_with_memory_report(lowered):
+def compile_with_memory_report(lowered, tpu: bool = True):
     """Compile `lowered`, dumped to a temporary directory for libtpu's memory-usage report.
-    Returns (compiled, seconds, bytes per memory space)."""
+    Returns (compiled, seconds, bytes per memory space). On a GPU the program's memory is its
+    buffer assignment as XLA's memory analysis gives it (arguments + outputs - aliased +
+    the one preallocated temporary buffer), reported as the default space."""
+    if not tpu:
+        start = time.perf_counter()
+        compiled = lowered.compile()
+        seconds = time.perf_counter() - start
+        mem = compiled.memory_analysis()
+        return compiled, seconds, {"default": int(
+            mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+            + mem.temp_size_in_bytes)}
     with tempfile.TemporaryDirectory(prefix="avalon-aot-") as dump:
         start = time.perf_counter()
         compiled = lowered.compile(compiler_options=dump_options(dump))
@@ -172,12 +216,12 @@ def compile_with_memory_report(lowered):
 
 
 def report(compiled, model_cfg, rows: int, seq: int, chips: int, compile_s: float,
-           spaces: dict[str, int]) -> dict:
+           spaces: dict[str, int], hbm_bytes: float = V5P_HBM_BYTES) -> dict:
     from avalon.model.accounting import train_flops_per_token
 
     cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    compiled_part = compiled_report(compiled, compile_s, spaces)
+    cost = (cost[0] if isinstance(cost, list) else cost) or {}  # None for a compile-only GPU
+    compiled_part = compiled_report(compiled, compile_s, spaces, hbm_bytes)
     model_flops = train_flops_per_token(model_cfg, seq) * rows * seq / chips
     flops = compiled_part["flops_per_chip"]
     return {
@@ -190,9 +234,10 @@ def report(compiled, model_cfg, rows: int, seq: int, chips: int, compile_s: floa
     }
 
 
-def compiled_report(compiled, compile_s: float, spaces: dict[str, int]) -> dict:
+def compiled_report(compiled, compile_s: float, spaces: dict[str, int],
+                    hbm_bytes: float = V5P_HBM_BYTES) -> dict:
     """What both steps report of a compiled program: its HBM allocation per chip (`spaces`,
-    from `compile_with_memory_report`) against a v5p chip's HBM, XLA's memory analysis,
+    from `compile_with_memory_report`) against the chip's HBM, XLA's memory analysis,
     matmul FLOPs and collectives from the HLO (`hlo_stats`)."""
     from experiments.scale import hlo_stats
 
@@ -201,8 +246,8 @@ def compiled_report(compiled, compile_s: float, spaces: dict[str, int]) -> dict:
     peak = spaces["default"]
     return {
         "peak_bytes_per_chip": peak,
-        "hbm_bytes_per_chip": V5P_HBM_BYTES,
-        "peak_fraction_of_hbm": round(peak / V5P_HBM_BYTES, 4),
+        "hbm_bytes_per_chip": hbm_bytes,
+        "peak_fraction_of_hbm": round(peak / hbm_bytes, 4),
         "memory_space_bytes_per_chip": spaces,
         "argument_bytes_per_chip": mem.argument_size_in_bytes,
         "output_bytes_per_chip": mem.output_size_in_bytes,
@@ -219,18 +264,17 @@ def compiled_report(compiled, compile_s: float, spaces: dict[str, int]) -> dict:
     }
 
 
-def compile_decode_step(cfg, devices, slots: int, rows: int, kv_tokens: int, width: int,
+def compile_decode_step(cfg, devices, slots: int, rows: int, num_pages: int, width: int,
                         page_size: int):
     """Lower and compile one host's decode dispatch (`inference.device.decode`, the program
     the engine runs) on abstract inputs: the decode view of the params in
     `engine.decode_dtype` laid out by DECODE_RULES on the host's mesh (`make_local_mesh` of
     the config's mesh: the engine runs per host), a slot state of `slots` slots whose KV pool
-    holds `kv_tokens` positions, a dispatch of `rows` rows with page tables `width` pages
+    holds `num_pages` pages, a dispatch of `rows` rows with page tables `width` pages
     wide. Returns (compiled, seconds, bytes per memory space, the host mesh's shape, pool
     pages)."""
     from avalon import sharding
     from avalon.inference import device as dev
-    from avalon.inference.pages import pow2_at_least
     from avalon.inference.weights import abstract_decode_view
     from avalon.train.setup import make_local_mesh
 
@@ -241,16 +285,15 @@ def compile_decode_step(cfg, devices, slots: int, rows: int, kv_tokens: int, wid
     setup = dev.Setup(cfg=cfg.model, mesh=local, max_context=cfg.org.window,
                       steps=cfg.engine.steps_per_dispatch, page_size=page_size)
     params = abstract_decode_view(cfg.model, local, dtype=cfg.engine.decode_dtype)
-    # The engine's pool is a power of two of pages, at least one page per slot's share.
-    num_pages = pow2_at_least(max(-(-kv_tokens // page_size), 1))
     args = dev.abstract_decode_inputs(setup, slots, num_pages, rows, width)
     compiled, seconds, spaces = compile_with_memory_report(
-        dev.decode.lower(params, *args, setup=setup))
+        dev.decode.lower(params, *args, setup=setup), tpu=is_tpu(devices))
     return compiled, seconds, spaces, dict(local.shape), num_pages
 
 
 def decode_report(compiled, cfg, slots: int, rows: int, num_pages: int, page_size: int,
-                  chips: int, compile_s: float, spaces: dict[str, int]) -> dict:
+                  chips: int, compile_s: float, spaces: dict[str, int],
+                  hbm_bytes: float = V5P_HBM_BYTES) -> dict:
     """--step=decode's JSON: the memory of --step=train, plus what the arguments hold."""
     import jax
     import numpy as np
@@ -275,7 +318,7 @@ def decode_report(compiled, cfg, slots: int, rows: int, num_pages: int, page_siz
                                                             dtype=cfg.engine.decode_dtype)),
         "slot_state_bytes": nbytes(state), "kv_pool_bytes": kv_bytes,
         "per_slot_state_bytes": (nbytes(state) - kv_bytes) // slots,
-        **compiled_report(compiled, compile_s, spaces),
+        **compiled_report(compiled, compile_s, spaces, hbm_bytes),
     }
 
 
@@ -283,26 +326,35 @@ def run_decode(config, topology: str, slots: int | None = None, rows: int | None
                kv_tokens: int | None = None, page_size: int = 16,
                dump_hlo: str | None = None) -> dict:
     """--step=decode: one host's decode dispatch of `config` (see `compile_decode_step`).
-    Defaults: the config's engine.slots, a dispatch over every slot, the config's pool
-    (engine.kv_pages pages), page tables a whole window wide (any one context may reach it)."""
+    Defaults: the config's engine.slots, a dispatch over every slot, the largest pool the
+    engine can reach (its ceiling engine.max_kv_pages; without one, engine.kv_pages rounded up
+    to a power of two, where it starts), page tables a whole window wide (any one context may
+    reach it). `kv_tokens` asks for a pool of that many positions instead (a power of two of
+    pages, as the engine grows it)."""
+    from avalon.inference.pages import pow2_at_least
     from avalon.train.config import from_config_dict
 
-    devices = tpu_devices(topology)
+    tgt = target(topology)
+    devices = tgt.devices
     chips = len(devices)
     config = config.copy_and_resolve_references()
     with config.unlocked():
         config.init_from = ""
         config.tokenizer, config.tokenizer_path = "byte", ""
-    cfg = from_config_dict(config, num_devices=chips, num_processes=max(1, chips // 4))
+    cfg = from_config_dict(config, num_devices=chips, num_processes=tgt.processes)
     slots = slots or cfg.engine.slots
     rows = rows or slots
-    kv_tokens = cfg.engine.kv_pages * page_size if kv_tokens is None else kv_tokens
+    if kv_tokens is None:
+        num_pages = cfg.engine.max_kv_pages or pow2_at_least(cfg.engine.kv_pages)
+    else:
+        num_pages = pow2_at_least(max(-(-kv_tokens // page_size), 1))
+    kv_tokens = num_pages * page_size
     width = -(-cfg.org.window // page_size)
     out = {"topology": topology, "step": "decode", "mesh": cfg.mesh,
            "decode_dtype": cfg.engine.decode_dtype, "window": cfg.org.window}
     try:
         compiled, compile_s, spaces, host_mesh, num_pages = compile_decode_step(
-            cfg, devices, slots, rows, kv_tokens, width, page_size)
+            cfg, devices, slots, rows, num_pages, width, page_size)
     except Exception as e:  # over HBM: the answer, reported
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
@@ -314,8 +366,36 @@ def run_decode(config, topology: str, slots: int | None = None, rows: int | None
             f.write(compiled.as_text())
     out.update({"fits": True, "host_mesh": host_mesh})
     out.update(decode_report(compiled, cfg, slots, rows, num_pages, page_size,
-                             int(np.prod(list(host_mesh.values()))), compile_s, spaces))
+                             int(np.prod(list(host_mesh.values()))), compile_s, spaces,
+                             tgt.hbm_bytes))
+    trainer = trainer_state_bytes_per_chip(cfg, devices)
+    out["trainer_state_bytes_per_chip"] = trainer
+    out["peak_with_trainer_state_bytes_per_chip"] = out["peak_bytes_per_chip"] + trainer
+    out["peak_with_trainer_state_fraction_of_hbm"] = round(
+        out["peak_with_trainer_state_bytes_per_chip"] / tgt.hbm_bytes, 4)
     return out
+
+
+def trainer_state_bytes_per_chip(cfg, devices) -> int:
+    """Bytes per chip of the trainer's state (fp32 params and AdamW moments, laid out by the
+    update step's shardings): it stays on the accelerator while the engine decodes, so a
+    decode dispatch fits only beside it (`peak_with_trainer_state_bytes_per_chip`)."""
+    import jax
+    import numpy as np
+
+    from avalon import sharding
+    from avalon.model import abstract_params
+    from avalon.rl.update import make_update_step
+
+    step = make_update_step(cfg.model, cfg.rl, mesh=sharding.make_mesh(cfg.mesh, devices=devices))
+    params = abstract_params(step.model_cfg)
+    opt = jax.eval_shape(step.optimizer.init, params)
+    total = 0
+    for tree, shards in ((params, step.state_shardings.params),
+                         (opt, step.state_shardings.opt_state)):
+        for a, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(shards)):
+            total += int(np.prod(sh.shard_shape(a.shape))) * a.dtype.itemsize
+    return total
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -348,7 +428,8 @@ def run(config, topology: str, rows: int | None, seq: int | None, loss: str,
         mesh: str | None = None, dump_hlo: str | None = None) -> dict:
     from avalon.train.config import from_config_dict
 
-    devices = tpu_devices(topology)
+    tgt = target(topology)
+    devices = tgt.devices
     chips = len(devices)
     config = config.copy_and_resolve_references()
     with config.unlocked():
@@ -356,8 +437,8 @@ def run(config, topology: str, rows: int | None, seq: int | None, loss: str,
         config.tokenizer, config.tokenizer_path = "byte", ""
         if mesh:
             config.mesh = ml_collections.ConfigDict(parse_mesh(mesh))
-    cfg = from_config_dict(config, num_devices=chips, num_processes=max(1, chips // 4))
-    default_rows, seq_len, rl_cfg = train_shape(cfg, loss, num_processes=max(1, chips // 4))
+    cfg = from_config_dict(config, num_devices=chips, num_processes=tgt.processes)
+    default_rows, seq_len, rl_cfg = train_shape(cfg, loss, num_processes=tgt.processes)
     rows = rows or default_rows
     seq = seq or seq_len
     out = {"topology": topology, "step": "train", "loss": loss, "mesh": cfg.mesh,
@@ -378,7 +459,7 @@ def run(config, topology: str, rows: int | None, seq: int | None, loss: str,
         with open(dump_hlo, "w") as f:
             f.write(compiled.as_text())
     out["fits"] = True
-    out.update(report(compiled, cfg.model, rows, seq, chips, compile_s, spaces))
+    out.update(report(compiled, cfg.model, rows, seq, chips, compile_s, spaces, tgt.hbm_bytes))
     return out
 
 
@@ -387,7 +468,7 @@ def _define_flags():
     `run` from here, and flags defined at import would collide with other tools' `--config`."""
     config_flags.DEFINE_config_file("config", None, "Experiment config file.")
     flags.DEFINE_string("topology", "v5p-8", "TPU slice: v5p-N (N TensorCores) or "
-                        "v5p:AxBxC (chips per dimension).")
+                        "v5p:AxBxC (chips per dimension); or a GPU: h200.")
     flags.DEFINE_enum("step", "train", ["train", "decode"], "Which jitted step to compile: "
                       "the update step, or one host's decode dispatch.")
     flags.DEFINE_integer("rows", None, "train: packed sequences in the batch (default: "

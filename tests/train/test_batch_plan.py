@@ -97,3 +97,17 @@ def test_aot_compiles_the_batch_the_loop_builds(local_rows):
     assert rl_cfg.micro_batches == 64
     sft_rows, _, sft_rl = train_shape(cfg, "sft", num_processes=32)
     assert (sft_rows, sft_rl.micro_batches) == (cfg.sft.batch_seqs, cfg.sft.micro_batches)
+
+
+@pytest.mark.slow
+def test_a_step_past_the_cap_runs_several_updates_of_the_capped_shape(tmp_path):
+    """The micro run with update calls capped at 2 rows: every RLCR step that packs more rows
+    runs several optimizer updates, each on 2 rows, and the run finishes."""
+    from tests.train.runner import metrics, run_main
+    run_main(tmp_path, "--config.rollout.seq_bucket=1", "--config.rollout.max_update_rows=2",
+             "--config.rollout.steps=2", timeout=1500)
+    rl = [r for r in metrics(tmp_path) if r["phase"] == "rl"]
+    assert len(rl) == 2
+    for r in rl:
+        assert r["train/updates"] == max(1, -(-r["batch/pack_sequences"] // 2))
+    assert any(r["train/updates"] > 1 for r in rl)

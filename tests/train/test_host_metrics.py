@@ -90,3 +90,11 @@ def test_teacher_rows_survive_the_gather_codec():
         if r.routing is not None:
             np.testing.assert_array_equal(r.routing, s.routing)
         assert (r.agent, r.role, r.segment) == (s.agent, s.role, s.segment)
+
+
+def test_a_host_that_played_nothing_takes_no_part_in_means_or_extremes():
+    played = {"batch/reward_mean": 0.5, "batch/adv_max": 1.0, "batch/groups": 2}
+    empty = {"batch/reward_mean": float("nan"), "batch/adv_max": float("-inf"),
+             "batch/groups": 0}
+    out = host_metrics.combine([(played, 4.0), (empty, 0.0)])
+    assert out == {"batch/reward_mean": 0.5, "batch/adv_max": 1.0, "batch/groups": 2.0}
