@@ -323,12 +323,16 @@ def supervise(cfg: dict) -> None:
         if pid == 0:
             run_agent(libc, cfg)
         caps = cfg["caps"]
-        exited = os.pidfd_open(pid)  # readable once the child exits: no polling delay
+        try:
+            exited = [os.pidfd_open(pid)]  # readable once the child exits: no polling delay
+        except (AttributeError, OSError):  # a kernel before 5.3: poll
+            exited = []
         while True:
             left = start + cfg["timeout_s"] - time.monotonic()
-            wait = left if status["inode_limit"] else min(left, cfg["poll_s"])
-            if select.select([exited], [], [], max(0.0, wait))[0]:
-                _, wait_status = os.waitpid(pid, 0)
+            wait = left if status["inode_limit"] and exited else min(left, cfg["poll_s"])
+            select.select(exited, [], [], max(0.0, wait))
+            done, wait_status = os.waitpid(pid, os.WNOHANG)
+            if done:
                 break
             if time.monotonic() - start >= cfg["timeout_s"]:
                 os.kill(pid, signal.SIGKILL)
