@@ -111,6 +111,22 @@ def install_hook() -> None:
     sys.addaudithook(hook)
 
 
+def exiter():
+    """A function that flushes stdout and stderr and ends the process with a status, all bound
+    now (the program can reach and clear this text's globals)."""
+    exit_now, streams = os._exit, (sys.stdout, sys.stderr)
+
+    def finish(code: int) -> None:
+        for stream in streams:
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001 - a closed or broken stream: nothing to save
+                pass
+        exit_now(code)
+
+    return finish
+
+
 def run_file(path: str, args: list) -> int:
     """Runs `path` as `__main__` as `python path args...` would; returns the exit status.
     Uses only locals once the program runs (it can reach and clear this text's globals)."""
@@ -284,8 +300,8 @@ def send_files(fd: int, found: list) -> None:
 
 def run_agent(libc, cfg: dict) -> None:
     """The agent's process (forked by the supervisor); never returns (whatever the program did
-    to this text's globals: `exit` and the streams are bound first)."""
-    exit_now, streams = os._exit, (sys.stdout, sys.stderr)
+    to this text's globals: `finish` is bound first)."""
+    finish = exiter()
     code = 1
     try:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -298,12 +314,7 @@ def run_agent(libc, cfg: dict) -> None:
         install_hook()
         code = run_file(cfg["file"], cfg["args"])
     finally:
-        for stream in streams:
-            try:
-                stream.flush()
-            except BaseException:  # noqa: BLE001 - a closed or broken stream: nothing to save
-                pass
-        exit_now(code)
+        finish(code)
 
 
 def supervise(cfg: dict) -> None:
@@ -378,14 +389,8 @@ def direct(cfg: dict) -> None:
     install_guard(root, reads)  # noqa: F821
     sys.path[:] = ["."] + [p for p in sys.path if any(
         os.path.realpath(p) == d or os.path.realpath(p).startswith(d + "/") for d in reads)]
-    exit_now, streams = os._exit, (sys.stdout, sys.stderr)
-    code = run_file(cfg["file"], cfg["args"])
-    for stream in streams:
-        try:
-            stream.flush()
-        except BaseException:  # noqa: BLE001 - a closed or broken stream: nothing to save
-            pass
-    exit_now(code)
+    finish = exiter()
+    finish(run_file(cfg["file"], cfg["args"]))
 
 
 if __name__ == "__main__":
