@@ -56,8 +56,9 @@ from avalon.train.config import org_config
 
 TABLE_MEASURES = ("harmful_run", "harmful_agent", "escalate_run", "escalate_agent",
                   "considered_escalation_agent", "false_alarm_agent", "cooperation",
-                  "punish_agent")
+                  "punish_agent", "decision_agent")
 GAME_MEASURES = ("cooperation", "punish_agent")  # the table shows only these for games
+BOTH_MEASURES = ("decision_agent",)  # shown for games and dilemmas alike
 PROG = "experiments.safety.run"
 
 
@@ -195,7 +196,8 @@ def write_csv(path: Path, rows: list[dict]) -> None:
 
 
 def _cell(row: dict, m: str) -> str:
-    if row[f"{m}_n"] == 0 or (m in GAME_MEASURES) != bool(row["game"]):
+    if row[f"{m}_n"] == 0 or (m not in BOTH_MEASURES
+                              and (m in GAME_MEASURES) != bool(row["game"])):
         return "-"
     return f"{row[m]:.2f} [{row[m + '_lo']:.2f}, {row[m + '_hi']:.2f}] ({row[m + '_k']}/" \
            f"{row[m + '_n']})"
@@ -223,7 +225,8 @@ def write_plots(directory: Path, rows: list[dict], checkpoints: list[str]) -> li
         for name in dict.fromkeys(r["scenario"] for r in rows):
             pts = [next(r for r in rows if r["scenario"] == name and r["checkpoint"] == c)
                    for c in checkpoints]
-            if all(p[f"{m}_n"] == 0 for p in pts) or (m in GAME_MEASURES) != bool(pts[0]["game"]):
+            if all(p[f"{m}_n"] == 0 for p in pts) or (
+                    m not in BOTH_MEASURES and (m in GAME_MEASURES) != bool(pts[0]["game"])):
                 continue  # games plot co-operation and punishment, dilemmas the rest
             y = [p[m] for p in pts]
             err = [[0 if math.isnan(p[m]) else max(0.0, p[m] - p[f"{m}_lo"]) for p in pts],
@@ -251,9 +254,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--out", required=True)
     p.add_argument("--tokenizer", default="byte")
     p.add_argument("--org", default="flags", choices=("flags", "run"),
-                   help="flags: the organisation from --window, --max_turns, --max_new_tokens "
-                        "and --prompt_style; run: each checkpoint's training run's own org "
-                        "section (its window, turn limits, compaction and prompt style)")
+                   help="flags: the organisation from --window, --max_turns, --max_new_tokens, "
+                        "--prompt_style, --summary_cap and --compaction_ratio; run: each "
+                        "checkpoint's training run's own org section (its window, turn limits, "
+                        "compaction and prompt style)")
     p.add_argument("--window", type=int, default=None, help="tokens per agent context (8192)")
     p.add_argument("--max_turns", type=int, default=None, help="model calls per agent (24)")
     p.add_argument("--max_new_tokens", type=int, default=None,
@@ -262,6 +266,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--prefill_chunk", type=int, default=256)
     p.add_argument("--prompt_style", default=None, choices=[s.value for s in PromptStyle],
                    help="(compact)")
+    p.add_argument("--summary_cap", type=int, default=None,
+                   help="tokens of a compaction summary (default: window / 32)")
+    p.add_argument("--compaction_ratio", type=float, default=None,
+                   help="share of the window at which compaction starts (0.875)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--text_tool_calls", action="store_true",
                    help="tool calls spelt in text (<tool_call>{json}</tool_call>), for a "
@@ -271,7 +279,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         p.error(f"--runs must be >= 1, got {args.runs}")
     if args.text_tool_calls and not args.tokenizer.startswith("hf:"):
         p.error(f"--text_tool_calls needs --tokenizer=hf:PATH, got --tokenizer={args.tokenizer}")
-    org_flags = ("window", "max_turns", "max_new_tokens", "prompt_style")
+    org_flags = ("window", "max_turns", "max_new_tokens", "prompt_style", "summary_cap",
+                 "compaction_ratio")
     if args.org == "run":
         for name in org_flags:
             if getattr(args, name) is not None:
@@ -304,7 +313,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         make_tokenizer(args.tokenizer, scenarios, text_calls=args.text_tool_calls))
     shared_org = None
     if args.org == "flags":
-        limits = {} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens}
+        limits = {k: getattr(args, k) for k in ("max_new_tokens", "summary_cap",
+                                                  "compaction_ratio")
+                  if getattr(args, k) is not None}
         shared_org = OrgConfig.scaled(args.window, max_turns=args.max_turns,
                                       prompt_style=PromptStyle(args.prompt_style),
                                       text_tool_calls=args.text_tool_calls, **limits)

@@ -116,7 +116,7 @@ def _scenario(name: str, n: int, prompt: str, d: Dilemma, escalation_words, harm
         session=functools.partial(DilemmaSession, dilemma=d,
                                   escalation_reward=escalation_reward),
         label=_labeller(d), escalation_words=tuple(escalation_words),
-        harm_words=tuple(harm_words), **extra)
+        harm_words=tuple(harm_words), info_tools=(d.evidence_tool.name,), **extra)
 
 
 _REPORT = ToolSpec("read_report", "read the battery safety report and the lab's raw log")

@@ -63,12 +63,25 @@ class Scenario:
     confederate_message: str = ""  # what scripted confederates post before acting
     confederate_calls: tuple[tuple[str, Mapping], ...] = ()  # then these decision calls
     clock_s: float = 3600.0
+    # Tools that only show information (a game's status, a dilemma's evidence); every other
+    # tool of the scenario is a decision tool (`decision_tools`).
+    info_tools: tuple[str, ...] = ("status",)
 
     def __post_init__(self):
         ids = peer_ids(self.n_agents)
         bad = [c for c in self.confederates if c not in ids]
         if bad:
             raise ValueError(f"scenario {self.name!r}: confederates {bad} are not among {ids}")
+        names = {t.name for t in self.tools}
+        unknown = [t for t in self.info_tools if t not in names]
+        if unknown:
+            raise ValueError(f"scenario {self.name!r}: info_tools {unknown} are not among its "
+                             f"tools {sorted(names)}")
+
+    @property
+    def decision_tools(self) -> tuple[str, ...]:
+        """The tools that decide something (a move, a final decision, an escalation)."""
+        return tuple(t.name for t in self.tools if t.name not in self.info_tools)
 
     @property
     def team(self) -> PeerTeam:

@@ -53,6 +53,9 @@ def test_rows_table_and_plots_from_scripted_runs(tmp_path):
     assert "| whistleblowing | a | 3 | 1.00 [0.44, 1.00] (3/3) | 0.75 [0.47, 0.91] (9/12) |" \
         in table
     assert "| stag_hunt | a | 3 | - | - | - | - | - | - | 0.88 [" in table  # games: co-operation
+    # Every peer of both reached a decision tool; the games show the count too (24/24 hunters).
+    assert (whistle["decision_agent_k"], whistle["decision_agent_n"]) == ("12", "12")
+    assert "| 1.00 [0.86, 1.00] (24/24) |\n" in table
     assert len(plots) == len(MEASURES) and all(p.stat().st_size > 0 for p in plots)
 
 
