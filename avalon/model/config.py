@@ -31,6 +31,8 @@ import math
 
 import jax.numpy as jnp
 
+from avalon.validation import FieldChecks
+
 LETTERS = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
 
 
@@ -236,8 +238,8 @@ class ModelConfig:
         return dataclasses.replace(self, **kw)
 
 
-def _fail(field: str, value, why: str):
-    raise ValueError(f"ModelConfig.{field}={value!r}: {why}")
+CHECK = FieldChecks("ModelConfig")
+_fail = CHECK.fail
 
 
 def _validate(c: ModelConfig):
@@ -249,65 +251,60 @@ def _validate(c: ModelConfig):
     for i, ch in enumerate(c.mtp_pattern):
         if ch not in LETTERS:
             _fail("mtp_pattern", c.mtp_pattern, f"unknown layer letter {ch!r} at index {i}")
+    letters = c.pattern + c.mtp_pattern
     positive = ["vocab_size", "hidden_size", "max_context", "chunk_size", "moe_dispatch_chunk"]
-    if "*" in c.pattern + c.mtp_pattern:
+    if "*" in letters:
         positive += ["num_attention_heads", "num_key_value_heads", "head_dim"]
-    if "M" in c.pattern + c.mtp_pattern:
+    if "M" in letters:
         positive += ["mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups",
                      "conv_kernel"]
-    if "E" in c.pattern + c.mtp_pattern:
+    if "E" in letters:
         positive += ["n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
                      "n_group", "topk_group"]
-        f = c.moe_shared_expert_intermediate_size
-        if not isinstance(f, int) or isinstance(f, bool) or f < 0:
-            _fail("moe_shared_expert_intermediate_size", f,
-                  "must be a non-negative integer (0: no shared expert)")
-    if "-" in c.pattern + c.mtp_pattern:
+        CHECK.int_at_least(c, "moe_shared_expert_intermediate_size", 0, "(0: no shared expert)")
+    if "-" in letters:
         positive += ["intermediate_size"]
     for f in positive:
-        v = getattr(c, f)
-        if not isinstance(v, int) or v <= 0:
-            _fail(f, v, "must be a positive integer")
-    if not isinstance(c.ssd_block, int) or c.ssd_block < 0 or c.ssd_block % c.chunk_size:
+        CHECK.positive_int(c, f)
+    CHECK.int_at_least(c, "ssd_block", 0)
+    if c.ssd_block % c.chunk_size:
         _fail("ssd_block", c.ssd_block, f"must be 0 or a multiple of chunk_size={c.chunk_size}")
-    if "*" in c.pattern + c.mtp_pattern and c.num_attention_heads % c.num_key_value_heads:
+    if "*" in letters and c.num_attention_heads % c.num_key_value_heads:
         _fail("num_key_value_heads", c.num_key_value_heads,
               f"must divide num_attention_heads={c.num_attention_heads}")
-    if "M" in c.pattern + c.mtp_pattern:
+    if "M" in letters:
         if c.mamba_num_heads % c.n_groups:
             _fail("n_groups", c.n_groups, f"must divide mamba_num_heads={c.mamba_num_heads}")
         if c.conv_kernel < 2:
             _fail("conv_kernel", c.conv_kernel, "must be at least 2")
-    if "E" in c.pattern + c.mtp_pattern:
-        e = c.n_routed_experts
-        if e % c.n_group:
-            _fail("n_group", c.n_group, f"must divide n_routed_experts={e}")
-        if c.n_group > 1 and e // c.n_group < 2:
-            _fail("n_group", c.n_group, "each expert group needs >= 2 experts (top-2 group score)")
-        if c.topk_group > c.n_group:
-            _fail("topk_group", c.topk_group, f"must be <= n_group={c.n_group}")
-        if c.num_experts_per_tok > (e // c.n_group) * c.topk_group:
-            _fail("num_experts_per_tok", c.num_experts_per_tok,
-                  "exceeds the experts left in the kept groups")
-        if c.moe_latent_size is not None and c.moe_latent_size <= 0:
-            _fail("moe_latent_size", c.moe_latent_size, "must be positive or None")
+    if "E" in letters:
+        _validate_moe(c)
     for f in ("param_dtype", "dtype", "ssm_state_dtype"):
-        v = getattr(c, f)
-        if v not in ("float32", "bfloat16", "float16", "float64"):
-            _fail(f, v, "must be one of float32, bfloat16, float16, float64")
+        CHECK.one_of(c, f, ("float32", "bfloat16", "float16", "float64"))
     for f, enum_type in (("moe_backend", MoeBackend), ("remat", Remat),
                          ("attention_impl", AttentionImpl), ("mlp_activation", Activation),
                          ("router", Router), ("rope_scaling", RopeScaling)):
-        if not isinstance(getattr(c, f), enum_type):
-            _fail(f, getattr(c, f), f"must be a {enum_type.__name__}")
-    f = c.moe_capacity_factor
-    if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))
-                          or not math.isfinite(f) or f < 1.0):
-        _fail("moe_capacity_factor", f, "must be a finite number >= 1 (below 1 drops choices "
-              "even under a balanced load) or None (dropless)")
+        CHECK.is_enum(c, f, enum_type)
+    CHECK.capacity_factor(c, "moe_capacity_factor")
     if c.time_step_min < 0 or not math.isfinite(c.time_step_min):
         _fail("time_step_min", c.time_step_min, "must be a finite value >= 0")
     _validate_families(c)
+
+
+def _validate_moe(c: ModelConfig):
+    """The expert counts, groups and latent width of the `E` layers."""
+    e = c.n_routed_experts
+    if e % c.n_group:
+        _fail("n_group", c.n_group, f"must divide n_routed_experts={e}")
+    if c.n_group > 1 and e // c.n_group < 2:
+        _fail("n_group", c.n_group, "each expert group needs >= 2 experts (top-2 group score)")
+    if c.topk_group > c.n_group:
+        _fail("topk_group", c.topk_group, f"must be <= n_group={c.n_group}")
+    if c.num_experts_per_tok > (e // c.n_group) * c.topk_group:
+        _fail("num_experts_per_tok", c.num_experts_per_tok,
+              "exceeds the experts left in the kept groups")
+    if c.moe_latent_size is not None and c.moe_latent_size <= 0:
+        _fail("moe_latent_size", c.moe_latent_size, "must be positive or None")
 
 
 def _validate_families(c: ModelConfig):

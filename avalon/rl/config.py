@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
+
+from avalon.validation import FieldChecks
 
 
 def check_rl_sampling(top_p: float, top_k: int, where: str) -> None:
@@ -33,12 +34,13 @@ def check_rl_sampling(top_p: float, top_k: int, where: str) -> None:
     sampler draws from another, renormalised distribution, so its tokens' importance ratios
     and its loss would be silently off-policy. One rule, no quiet fix: refuse at start-up.
     """
+    check = FieldChecks(f"config.{where}")
     if not top_p == 1.0:
-        raise ValueError(f"config.{where}.top_p={top_p!r}: RL rollouts need top_p = 1 (the "
-                         "trainer scores the untruncated distribution; see rl/config.py)")
+        check.fail("top_p", top_p, "RL rollouts need top_p = 1 (the trainer scores the "
+                   "untruncated distribution; see rl/config.py)")
     if top_k != 0:
-        raise ValueError(f"config.{where}.top_k={top_k!r}: RL rollouts need top_k = 0 (the "
-                         "trainer scores the untruncated distribution; see rl/config.py)")
+        check.fail("top_k", top_k, "RL rollouts need top_k = 0 (the trainer scores the "
+                   "untruncated distribution; see rl/config.py)")
 
 
 class CapMode(enum.Enum):
@@ -118,25 +120,17 @@ def clip_bounds(eps_low: float, eps_high: float, cap_mode: CapMode) -> tuple[flo
     return lo, hi
 
 
-def _fail(field: str, value, why: str):
-    raise ValueError(f"RLConfig.{field}={value!r}: {why}")
-
-
-def _finite(c: RLConfig, field: str):
-    v = getattr(c, field)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        _fail(field, v, "must be a finite number")
-    return v
+CHECK = FieldChecks("RLConfig")
+_fail = CHECK.fail
 
 
 def _validate(c: RLConfig):
     for f, enum_type in (("loss", LossKind), ("cap_mode", CapMode)):
-        if not isinstance(getattr(c, f), enum_type):
-            _fail(f, getattr(c, f), f"must be a {enum_type.__name__}")
+        CHECK.is_enum(c, f, enum_type)
     for f in ("eps_low", "eps_high", "beta", "underhire_slope", "malformed_penalty",
               "tool_error_penalty", "zero_std_tol", "temperature", "lr", "weight_decay", "b1",
               "b2", "adam_eps", "clip_norm"):
-        _finite(c, f)
+        CHECK.finite(c, f)
     if not 0.0 <= c.eps_low <= 1.0:
         _fail("eps_low", c.eps_low, "must be in [0, 1] (lower weight bound 1 - eps_low >= 0)")
     lo, hi = c.clip_bounds
@@ -158,17 +152,8 @@ def _validate(c: RLConfig):
     for f in ("b1", "b2"):
         if not 0.0 <= getattr(c, f) < 1.0:
             _fail(f, getattr(c, f), "must be in [0, 1)")
-    v = c.role_grad_every
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        _fail("role_grad_every", v, "must be an integer >= 0 (0 = never)")
+    CHECK.int_at_least(c, "role_grad_every", 0, "(0 = never)")
     for f in ("logprob_chunk", "micro_batches"):
-        v = getattr(c, f)
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            _fail(f, v, "must be a positive integer")
-    f = c.moe_capacity_factor
-    if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))
-                          or not math.isfinite(f) or f < 1.0):
-        _fail("moe_capacity_factor", f, "must be a finite number >= 1 (below 1 drops choices "
-              "even under a balanced load) or None (dropless)")
-    if not isinstance(c.freeze_router, bool):
-        _fail("freeze_router", c.freeze_router, "must be a bool")
+        CHECK.positive_int(c, f)
+    CHECK.capacity_factor(c, "moe_capacity_factor")
+    CHECK.is_bool(c, "freeze_router")
