@@ -131,8 +131,11 @@ def absl_flags_parser(*, config: bool = False):
 
     def parse(argv):
         from avalon import command_flags
-        args = (command_flags.parse_config_flags if config
-                else command_flags.parse_plain_flags)(argv)
+        try:
+            args = (command_flags.parse_config_flags if config
+                    else command_flags.parse_plain_flags)(argv)
+        except command_flags.FlagError as e:
+            raise Stop(str(e)) from None
         if len(args) > 1:
             raise Stop(f"unexpected arguments {args[1:]} (flags are --name=value; see --help)")
         if not flags.FLAGS[VERBOSE_FLAG[2:]].value:

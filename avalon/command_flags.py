@@ -2,9 +2,10 @@
 
 For the commands that take an ml_collections `--config` (`python -m avalon.main`,
 `avalon.tools.evaluate`, `avalon.tools.env_baselines`), a bad config path, an override of a key
-the config does not have, or a value absl cannot parse is a `Stop` naming the flag, never a
-traceback out of ml_collections; for every absl command, a flag absl refuses (an unknown flag,
-a value outside an enum, a required flag left out) is a `Stop` naming it too.
+the config does not have, or a value absl cannot parse is a `FlagError` naming the flag (which
+`avalon.command` ends the program with, one line), never a traceback out of ml_collections; for
+every absl command, a flag absl refuses (an unknown flag, a value outside an enum, a required
+flag left out) is a `FlagError` naming it too. This module imports nothing of Avalon's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import re
 
 from absl import flags
 
-from avalon.command import Stop
+
+class FlagError(Exception):
+    """A flag the command refuses; the message names it (`avalon.command` makes it a `Stop`)."""
 
 
 def _config_file(argv) -> str | None:
@@ -57,10 +60,10 @@ def _last_line(message: str) -> str:
 
 def parse_config_flags(argv):
     """absl flag parsing for a command with an ml_collections `--config`: every bad flag value
-    is a `Stop` naming it."""
+    is a `FlagError` naming it."""
     path = _config_file(argv)
     if path is not None and not os.path.isfile(path.partition(":")[0]):
-        raise Stop(f"--config={path}: no such config file")
+        raise FlagError(f"--config={path}: no such config file")
     try:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as e:
@@ -69,18 +72,18 @@ def parse_config_flags(argv):
             raise
         mean = re.search(r'Did you mean "([^"]+)"', str(e))
         hint = f'did you mean "{mean.group(1)}"?' if mean else ""
-        raise Stop(f"{bad}: no such key in the config (an override can only change a key the "
+        raise FlagError(f"{bad}: no such key in the config (an override can only change a key the "
                    f"config file sets){'; ' + hint if hint else ''}") from None
     except flags.Error as e:
-        raise Stop(_flag_error(e)) from None
+        raise FlagError(_flag_error(e)) from None
 
 
 def parse_plain_flags(argv):
-    """absl flag parsing: a flag absl refuses is a `Stop` naming it."""
+    """absl flag parsing: a flag absl refuses is a `FlagError` naming it."""
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
-        raise Stop(_flag_error(e)) from None
+        raise FlagError(_flag_error(e)) from None
 
 
 def _flag_error(e: flags.Error) -> str:
