@@ -61,6 +61,13 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
         if num_processes > 1:
             # Only affects the CPU backend; must be set before any backend is touched.
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
+            # XLA:CPU gives every process 30 s to arrive at a collective (its gloo context's
+            # first use included): a process still compiling, or still playing a longer share,
+            # failed the run on a loaded host ("Gloo context initialization failed").
+            flags = os.environ.get("XLA_FLAGS", "")
+            if "xla_cpu_collective_timeout_seconds" not in flags:
+                os.environ["XLA_FLAGS"] = (f"{flags} --xla_cpu_collective_timeout_seconds="
+                                           f"{int(BARRIER_TIMEOUT_S)}").strip()
             jax.distributed.initialize(coordinator_address=coordinator,
                                        num_processes=num_processes, process_id=process_id)
     elif auto:
@@ -83,6 +90,27 @@ def host_shard(items: list, info: ProcessInfo) -> list:
     return items[lo:hi]
 
 
+# How long a process waits at `barrier` for the others: hosts play uneven shares of a step
+# (minutes apart on a pod); a process that died is reported by the coordination service's
+# heartbeats long before this.
+BARRIER_TIMEOUT_S = 6 * 3600
+_barriers = 0
+
+
+def barrier(name: str) -> None:
+    """Wait until every process reaches this point (nothing on one process). Collectives after
+    uneven host work go through one first: XLA:CPU's gloo gives a collective's first use on a
+    set of devices 30 s for every process to arrive, and a host that took longer to play its
+    share (or to compile, on a loaded machine) otherwise fails the run."""
+    global _barriers
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed as jax_distributed
+    _barriers += 1
+    jax_distributed.global_state.client.wait_at_barrier(f"avalon/{name}/{_barriers}",
+                                                        int(BARRIER_TIMEOUT_S * 1000))
+
+
 # Bytes per process per collective in `allgather_bytes`: on an accelerator the gather runs
 # through device memory (P x this per device), so a large payload goes in pieces.
 _GATHER_CHUNK = 1 << 24
@@ -95,6 +123,7 @@ def allgather_bytes(payload: bytes) -> list[bytes]:
         return [payload]
     import numpy as np
     from jax.experimental import multihost_utils
+    barrier("allgather")  # the processes come from uneven work (their shares)
 
     sizes = [int(n) for n in multihost_utils.process_allgather(np.asarray(len(payload),
                                                                           np.int64))]

@@ -68,7 +68,7 @@ from avalon.train import (
     telemetry,
 )
 from avalon.train.config import TrainConfig, describe, from_config_dict, groups_at
-from avalon.train.distributed import allgather_json, host_shard
+from avalon.train.distributed import allgather_json, barrier, host_shard
 from avalon.train.evaluation import EVAL_SEED, evaluate
 from avalon.train.setup import Setup, Switch, build, global_batch, initial_params
 from avalon.train.sft import SFTBatches, teacher_traces
@@ -277,6 +277,7 @@ class Run:
             t = time.perf_counter()
             self.telemetry.progress.begin("sft")
             batch = global_batch(batches.batch(self.host.sft_step), step_fn.batch_sharding)
+            barrier("sft_update")
             self.state, m = step_fn(self.state, batch)
             m = {k: float(v) for k, v in m.items()}
             self.host.sft_step += 1
@@ -377,6 +378,7 @@ class Run:
             if every and self.host.rl_step % every == 0 else {}
         t3 = time.perf_counter()
         updates = []
+        barrier("rl_update")  # the hosts come from uneven rollouts
         for c in range(calls):
             self.state, m = step_fn(self.state, global_batch(part(batch, c),
                                                              step_fn.batch_sharding))
@@ -489,6 +491,7 @@ def _max_across_hosts(n: int) -> int:
     """The largest `n` of any process (`n` on one process)."""
     if jax.process_count() == 1:
         return int(n)
+    barrier("max_rows")  # the hosts come from uneven rollouts
     return int(max(multihost_utils.process_allgather(np.asarray(n, np.int64))))
 
 
