@@ -1,7 +1,8 @@
 """Meshes and the logical-axis rules table.
 
 Model code names *logical* axes only (`"embed"`, `"q_heads"`, `"batch"`, ...; the legend is in
-`avalon/model/params.py`). One rules table maps them to the four mesh axes:
+`avalon/model/params.py`, whose `param_shardings` applies a table here to the params). This
+module knows nothing of what the arrays mean. One rules table maps them to the four mesh axes:
 
   data    pure data parallelism (replicated weights)
   fsdp    data parallelism with weights sharded along their `embed` dimension (ZeRO-3)
@@ -214,11 +215,6 @@ def tree_shardings(axes_tree, shapes_tree, mesh: Mesh, rules: Rules):
     def one(axes, shaped):
         return NamedSharding(mesh, logical_to_spec(axes, rules, mesh, shaped.shape))
     return jax.tree.map(one, axes_tree, shapes_tree, is_leaf=lambda x: isinstance(x, tuple))
-
-
-def param_shardings(cfg, mesh: Mesh, rules: Rules = TRAIN_RULES):
-    from avalon.model.params import abstract_params, param_axes
-    return tree_shardings(param_axes(cfg), abstract_params(cfg), mesh, rules)
 
 
 # ---- activation constraints inside the model -------------------------------------------------

@@ -30,10 +30,10 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="session")
 def cpu_kernel():
-    """The engine's CPU product kernel (`avalon/model/cpu_gemm.py`), built and registered.
+    """The engine's CPU product kernel (`avalon/backends/cpu_gemm.py`), built and registered.
     `.ci/run` sets AVALON_REQUIRE_CPU_KERNEL=1, so in CI a kernel that does not build fails the
     tests that use this; elsewhere (no C++ compiler) they skip."""
-    from avalon.model import cpu_gemm
+    from avalon.backends import cpu_gemm
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

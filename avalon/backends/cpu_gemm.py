@@ -11,11 +11,13 @@ cpu_gemm.py`), so the engine uses it for prefill too.
 The kernel is compiled once per machine, at first use, with the system's C++ compiler and
 jaxlib's FFI headers (`-O3 -march=native`), into a cache directory keyed by the source, jaxlib's
 version and the CPU; `ready()` builds and registers it and says whether it can be used. Without a
-compiler (or on a failed build) it warns once and the engine keeps XLA's products (`dense.OutIn`).
+compiler (or on a failed build) it warns once and the engine keeps XLA's products
+(`cpu_out_in.OutIn`).
 
 `Packed` holds a weight w [*in, *out] as p [..., nb, K, B]: K = prod(in), the output columns in
 blocks of B = 32 (zero-padded to a whole block), block-major. Leading axes (a layer stack's, the
-experts') stay in front, so indexing the pytree takes them off as for any other leaf.
+experts') stay in front, so indexing the pytree takes them off as for any other leaf. The routed
+experts in this layout run sorted by expert, each expert's rows one run (`experts_packed`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 
+from avalon.model.activations import activate
+from avalon.model.config import Activation
+from avalon.model.dense import BackendWeight
+from avalon.model.moe import sort_choices
+
 BLOCK = 32  # output columns per packed block (cpu_gemm.cc: kBlock)
 SOURCE = Path(__file__).with_suffix(".cc")
 ROWS_TARGET = "avalon_rows_product"
@@ -45,9 +52,9 @@ BUILD_TIMEOUT_S = 300
 
 
 @jax.tree_util.register_pytree_node_class
-class Packed:
+class Packed(BackendWeight):
     """A projection weight w [*in, *out] held as p [..., nb, K, BLOCK] (see the module doc).
-    `shape` and `dtype` read as the weight's own, as for `dense.OutIn`."""
+    `shape` and `dtype` read as the weight's own (`model.dense.BackendWeight`)."""
 
     def __init__(self, p: jax.Array, in_shape: tuple, out_shape: tuple):
         self.p, self.in_shape, self.out_shape = p, tuple(in_shape), tuple(out_shape)
@@ -86,6 +93,12 @@ class Packed:
         flat = jnp.swapaxes(self.p, -3, -2).reshape(*lead, k, -1)[..., :self.out_size]
         return flat.reshape(self.shape)
 
+    def product(self, x2: jax.Array) -> jax.Array:
+        return rows_product(x2, self)
+
+    def routed_experts(self, xl, idx, down: Packed, act=Activation.RELU2) -> jax.Array:
+        return experts_packed(xl, idx, self, down, act)
+
     def tree_flatten(self):
         return (self.p,), (self.in_shape, self.out_shape)
 
@@ -122,6 +135,21 @@ def grouped_rows_product(rows: jax.Array, expert: jax.Array, w: Packed) -> jax.A
                          "[E, nb, K, B]")
     out = jax.ShapeDtypeStruct((rows.shape[0], w.out_size), jnp.float32)
     return jax.ffi.ffi_call(GROUPED_TARGET, out)(rows, expert.astype(jnp.int32), w.p)
+
+
+def experts_packed(xl, idx, up: Packed, down: Packed, act=Activation.RELU2):
+    """The routed experts on the kernel (forward only): choices sorted by expert, each expert's
+    rows one run, and each run's products read that expert's weights in place, once, for
+    however many rows it has (no tiles, no padding rows, no weight copies). xl [n, w], idx
+    [n, k] -> per-choice outputs [n, k, w]."""
+    n, k = idx.shape
+    flat, order, _ = sort_choices(idx, up.shape[0])
+    expert = flat[order].astype(jnp.int32)
+    rows = jnp.take(xl, order // k, axis=0)  # [n*k, w], grouped by expert
+    h = activate(act, grouped_rows_product(rows, expert, up))
+    y = grouped_rows_product(h, expert, down)
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(n * k, dtype=order.dtype))
+    return jnp.take(y, inverse, axis=0).reshape(n, k, -1)
 
 
 # ---- building and registering the kernel ------------------------------------------------------

@@ -22,8 +22,8 @@ import orbax.checkpoint as ocp
 
 from avalon.checkpoint.train_state import array_registry
 from avalon.model.config import ModelConfig
-from avalon.model.params import abstract_params
-from avalon.sharding import TRAIN_RULES, Rules, param_shardings
+from avalon.model.params import abstract_params, param_shardings
+from avalon.sharding import TRAIN_RULES, Rules
 
 CONFIG_NAME = "config.json"
 PARAMS_DIR = "params"

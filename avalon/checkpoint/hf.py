@@ -37,8 +37,8 @@ import numpy as np
 from avalon.checkpoint import hf_config, hf_families, hf_names, hf_names_families
 from avalon.checkpoint.safetensors_io import INDEX_NAME, SafetensorsDir, write_sharded
 from avalon.model.config import ModelConfig
-from avalon.model.params import abstract_params
-from avalon.sharding import TRAIN_RULES, Rules, param_shardings
+from avalon.model.params import abstract_params, param_shardings
+from avalon.sharding import TRAIN_RULES, Rules
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def load(path: str | os.PathLike, mesh: jax.sharding.Mesh | None = None, *,
     """Read a local HF checkpoint directory (Nemotron-H, Llama, Qwen2, Qwen3, Qwen3-MoE) or a
     GGUF file of those families. Returns (ModelConfig, params).
 
-    mesh: place every leaf per `avalon.sharding.param_shardings(cfg, mesh, rules)`; None gives
+    mesh: place every leaf per `avalon.model.param_shardings(cfg, mesh, rules)`; None gives
     plain single-device arrays. overrides: ModelConfig fields (e.g. `param_dtype="float32"`,
     `moe_backend=...`, `max_context=...`); `dtype` follows `param_dtype` unless given.
     progress(done, total) is called after each leaf.

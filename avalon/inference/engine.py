@@ -49,22 +49,12 @@ Buckets: rows, chunk lengths and page-table widths are rungs of short fixed ladd
 serving run compiles at most the product of the ladders' lengths per pool size.
 
 Params are read, not copied: `set_params` swaps the reference to new arrays; they may be the
-trainer's master params or their bf16 decode view (`inference/weights.py`). One exception,
-`unstack_layers` (default: on a single CPU device, the laptop case: no mesh, or the
-trainer's one-device mesh): XLA:CPU copies a scanned run's per-layer weight slice out of the
-stacked params before every matmul, i.e. the whole stack once per decoded token (38% of
-decode op time at batch 1 on the issue-22 model), so the engine slices the params into one
-block per layer once per `set_params` and runs its programs on
-`cfg.replace(scan_layers=False)` (the cache then has one block per layer too). Training keeps
-the layer scan. A second, `out_in_weights` (the same default): the projections (and,
-with grouped experts, the routed experts) are transposed once per `set_params` to output-first
-`dense.OutIn` weights, because XLA:CPU streams a weight ~1.8x faster for a product with few
-token rows in that layout (decode on the issue-22 model, in one process: 1.22x / 1.18x tokens
-per CPU second at batch 8 / 32, tokens identical). A third, `packed_weights` (default: with
-`out_in_weights`, when the CPU product kernel builds; `model/cpu_gemm.py`): a float32 model's
-projections and experts are packed once per `set_params` for that kernel instead, which streams
-each weight from memory in one pass (the issue-22 model: ~2.3x XLA's rate for an 8-row product,
-so decode and prefill run their products on it).
+trainer's master params or their bf16 decode view (`inference/weights.py`). The exception is
+the decode backend (`backend`, `avalon/backends/decode.py`): on one CPU device (no mesh, or the
+trainer's one-device mesh: the laptop case) the default slices the params into one block per
+layer and holds the projections and experts packed for the CPU product kernel (or output-first
+for XLA's products) once per `set_params`, and the programs run on
+`cfg.replace(scan_layers=False)`; elsewhere the params are read in place.
 
 Sampling and its log-probabilities: see `sampling.py`.
 """
@@ -81,15 +71,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from avalon import backends
+from avalon.backends import DecodeBackend
 from avalon.inference import device as dev
 from avalon.inference.api import EngineStats, StopReason, TurnRequest, TurnResult
 from avalon.inference.pages import PagePool, bucket, chunk_take, ladder, pow2_at_least
 from avalon.inference.requests import Turn, find_stop_string, validate_requests
 from avalon.inference.sampling import SamplingKnobs
 from avalon.inference.turns import ActiveTurn, Record
-from avalon.model import cpu_gemm
 from avalon.model.config import ModelConfig
-from avalon.model.params import abstract_params, out_in_params, unstack_params
+from avalon.model.params import abstract_params
 
 MIN_CHUNK = 8
 # Every shape bucket is a rung of a short ladder fixed by the engine's config: a decode row
@@ -131,10 +122,6 @@ def check_params(where: str, params, cfg: ModelConfig) -> None:
                              f"{b.dtype}, expected {a.shape} {a.dtype}")
 
 
-_unstack = jax.jit(unstack_params, static_argnums=0)
-_out_in = jax.jit(out_in_params, static_argnums=(0, 2))
-
-
 class Engine:
     """Serves many agents' turns at once from one set of params. See the module docstring."""
 
@@ -142,8 +129,7 @@ class Engine:
                  max_context: int | None = None, mesh: Mesh | None = None,
                  steps_per_dispatch: int = 8, prefill_chunk: int = 256, page_size: int = 16,
                  detokenize: Callable[[list[int]], str] | None = None,
-                 unstack_layers: bool | None = None, out_in_weights: bool | None = None,
-                 packed_weights: bool | None = None, kv_pages: int = MIN_PAGES,
+                 backend: DecodeBackend | str | None = None, kv_pages: int = MIN_PAGES,
                  max_kv_pages: int | None = None):
         if not isinstance(cfg, ModelConfig):
             raise ValueError(f"Engine: cfg must be a ModelConfig, got {type(cfg).__name__}")
@@ -161,29 +147,9 @@ class Engine:
             raise ValueError(f"Engine: detokenize={detokenize!r} must be callable")
         self.detokenize = detokenize
         self.mesh = mesh
-        # One CPU device (no mesh, or the trainer's one-device local mesh): the laptop case.
-        one_cpu = (mesh is None or mesh.size == 1) and jax.default_backend() == "cpu"
-        if unstack_layers is None:
-            unstack_layers = one_cpu
-        if not isinstance(unstack_layers, bool):
-            raise ValueError(f"Engine: unstack_layers={unstack_layers!r} must be a bool or None")
-        # The device programs run one block per layer when unstacking (see set_params).
-        self.unstack_layers = unstack_layers and cfg.scan_layers
-        if out_in_weights is None:
-            out_in_weights = one_cpu
-        if not isinstance(out_in_weights, bool) or (out_in_weights and mesh is not None
-                                                    and mesh.size > 1):
-            raise ValueError(f"Engine: out_in_weights={out_in_weights!r} must be a bool or None "
-                             "(and False under a mesh of several devices)")
-        self.out_in_weights = out_in_weights
-        if packed_weights is None:
-            packed_weights = out_in_weights and cpu_gemm.ready()
-        if not isinstance(packed_weights, bool) or (packed_weights and not (
-                out_in_weights and cpu_gemm.ready())):
-            raise ValueError(f"Engine: packed_weights={packed_weights!r} must be a bool or None "
-                             "(True needs out_in_weights and the CPU kernel, cpu_gemm.ready())")
-        self.packed_weights = packed_weights
-        run_cfg = cfg.replace(scan_layers=False) if self.unstack_layers else cfg
+        # How the params are laid out for decode (None: the platform's default).
+        self.backend = backends.select(backend, mesh)
+        run_cfg = backends.run_config(self.backend, cfg)
         self._setup = dev.Setup(cfg=run_cfg, mesh=mesh, max_context=self.max_context,
                                 steps=self.steps_per_dispatch, page_size=self.page_size)
         self._state = None  # made by set_params, once the pool's size is known
@@ -239,20 +205,13 @@ class Engine:
 
     # ---- slots ---------------------------------------------------------------------------
     def set_params(self, params: dict) -> None:
-        """Use these param arrays from the next dispatch on: read in place, or, with
-        `unstack_layers`, sliced once into one block per layer, and with `out_in_weights` the
-        projections transposed (or, with `packed_weights` and float32 params, packed) once
-        (`params.out_in_params`): the only copies made."""
+        """Use these param arrays from the next dispatch on: read in place, or laid out once in
+        the decode backend's layout (`backends.decode_params`): the only copies made."""
         check_params("set_params", params, self.cfg)
         if self._state is None:  # after `suspend`: every slot empty, at the pool's size
             self._state = dev.init_state(self._setup, self.num_slots, self._pool.num_pages)
         self._params = params
-        run = _unstack(self.cfg, params) if self.unstack_layers else params
-        # The kernel is float32 only: a bf16 decode view keeps the output-first layout.
-        packed = self.packed_weights and self.cfg.dtype == "float32" and all(
-            a.dtype == jnp.float32 for a in jax.tree.leaves(run)
-            if jnp.issubdtype(a.dtype, jnp.floating))
-        self._run_params = _out_in(self._setup.cfg, run, packed) if self.out_in_weights else run
+        self._run_params = backends.decode_params(self.backend, self.cfg, params)
 
     def suspend(self) -> None:
         """Free the device memory of the params view and of the slot state (Mamba state, KV

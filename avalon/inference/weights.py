@@ -23,7 +23,7 @@ from jax.sharding import Mesh
 
 from avalon import sharding
 from avalon.model.config import ModelConfig
-from avalon.model.params import abstract_params
+from avalon.model.params import abstract_params, param_shardings
 
 DECODE_DTYPE = jnp.bfloat16
 
@@ -55,8 +55,7 @@ class DecodeView:
         self.casts = any(a.dtype != d for a, d in zip(jax.tree.leaves(abstract_params(cfg)),
                                                       jax.tree.leaves(self.dtypes)))
         self.identity = mesh is None and not self.casts
-        out = None if mesh is None else sharding.param_shardings(cfg, mesh,
-                                                                 sharding.DECODE_RULES)
+        out = None if mesh is None else param_shardings(cfg, mesh, sharding.DECODE_RULES)
         self._fn = jax.jit(lambda p: _cast(p, self.dtypes), out_shardings=out)
         self.last_seconds = 0.0
 
@@ -100,6 +99,6 @@ def abstract_decode_view(cfg: ModelConfig, mesh: Mesh | None = None, dtype=DECOD
     shapes, dtypes = abstract_params(cfg), decode_dtypes(cfg, dtype)
     if mesh is None:
         return jax.tree.map(lambda a, d: jax.ShapeDtypeStruct(a.shape, d), shapes, dtypes)
-    shard = sharding.param_shardings(cfg, mesh, sharding.DECODE_RULES)
+    shard = param_shardings(cfg, mesh, sharding.DECODE_RULES)
     return jax.tree.map(lambda a, d, s: jax.ShapeDtypeStruct(a.shape, d, sharding=s), shapes,
                         dtypes, shard)

@@ -12,11 +12,12 @@ product on flattened tokens (the LM head's gradient at 8 x 512 tokens, width 256
 `experiments/bench/RESULTS.md`, issue 22). Under a mesh the einsum is kept, so every axis
 keeps its sharding and the partitioner sees the program it always saw.
 
-`OutIn` holds a weight with its output axes first, as the engine decodes from it on CPU: with
-few token rows (decode), XLA:CPU streams a weight from memory at ~1.8x the rate when the product
-is computed as w_t [out, in] @ x.T (the weight's rows are the product's long axis) than as x @ w
-with w [in, out] (one AVX2 core, [8, 256] against 64 MB of [256, 4096] weights: 5.3 against
-2.9 GB/s; `experiments/bench/RESULTS.md`, issue 22). Many rows take x @ w_t.T instead.
+A weight need not be an array: a platform backend (`avalon/backends/`) may hold a projection in
+a layout of its own for decode, a `BackendWeight` that computes its own product (on CPU the
+output-first `OutIn` and the C++ kernel's `Packed`). The model only knows the interface: such a
+weight reads as the weight's own `shape` and `dtype`, gives its product with `product`, its
+routed experts with `routed_experts`, and itself in the [in, out] layout with `as_in_out` (the
+reference every backend layout is tested against).
 """
 
 from __future__ import annotations
@@ -27,66 +28,40 @@ import jax
 import jax.numpy as jnp
 
 from avalon import sharding
-from avalon.model.cpu_gemm import Packed, rows_product
 
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
-# Up to this many token rows a product with an `OutIn` weight runs as w_t @ x.T (decode).
-OUT_IN_ROWS = 64
 
+class BackendWeight:
+    """A projection weight w [*lead, *in, *out] held in a platform backend's layout (the engine's
+    decode layouts, `avalon/backends/`). Subclasses are pytrees whose `shape` and `dtype` read
+    as w's own, so the layers' shape checks and casts are written once for arrays and these.
 
-@jax.tree_util.register_pytree_node_class
-class OutIn:
-    """A projection weight w [*in, *out] held as t [..., prod(out), prod(in)]: output axes first,
-    flattened to one matrix. Leading axes (a layer stack's) stay in front of t and come off by
-    indexing the pytree (`jax.tree.map(lambda a: a[0], ...)`), as for any other leaf. `shape`
-    and `dtype` read as the weight's own, so call sites written for w work unchanged."""
+    `product(x2)`: x2 [rows, prod(in)] @ w -> [rows, prod(out)], in x2's dtype.
+    `routed_experts(xl, idx, down, act)`: the routed experts' per-choice outputs [n, k, w] for
+    expert weights (this the fused up weight, `down` the down weight in the same layout), as
+    `moe._experts_grouped` computes them; forward only.
+    `as_in_out()`: w itself [*lead, *in, *out] (a copy; the reference)."""
 
-    def __init__(self, t: jax.Array, in_shape: tuple, out_shape: tuple):
-        self.t, self.in_shape, self.out_shape = t, tuple(in_shape), tuple(out_shape)
+    shape: tuple
+    dtype: object
 
-    @classmethod
-    def of(cls, w: jax.Array, n_in: int, lead: int = 0) -> OutIn:
-        """w [*lead, *in, *out] -> OutIn (one transposed copy)."""
-        in_shape = w.shape[lead:lead + n_in]
-        out_shape = w.shape[lead + n_in:]
-        flat = w.reshape(*w.shape[:lead], math.prod(in_shape), math.prod(out_shape))
-        return cls(jnp.swapaxes(flat, -1, -2), in_shape, out_shape)
+    def astype(self, dtype) -> BackendWeight:
+        raise NotImplementedError
 
-    @property
-    def shape(self) -> tuple:
-        return (*self.t.shape[:-2], *self.in_shape, *self.out_shape)
+    def product(self, x2: jax.Array) -> jax.Array:
+        raise NotImplementedError
 
-    @property
-    def dtype(self):
-        return self.t.dtype
-
-    def astype(self, dtype) -> OutIn:
-        return OutIn(self.t.astype(dtype), self.in_shape, self.out_shape)
+    def routed_experts(self, xl, idx, down, act) -> jax.Array:
+        raise NotImplementedError(f"{type(self).__name__} holds no routed experts")
 
     def as_in_out(self) -> jax.Array:
-        """The weight in its own layout [*in, *out] (a transposed copy)."""
-        return jnp.swapaxes(self.t, -1, -2).reshape(self.shape)
-
-    def tree_flatten(self):
-        return (self.t,), (self.in_shape, self.out_shape)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        return cls(children[0], *aux)
-
-
-def out_in_product(x2: jax.Array, t: jax.Array) -> jax.Array:
-    """x2 [rows, in] with t [out, in] -> [rows, out]. The barrier keeps the product's output
-    [out, rows] (XLA would otherwise fold the transpose into the dot, back to x2-major rows)."""
-    if x2.shape[0] <= OUT_IN_ROWS:
-        return jax.lax.optimization_barrier(t @ x2.T).T
-    return x2 @ t.T
+        raise NotImplementedError
 
 
 def dense_einsum(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
     """The reference: the same contraction as one einsum."""
-    if isinstance(w, (OutIn, Packed)):
+    if isinstance(w, BackendWeight):
         w = w.as_in_out()
     lead = x.ndim - n_in
     xs = _LETTERS[:x.ndim]
@@ -95,8 +70,8 @@ def dense_einsum(x: jax.Array, w: jax.Array, n_in: int = 1) -> jax.Array:
 
 
 def dense(x: jax.Array, w, n_in: int = 1) -> jax.Array:
-    """x [..., *w.shape[:n_in]] @ w -> [..., *w.shape[n_in:]] (w cast to x's dtype; w an array,
-    an `OutIn`, or a `cpu_gemm.Packed`, whose product runs on the CPU kernel)."""
+    """x [..., *w.shape[:n_in]] @ w -> [..., *w.shape[n_in:]] (w cast to x's dtype; w an array
+    or a `BackendWeight`, which computes its own product)."""
     if x.shape[x.ndim - n_in:] != w.shape[:n_in]:
         raise ValueError(f"dense: x {x.shape} does not end with the {n_in} input axes of "
                          f"w {w.shape}")
@@ -104,10 +79,8 @@ def dense(x: jax.Array, w, n_in: int = 1) -> jax.Array:
         return dense_einsum(x, w, n_in)
     lead, out = x.shape[:x.ndim - n_in], w.shape[n_in:]
     k = math.prod(w.shape[:n_in])
-    if isinstance(w, OutIn):
-        y = out_in_product(x.reshape(-1, k), w.t.astype(x.dtype))
-    elif isinstance(w, Packed):
-        y = rows_product(x.reshape(-1, k), w)
+    if isinstance(w, BackendWeight):
+        y = w.product(x.reshape(-1, k))
     else:
         y = x.reshape(-1, k) @ w.reshape(k, -1).astype(x.dtype)
     return y.reshape(*lead, *out)
@@ -126,8 +99,8 @@ def dense_head(x: jax.Array, w) -> jax.Array:
     computed on a transposed copy of x2 [N, D]. XLA:CPU's product contracting the rows of the
     [N, V] logits' gradient in place runs at 31 GFLOP/s, on the copy at 59 (one AVX2 core,
     N = 4,096, D = 256, V = 4,096; RESULTS.md, issue 22); the copy is N x D, a sixteenth of
-    the gradient. Under a mesh, or for an output-first or packed head, this is `dense`."""
-    if isinstance(w, (OutIn, Packed)) or sharding.active_mesh() is not None:
+    the gradient. Under a mesh, or for a head held in a backend's layout, this is `dense`."""
+    if isinstance(w, BackendWeight) or sharding.active_mesh() is not None:
         return dense(x, w)
     if x.shape[-1:] != w.shape[:1] or w.ndim != 2:
         raise ValueError(f"dense_head: x {x.shape} and w {w.shape} are not [..., D] and [D, V]")

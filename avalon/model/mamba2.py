@@ -26,8 +26,7 @@ from flax import struct
 
 from avalon import sharding
 from avalon.model.config import ModelConfig
-from avalon.model.cpu_gemm import Packed
-from avalon.model.dense import OutIn, dense
+from avalon.model.dense import BackendWeight, dense
 from avalon.model.norms import gated_group_rms_norm
 from avalon.model.ssd import ssd_chunked, ssd_step
 from avalon.sharding import constrain
@@ -74,8 +73,9 @@ def _in_proj(x, p: dict, *, merged: bool):
     own, and the input gradient becomes one product instead of five. Under a mesh each keeps
     its own sharding; with a cache (decode) the weights are read in place, not concatenated
     again at every token."""
-    # OutIn / Packed weights (the engine's layouts) are read in place, one product each.
-    if not merged or sharding.active_mesh() is not None or isinstance(p["in_z"], (OutIn, Packed)):
+    # Weights in a backend's layout (the engine's, `avalon/backends/`) are read in place, one
+    # product each.
+    if not merged or sharding.active_mesh() is not None or isinstance(p["in_z"], BackendWeight):
         return tuple(_proj(x, p[f"in_{n}"], p.get(f"in_bias_{n}")) for n in _IN)
     ws = [p[f"in_{n}"] for n in _IN]
     flat = jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1).astype(x.dtype)

@@ -50,22 +50,24 @@ class ForwardResult:
 def apply_layer(letter: str, lp: dict, h: jax.Array, cfg: ModelConfig, *, segment_ids=None,
                 cache_entry=None, lengths=None, num_new=None, routing=None, pages=None):
     """One pre-norm residual layer. Returns (h, new cache entry or None, MoE output or None:
-    (experts [b, t, k], choices dropped))."""
-    x = rms_norm(h, lp["norm"], cfg.layer_norm_epsilon)
+    (experts [b, t, k], choices dropped)). Its ops are named after the layer kind (`mamba`,
+    `moe`, `attention`, `mlp`) in a profile."""
     kind = LETTERS[letter]
-    new_entry, moe_out = None, None
-    if kind == "mamba":
-        y, new_entry = mamba_mixer(lp, x, cfg, segment_ids=segment_ids, cache=cache_entry,
-                                   num_new=num_new)
-    elif kind == "attention":
-        y, new_entry = attention(lp, x, cfg, segment_ids=segment_ids, cache=cache_entry,
-                                 lengths=lengths, num_new=num_new, pages=pages)
-    elif kind == "moe":
-        y, experts, dropped = moe_layer(lp, x, cfg, routing=routing)
-        moe_out = (experts, dropped)
-    else:
-        y = mlp(lp, x, cfg)
-    h = constrain(h + y.astype(h.dtype), ("batch", "act_seq", "act_embed"))
+    with jax.named_scope(kind):
+        x = rms_norm(h, lp["norm"], cfg.layer_norm_epsilon)
+        new_entry, moe_out = None, None
+        if kind == "mamba":
+            y, new_entry = mamba_mixer(lp, x, cfg, segment_ids=segment_ids, cache=cache_entry,
+                                       num_new=num_new)
+        elif kind == "attention":
+            y, new_entry = attention(lp, x, cfg, segment_ids=segment_ids, cache=cache_entry,
+                                     lengths=lengths, num_new=num_new, pages=pages)
+        elif kind == "moe":
+            y, experts, dropped = moe_layer(lp, x, cfg, routing=routing)
+            moe_out = (experts, dropped)
+        else:
+            y = mlp(lp, x, cfg)
+        h = constrain(h + y.astype(h.dtype), ("batch", "act_seq", "act_embed"))
     return h, new_entry, moe_out
 
 
@@ -131,7 +133,8 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
     (dynamic index / dynamic-update-slice): as scan inputs and outputs they would be copied
     into fresh buffers every decode step, doubling the Mamba-state traffic. The stacked params
     are still sliced per repeat (XLA:CPU copies each slice before its matmuls): the engine
-    decodes on CPU from `params.unstack_params`, one block per layer, so no slice is taken."""
+    decodes on CPU from `backends.decode.unstack_params`, one block per layer, so no slice is
+    taken."""
     moe_positions = [j for j, ch in enumerate(unit) if ch == "E"]
     whole_unit = _recomputed_unit(unit, cfg, training=bc is None)
 
@@ -233,10 +236,12 @@ def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=No
 
 
 def lm_logits(params: dict, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
-    """Final norm + LM head on the pre-norm hidden [..., D] -> fp32 logits [..., V]."""
-    h = rms_norm(hidden, params["final_norm"], cfg.layer_norm_epsilon)
-    w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
-    logits = dense_head(h, w.astype(h.dtype)).astype(jnp.float32)
+    """Final norm + LM head on the pre-norm hidden [..., D] -> fp32 logits [..., V] (named
+    `head` in a profile)."""
+    with jax.named_scope("head"):
+        h = rms_norm(hidden, params["final_norm"], cfg.layer_norm_epsilon)
+        w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+        logits = dense_head(h, w.astype(h.dtype)).astype(jnp.float32)
     return constrain(logits, ("batch", "act_seq", "act_vocab")) if logits.ndim == 3 else logits
 
 
@@ -248,6 +253,11 @@ def mtp_logits(params: dict, hidden: jax.Array, next_tokens: jax.Array, cfg: Mod
     the MTP final norm and the shared LM head. hidden [b, t, D]; next_tokens [b, t]."""
     if not cfg.mtp_pattern:
         raise ValueError("mtp_logits: this config has no MTP block (mtp_pattern is empty)")
+    with jax.named_scope("mtp_head"):
+        return _mtp_logits(params, hidden, next_tokens, cfg)
+
+
+def _mtp_logits(params: dict, hidden: jax.Array, next_tokens: jax.Array, cfg: ModelConfig):
     mp = params["mtp"]
     eps = cfg.layer_norm_epsilon
     e = jnp.take(params["embed"], next_tokens, axis=0).astype(cfg.jnp_dtype)

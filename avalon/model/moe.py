@@ -37,6 +37,10 @@ Dispatch backends (`cfg.moe_backend`), all equal to the dense reference:
                     gmm/tgmm backward
   AUTO              per platform, resolved when traced (`resolve_backend`)
 
+Expert weights held in a platform backend's decode layout (`model.dense.BackendWeight`, the
+engine's on CPU: `avalon/backends/`) run GROUPED's forward on their own
+(`BackendWeight.routed_experts`); the layer only checks that GROUPED is the dispatch.
+
 Under a mesh (`use_rules` with more than one device) the routed experts go through the
 expert-parallel `shard_map` of `moe_ep.py` (all-to-all over `expert`, each chip routing only its
 own tokens); the backends above then run each chip's local experts. Without a mesh they run
@@ -58,8 +62,7 @@ from avalon import sharding
 from avalon.model import moe_ep
 from avalon.model.activations import activate, activate_grad, relu2
 from avalon.model.config import Activation, ModelConfig, MoeBackend, Remat, Router
-from avalon.model.cpu_gemm import Packed, grouped_rows_product
-from avalon.model.dense import OutIn, dense, out_in_product, transposed
+from avalon.model.dense import BackendWeight, dense, transposed
 from avalon.sharding import constrain
 
 ROUTED_NAME = "moe_routed"  # checkpoint name of the expert-parallel routed output
@@ -162,7 +165,7 @@ def _experts_dense(xl, idx, up, down, act=Activation.RELU2):
     return jnp.take_along_axis(out, idx[..., None], axis=1)  # [n, k, w]
 
 
-def _sort_choices(idx, e: int):
+def sort_choices(idx, e: int):
     flat = idx.reshape(-1)
     order = jnp.argsort(flat, stable=True)
     counts = jnp.bincount(flat, length=e)
@@ -171,7 +174,7 @@ def _sort_choices(idx, e: int):
 
 def _experts_ragged(xl, idx, up, down, act=Activation.RELU2):
     n, k = idx.shape
-    flat, order, counts = _sort_choices(idx, up.shape[0])
+    flat, order, counts = sort_choices(idx, up.shape[0])
     xs = xl[order // k]
     h = activate(act, jax.lax.ragged_dot(xs, up, counts))
     ys = jax.lax.ragged_dot(h, down, counts)
@@ -190,7 +193,7 @@ def capacity_ladder(n: int, k: int, e: int) -> tuple[int, ...]:
 def _experts_capacity(xl, idx, up, down, act=Activation.RELU2):
     n, k = idx.shape
     e = up.shape[0]
-    flat, order, counts = _sort_choices(idx, e)
+    flat, order, counts = sort_choices(idx, e)
     starts = jnp.cumsum(counts) - counts
     sorted_e = flat[order]
     rank = jnp.arange(n * k) - starts[sorted_e]  # position within its expert's group
@@ -215,7 +218,7 @@ def _bucket_maps(order, sorted_e, rank, e: int, cap: int):
     return slot_sorted, slot, src, src_sorted
 
 
-def _with_zero_row(a):
+def with_zero_row(a):
     return jnp.concatenate([a, jnp.zeros((1, a.shape[-1]), a.dtype)])
 
 
@@ -241,7 +244,7 @@ def _bucketed_fwd(xl, up, down, order, sorted_e, rank, which, act):
     def run(cap):
         def branch(xl, up, down):
             slot_sorted, slot, src, _ = _bucket_maps(order, sorted_e, rank, e, cap)
-            buf = jnp.take(_with_zero_row(xl), src // k, axis=0).reshape(e, cap, w)
+            buf = jnp.take(with_zero_row(xl), src // k, axis=0).reshape(e, cap, w)
             pre = jnp.einsum("ecw,ewf->ecf", buf, up)
             y = jnp.einsum("ecf,efw->ecw", activate(act, pre), down).reshape(e * cap, -1)
             out = jnp.take(y, slot, axis=0).reshape(n, k, -1)
@@ -261,9 +264,9 @@ def _bucketed_bwd(act, res, g):
     def run(cap):
         def branch(xl, up, down, pre_sorted, g):
             _, slot, src, src_sorted = _bucket_maps(order, sorted_e, rank, e, cap)
-            buf = jnp.take(_with_zero_row(xl), src // k, axis=0).reshape(e, cap, -1)
-            pre = jnp.take(_with_zero_row(pre_sorted), src_sorted, axis=0).reshape(e, cap, -1)
-            g_y = jnp.take(_with_zero_row(g.reshape(n * k, w)), src, axis=0).reshape(e, cap, w)
+            buf = jnp.take(with_zero_row(xl), src // k, axis=0).reshape(e, cap, -1)
+            pre = jnp.take(with_zero_row(pre_sorted), src_sorted, axis=0).reshape(e, cap, -1)
+            g_y = jnp.take(with_zero_row(g.reshape(n * k, w)), src, axis=0).reshape(e, cap, w)
             g_down = jnp.einsum("ecf,ecw->efw", activate(act, pre), g_y)
             g_pre = activate_grad(act, pre, jnp.einsum("ecw,efw->ecf", g_y, down))
             g_up = jnp.einsum("ecw,ecf->ewf", buf, g_pre)
@@ -294,13 +297,13 @@ def group_tile(nk: int, e: int) -> int:
     return t
 
 
-def _grouped_plan(idx, e: int):
+def grouped_plan(idx, e: int):
     """The grouped backend's layout of the choices idx [n, k] over e experts: (tile rows,
     order [n*k], slot_sorted [n*k] (buffer row of sorted choice j), tile_expert [tiles],
     occupied tiles (int32 scalar))."""
     n, k = idx.shape
     tile = group_tile(n * k, e)
-    flat, order, counts = _sort_choices(idx, e)
+    flat, order, counts = sort_choices(idx, e)
     starts = jnp.cumsum(counts) - counts
     sorted_e = flat[order]
     rank = jnp.arange(n * k) - starts[sorted_e]
@@ -321,46 +324,11 @@ def _experts_grouped(xl, idx, up, down, act=Activation.RELU2):
     Padding is under one tile per expert, whatever the load (the capacity buffer pads every
     expert to the busiest one, 1.6-2x the mean), and the tiles past the last occupied one are
     not computed at all."""
-    _, order, slot_sorted, tile_expert, used = _grouped_plan(idx, up.shape[0])
+    _, order, slot_sorted, tile_expert, used = grouped_plan(idx, up.shape[0])
     return _grouped_experts(xl, up, down, order, slot_sorted, tile_expert, used, act)
 
 
-def _experts_grouped_out_in(xl, idx, up_t, down_t, act=Activation.RELU2):
-    """GROUPED's forward on expert weights held output-first (`dense.OutIn`: up_t [E, f, w],
-    down_t [E, w, f]; the engine's decode layout on CPU): the same tiles, each product as
-    `dense.out_in_product`. Forward only (the engine does not differentiate)."""
-    n, k = idx.shape
-    w = xl.shape[1]
-    tile, order, slot_sorted, tile_expert, used = _grouped_plan(idx, up_t.shape[0])
-    tiles = tile_expert.shape[0]
-    slot, src = _grouped_maps(order, slot_sorted, tiles * tile)
-    rows_in = _with_zero_row(xl)
-
-    def one_tile(i, y):
-        e = tile_expert[i]
-        buf = jnp.take(rows_in, _tile_rows(src, i, tile) // k, axis=0)
-        h = activate(act, out_in_product(buf, up_t[e]))
-        return jax.lax.dynamic_update_slice_in_dim(y, out_in_product(h, down_t[e]), i * tile, 0)
-
-    y = jax.lax.fori_loop(0, used, one_tile, jnp.zeros((tiles * tile, w), xl.dtype))
-    return jnp.take(y, slot, axis=0).reshape(n, k, w)
-
-
-def _experts_packed(xl, idx, up: Packed, down: Packed, act=Activation.RELU2):
-    """The engine's experts on the CPU kernel (`cpu_gemm.Packed`, forward only): choices sorted
-    by expert, each expert's rows one run, and each run's products read that expert's weights in
-    place, once, for however many rows it has (no tiles, no padding rows, no weight copies)."""
-    n, k = idx.shape
-    flat, order, _ = _sort_choices(idx, up.shape[0])
-    expert = flat[order].astype(jnp.int32)
-    rows = jnp.take(xl, order // k, axis=0)  # [n*k, w], grouped by expert
-    h = activate(act, grouped_rows_product(rows, expert, up))
-    y = grouped_rows_product(h, expert, down)
-    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(n * k, dtype=order.dtype))
-    return jnp.take(y, inverse, axis=0).reshape(n, k, -1)
-
-
-def _grouped_maps(order, slot_sorted, rows: int):
+def grouped_maps(order, slot_sorted, rows: int):
     """slot [n*k]: buffer row of choice c; src [rows]: the choice in each row (n*k: empty)."""
     nk = order.shape[0]
     slot = jnp.zeros(nk, jnp.int32).at[order].set(slot_sorted)
@@ -368,7 +336,7 @@ def _grouped_maps(order, slot_sorted, rows: int):
     return slot, src
 
 
-def _tile_rows(src, i, tile: int):
+def tile_rows(src, i, tile: int):
     """The buffer rows of tile i: each row's choice (n*k for an empty row)."""
     return jax.lax.dynamic_slice_in_dim(src, i * tile, tile)
 
@@ -392,13 +360,13 @@ def _grouped_fwd(xl, up, down, order, slot_sorted, tile_expert, used, act):
     k = order.shape[0] // n
     tiles = tile_expert.shape[0]
     tile = group_tile(n * k, up.shape[0])
-    slot, src = _grouped_maps(order, slot_sorted, tiles * tile)
-    rows_in = _with_zero_row(xl)
+    slot, src = grouped_maps(order, slot_sorted, tiles * tile)
+    rows_in = with_zero_row(xl)
 
     def one_tile(i, carry):
         y, pre = carry
         e = tile_expert[i]
-        buf = jnp.take(rows_in, _tile_rows(src, i, tile) // k, axis=0)
+        buf = jnp.take(rows_in, tile_rows(src, i, tile) // k, axis=0)
         pre_i = buf @ up[e]
         y = jax.lax.dynamic_update_slice_in_dim(y, activate(act, pre_i) @ down[e], i * tile, 0)
         return y, jax.lax.dynamic_update_index_in_dim(pre, pre_i, i, 0)
@@ -414,14 +382,14 @@ def _grouped_bwd(act, res, g):
     xl, up, down, order, slot_sorted, tile_expert, used, pre = res
     n, k, w = g.shape
     tiles, tile = pre.shape[:2]
-    slot, src = _grouped_maps(order, slot_sorted, tiles * tile)
-    rows_in = _with_zero_row(xl)
-    rows_g = _with_zero_row(g.reshape(n * k, w))
+    slot, src = grouped_maps(order, slot_sorted, tiles * tile)
+    rows_in = with_zero_row(xl)
+    rows_g = with_zero_row(g.reshape(n * k, w))
 
     def one_tile(i, carry):
         g_up, g_down, g_rows = carry
         e = tile_expert[i]
-        rows = _tile_rows(src, i, tile)
+        rows = tile_rows(src, i, tile)
         buf = jnp.take(rows_in, rows // k, axis=0)
         g_y = jnp.take(rows_g, rows, axis=0)
         pre_i = pre[i]
@@ -447,8 +415,9 @@ _grouped_experts.defvjp(_grouped_fwd, _grouped_bwd)
 
 def fused_up(p: dict):
     """The routed experts' up weight as the dispatch backends take it: `experts_up` [E, w, f],
-    or under SWIGLU the gate and up side by side [E, w, 2f] (`activations.py`). The engine's
-    CPU layouts hold the fused weight already (`experts_gate_up`, made once per weight set)."""
+    or under SWIGLU the gate and up side by side [E, w, 2f] (`activations.py`). A backend's
+    decode layout may hold the fused weight already (`experts_gate_up`, made once per weight
+    set by `backends.decode.out_in_params`)."""
     if "experts_gate_up" in p:
         return p["experts_gate_up"]
     if "experts_gate" in p:
@@ -526,16 +495,14 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
         if chosen == MoeBackend.MEGABLOX:
             raise ValueError("ModelConfig.moe_backend='megablox' runs only expert-parallel "
                              "under a mesh")
-        if isinstance(up, OutIn) and chosen == MoeBackend.GROUPED:
-            # The engine's decode layout on CPU (params.out_in_params).
-            per_choice = _experts_grouped_out_in(xl, idx, up.t, down.t, act)
-        elif isinstance(up, Packed) and chosen == MoeBackend.GROUPED:
-            # The engine's layout on CPU with the kernel (params.out_in_params, packed).
-            per_choice = _experts_packed(xl, idx, up, down, act)
-        elif isinstance(up, (OutIn, Packed)):
-            raise ValueError(f"moe_layer: the engine's expert layouts run grouped only, not "
-                             f"backend={chosen.value!r} (params.out_in_params keeps them "
-                             "[E, in, out])")
+        if isinstance(up, BackendWeight):
+            # A backend's decode layout (the engine's on CPU, `avalon/backends/`): its own
+            # forward of the grouped dispatch.
+            if chosen != MoeBackend.GROUPED:
+                raise ValueError(f"moe_layer: the engine's expert layouts run grouped only, not "
+                                 f"backend={chosen.value!r} (backends.decode.out_in_params "
+                                 "keeps them [E, in, out])")
+            per_choice = up.routed_experts(xl, idx, down, act)
         else:
             per_choice = _DISPATCH[chosen](xl, idx, up, down, act)
         dropped = jnp.zeros((), jnp.int32)  # the single-device backends are dropless

@@ -3,7 +3,7 @@
 `param_specs(cfg)` returns a pytree of `ParamSpec` with exactly the structure of the params.
 From it derive `init_params` (random init), `abstract_params` (`jax.ShapeDtypeStruct`s for
 `eval_shape`, parameter counts and checkpoint restore targets) and the shardings
-(`avalon.sharding.param_shardings`).
+(`param_shardings`, through `avalon.sharding`'s rules tables, which know nothing of the model).
 
 Layout. Weights are stored `[in, out]` (JAX style; the HF converter transposes). Head axes are
 kept explicit (`[D, heads, head_dim]`) so tensor parallelism shards whole heads. Layers are stacked
@@ -26,10 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from avalon.model.config import LETTERS, Activation, ModelConfig, MoeBackend, Router
-from avalon.model.cpu_gemm import Packed
-from avalon.model.dense import OutIn
-from avalon.model.moe import resolve_backend
+from avalon import sharding
+from avalon.model.config import LETTERS, Activation, ModelConfig, Router
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,71 +264,6 @@ def _stack_tree(tree: dict, n: int) -> dict:
     return jax.tree.map(lambda s: s.stacked(n), tree, is_leaf=is_spec)
 
 
-def unstack_params(cfg: ModelConfig, params: dict) -> dict:
-    """`params` of `cfg` (stacked runs) in the layout of `cfg.replace(scan_layers=False)`: one
-    block per layer, each leaf [1, ...]. The engine decodes from this layout on CPU, where XLA
-    copies a scanned layer's weight slice out of the stack before every matmul (a copy of the
-    whole stack per token); one slice per layer here, made once."""
-    if not cfg.scan_layers:
-        return params
-    blocks = []
-    for bp, (unit, reps) in zip(params["blocks"], cfg.blocks):
-        for r in range(reps):
-            for j, ch in enumerate(unit):
-                blocks.append({layer_key(0, ch): jax.tree.map(lambda a, r=r: a[r:r + 1],
-                                                              bp[layer_key(j, ch)])})
-    return {**params, "blocks": blocks}
-
-
-# The projections `dense.dense` computes, per layer kind: param key -> number of input axes.
-PROJECTIONS = {
-    "mamba": {"in_z": 1, "in_x": 1, "in_B": 1, "in_C": 1, "in_dt": 1, "out": 2},
-    "attention": {"q": 1, "k": 1, "v": 1, "o": 2},
-    "mlp": {"up": 1, "down": 1, "gate": 1},
-    "moe": {"shared_up": 1, "shared_down": 1, "shared_gate": 1, "latent_in": 1,
-            "latent_out": 1, "experts_up": 1, "experts_down": 1, "experts_gate_up": 1},
-}
-# Leading axes in front of a projection's input axes in its leaf: the layer stack, and for the
-# routed experts the expert axis too.
-_LEAD = {"experts_up": 2, "experts_down": 2, "experts_gate_up": 2}
-
-
-def _fuse_gate_up(layer: dict) -> dict:
-    """A SWIGLU MoE layer's `experts_gate` and `experts_up` as one `experts_gate_up` [.., w,
-    2f] (gate columns first), the weight the dispatch runs (`moe.fused_up`): made once here
-    for the engine's layouts instead of concatenated at every decode step."""
-    if "experts_gate" not in layer:
-        return layer
-    out = {n: a for n, a in layer.items() if n not in ("experts_gate", "experts_up")}
-    out["experts_gate_up"] = jnp.concatenate([layer["experts_gate"], layer["experts_up"]], -1)
-    return out
-
-
-def out_in_params(cfg: ModelConfig, params: dict, packed: bool = False) -> dict:
-    """`params` with every projection weight (PROJECTIONS, and the untied LM head) held as a
-    `dense.OutIn`, output axes first: the engine's decode layout on CPU (dense.py says why), or,
-    with `packed`, as a `cpu_gemm.Packed` for the CPU kernel (float32 only). One copy per
-    weight; everything else is the same arrays. `cfg` describes the params' blocks (the engine's
-    run config, unstacked or not). The routed experts only when `cfg` runs them grouped on CPU
-    (the one backend with an output-first loop and a packed path)."""
-    layout = Packed if packed else OutIn
-    experts = resolve_backend(cfg.moe_backend, "cpu") == MoeBackend.GROUPED
-    blocks = []
-    for bp, (unit, _) in zip(params["blocks"], cfg.blocks):
-        block = {}
-        for j, ch in enumerate(unit):
-            key, table = layer_key(j, ch), PROJECTIONS.get(LETTERS[ch], {})
-            layer = _fuse_gate_up(bp[key]) if experts else bp[key]
-            block[key] = {n: layout.of(a, table[n], _LEAD.get(n, 1))
-                          if n in table and (experts or n not in _LEAD) else a
-                          for n, a in layer.items()}
-        blocks.append(block)
-    out = {**params, "blocks": blocks}
-    if "lm_head" in params:
-        out["lm_head"] = layout.of(params["lm_head"], 1)
-    return out
-
-
 # ---- things derived from the description ---------------------------------------------------
 def abstract_params(cfg: ModelConfig):
     """`jax.ShapeDtypeStruct` per leaf: counts, `eval_shape` and restore targets, no memory."""
@@ -341,6 +274,12 @@ def abstract_params(cfg: ModelConfig):
 def param_axes(cfg: ModelConfig):
     """Logical axes per leaf (same tree structure as the params)."""
     return jax.tree.map(lambda s: s.axes, param_specs(cfg), is_leaf=is_spec)
+
+
+def param_shardings(cfg: ModelConfig, mesh, rules: sharding.Rules = sharding.TRAIN_RULES):
+    """A `NamedSharding` per leaf of `cfg`'s params on `mesh` under `rules` (a mesh axis that
+    does not divide a dimension is dropped for that array; `sharding.logical_to_spec`)."""
+    return sharding.tree_shardings(param_axes(cfg), abstract_params(cfg), mesh, rules)
 
 
 # Up to this many elements, all leaves are cut from one normal and one uniform draw: XLA's

@@ -3,6 +3,13 @@ step. Host-side rollout data lives in `avalon.rl.types` (the organisation simula
 
     groups ─► build_rl_batch (advantages.py + packing.py) ─► TrainBatch (host numpy)
            ─► make_update_step(...)(state, batch) ─► (new TrainState, metrics)
+
+Notation (array shapes in docstrings and comments; the model's own are in avalon/model):
+  T tokens of one agent's context (a `TrajectoryRow`)   K rollouts in a group
+  B sequences of a packed batch                          S positions of a packed sequence
+  b, s, c  a micro-batch's rows, positions, and a chunk of positions (`logprobs.py`)
+  m MoE layers, k experts per token (routing [B, S, m, k] in a batch, [m, b, s, k] in the model)
+  i, k, t rollout, agent, token in the recipe's sums (docs/recipe.md §3; k there is an agent)
 """
 
 from avalon.rl.advantages import gkpo_utility, rollout_reward, score_groups, token_advantages

@@ -44,7 +44,11 @@ def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: Mod
     on_mesh = sharding.active_mesh() is not None
 
     def one(h, tgt):  # h [b, c, d], tgt [b, c]
-        logits = M.lm_logits(params, h, cfg)  # [b, c, v] fp32
+        logits = M.lm_logits(params, h, cfg)  # [b, c, v] fp32 (named `head` in a profile)
+        with jax.named_scope("logprobs"):
+            return _pick(logits, tgt)
+
+    def _pick(logits, tgt):
         if temperature != 1.0:
             logits = logits / temperature
         lse = jax.nn.logsumexp(logits, axis=-1)

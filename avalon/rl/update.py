@@ -35,38 +35,16 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from avalon import model as M
+from avalon.backends.training import compiler_options
+from avalon.model import config as model_config
 from avalon.model.config import ModelConfig
 from avalon.rl.batch import TrainBatch, routing_dtype
 from avalon.rl.config import LossKind, RLConfig
 from avalon.rl.logprobs import sequence_logprobs
 from avalon.rl.losses import cispo_loss, combine_metrics, sft_loss
-from avalon.sharding import (
-    TRAIN_RULES,
-    TRAIN_SEQ_RULES,
-    batch_axes,
-    param_shardings,
-    seq_axes,
-    use_rules,
-)
+from avalon.sharding import TRAIN_RULES, TRAIN_SEQ_RULES, batch_axes, seq_axes, use_rules
 
 FROZEN_LEAVES = ("router", "router_bias")
-
-# XLA:CPU compiles the update step's programs with YNNPACK for single dots only: reductions
-# and elementwise passes run on XLA's own emitters. YNNPACK's reduce fusions (norms, softmax,
-# the SSD's dt gradient) were the slower ones here (issue 22: without any YNNPACK fusion the
-# vs_torch update step took 12% less CPU time); its single dots are faster than Eigen's once
-# the LM head's weight gradient is an untransposed product (`dense.dense_head`): 1.05x / 1.08x
-# on the step, medians of 5 / 7 alternating pairs (experiments/bench/RESULTS.md). Other
-# platforms compile with their defaults.
-CPU_COMPILER_OPTIONS = {
-    "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
-
-
-def compiler_options(mesh: Mesh | None) -> dict | None:
-    """The XLA options the update step's jits compile with on this mesh's platform."""
-    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-    return dict(CPU_COMPILER_OPTIONS) if platform == "cpu" else None
-
 
 @struct.dataclass
 class TrainState:
@@ -105,11 +83,11 @@ def training_model_config(model_cfg: ModelConfig, rl_cfg: RLConfig) -> ModelConf
     """The model config the update step runs: router frozen when `rl_cfg.freeze_router`, the
     expert-parallel capacity `rl_cfg.moe_capacity_factor`."""
     if model_cfg.param_dtype not in ("float32", "float64"):
-        raise ValueError(
-            f"ModelConfig.param_dtype={model_cfg.param_dtype!r}: the update step keeps the "
-            "params it trains, and an AdamW step of lr ~4e-6 is below bfloat16/float16 "
-            "resolution (it would round to no change); train with param_dtype='float32' and "
-            "dtype='bfloat16' (fp32 master weights, bf16 compute)")
+        model_config.CHECK.fail(
+            "param_dtype", model_cfg.param_dtype, "the update step keeps the params it trains, "
+            "and an AdamW step of lr ~4e-6 is below bfloat16/float16 resolution (it would round "
+            "to no change); train with param_dtype='float32' and dtype='bfloat16' (fp32 master "
+            "weights, bf16 compute)")
     return model_cfg.replace(router_frozen=model_cfg.router_frozen or rl_cfg.freeze_router,
                              moe_capacity_factor=rl_cfg.moe_capacity_factor)
 
@@ -199,7 +177,7 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
     table = train_rules(rl_cfg)
     rules = (lambda: use_rules(mesh, table)) if mesh is not None else None
     # Params lay out the same under both tables (they differ only in activation axes).
-    p_shard = param_shardings(cfg, mesh, TRAIN_RULES) if mesh is not None else None
+    p_shard = M.param_shardings(cfg, mesh, TRAIN_RULES) if mesh is not None else None
 
     def forward_logprobs(params, mb: TrainBatch):
         """(logp, entropy, MoE choices dropped at the expert-parallel capacity, all layers)."""
@@ -214,15 +192,16 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
 
     def loss_fn(params, mb: TrainBatch, num_tokens):
         logp, entropy, dropped = forward_logprobs(params, mb)
-        if rl_cfg.loss == LossKind.CISPO:
-            lo_hi = dict(eps_low=rl_cfg.eps_low, eps_high=rl_cfg.eps_high,
-                         cap_mode=rl_cfg.cap_mode)
-            loss, metrics = cispo_loss(logp, mb.old_logp, mb.advantages, mb.loss_mask,
-                                       num_tokens=num_tokens, **lo_hi)
-        else:
-            loss, metrics = sft_loss(logp, mb.loss_mask, num_tokens=num_tokens)
-        count = jnp.maximum(metrics["loss_tokens"], 1)
-        metrics["entropy"] = jnp.sum(jnp.where(mb.loss_mask, entropy, 0.0)) / count
+        with jax.named_scope("loss"):  # the loss's ops, so named in a profile
+            if rl_cfg.loss == LossKind.CISPO:
+                lo_hi = dict(eps_low=rl_cfg.eps_low, eps_high=rl_cfg.eps_high,
+                             cap_mode=rl_cfg.cap_mode)
+                loss, metrics = cispo_loss(logp, mb.old_logp, mb.advantages, mb.loss_mask,
+                                           num_tokens=num_tokens, **lo_hi)
+            else:
+                loss, metrics = sft_loss(logp, mb.loss_mask, num_tokens=num_tokens)
+            count = jnp.maximum(metrics["loss_tokens"], 1)
+            metrics["entropy"] = jnp.sum(jnp.where(mb.loss_mask, entropy, 0.0)) / count
         metrics["moe_dropped_choices"] = dropped
         return loss, metrics
 

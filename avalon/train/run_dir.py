@@ -23,10 +23,10 @@ from avalon import paths
 from avalon.checkpoint import avalon_format
 from avalon.checkpoint.train_state import TrainCheckpointer
 from avalon.model.config import ModelConfig
-from avalon.model.params import abstract_params
+from avalon.model.params import abstract_params, param_shardings
 from avalon.rl.config import RLConfig
 from avalon.rl.update import make_update_step
-from avalon.sharding import TRAIN_RULES, param_shardings
+from avalon.sharding import TRAIN_RULES
 from avalon.train.config import build_dataclass
 
 CHECKPOINTS = "checkpoints"

@@ -27,7 +27,7 @@ from avalon import sharding
 from avalon.checkpoint import avalon_format, hf
 from avalon.envs.base import Environment, Split
 from avalon.inference.weights import DecodeView
-from avalon.model import init_params
+from avalon.model import init_params, param_shardings
 from avalon.model.config import ModelConfig
 from avalon.org.vocabulary import org_vocabulary
 from avalon.rl.config import LossKind
@@ -129,7 +129,7 @@ def initial_params(cfg: TrainConfig, mesh: Mesh) -> tuple[ModelConfig, dict]:
         if cfg.tokenizer is TokenizerKind.HF and not run_dir.is_run(cfg.init_from):
             params = init_added_rows(params, hf_tokenizer(cfg))
         return cfg.model, params
-    shardings = sharding.param_shardings(cfg.model, mesh, sharding.TRAIN_RULES)
+    shardings = param_shardings(cfg.model, mesh, sharding.TRAIN_RULES)
     return cfg.model, init_params(jax.random.key(cfg.seed), cfg.model, shardings)
 
 
@@ -171,14 +171,14 @@ def make_local_mesh(mesh: Mesh) -> Mesh:
 def engine_params(params: dict, cfg: ModelConfig, mesh: Mesh, local_mesh: Mesh) -> dict:
     """The engine's view of the training params on this process's devices (see the module
     docstring)."""
-    train = sharding.param_shardings(cfg, mesh, sharding.TRAIN_RULES)
-    decode = sharding.param_shardings(cfg, mesh, sharding.DECODE_RULES)
+    train = param_shardings(cfg, mesh, sharding.TRAIN_RULES)
+    decode = param_shardings(cfg, mesh, sharding.DECODE_RULES)
     same = all(a.spec == b.spec for a, b in zip(jax.tree.leaves(train), jax.tree.leaves(decode)))
     if jax.process_count() == 1 and same:
         return params
     if not same:
         params = jax.device_put(params, decode)  # the collective part of the switch
-    local_decode = sharding.param_shardings(cfg, local_mesh, sharding.DECODE_RULES)
+    local_decode = param_shardings(cfg, local_mesh, sharding.DECODE_RULES)
 
     def local(a: jax.Array, target: NamedSharding) -> jax.Array:
         by_index = {}

@@ -68,6 +68,6 @@ def decode_copies(cfg, params, *, batch: int, context: int, **engine_kw) -> dict
             weight_slices += 1
             weight_bytes += slice_bytes[shape]
     state_bytes = int(sum(x.nbytes for x in jax.tree.leaves(state)))
-    return {"batch": batch, "unstack_layers": engine.unstack_layers,
+    return {"batch": batch, "backend": engine.backend.value,
             "state_leaf_copies": state_copies, "state_bytes": state_bytes,
             "weight_slice_ops": weight_slices, "weight_slice_bytes": weight_bytes}

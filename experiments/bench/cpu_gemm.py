@@ -1,4 +1,4 @@
-"""XLA:CPU's product against the engine's CPU kernel (`avalon/model/cpu_gemm.py`), few rows.
+"""XLA:CPU's product against the engine's CPU kernel (`avalon/backends/cpu_gemm.py`), few rows.
 
     taskset -c 1 python -m experiments.bench.cpu_gemm --rows=1,8,32,64,512
 
@@ -6,10 +6,10 @@ Decode reads every weight once per step for a handful of rows, from memory (the 
 model do not fit in cache), so each case chains `--weights` distinct [K, O] weights (48 MB at
 the defaults, more than this host's 32 MB L3), each product feeding the next, inside a
 `fori_loop` of `--rounds` (as the engine's decode loop runs them). Sides: XLA's product with
-the weight [in, out] (`x @ w`) and output-first (`dense.OutIn`: w_t @ x.T, the engine's layout
-without the kernel), and the kernel on the packed weight. Reports microseconds per product,
-the weight bytes streamed per second, and kernel / XLA ratios, as one JSON object; the kernel's
-outputs are checked against `x @ w` first.
+the weight [in, out] (`x @ w`) and output-first (`backends.cpu_out_in.OutIn`: w_t @ x.T, the
+engine's layout without the kernel), and the kernel on the packed weight. Reports
+microseconds per product, the weight bytes streamed per second, and kernel / XLA ratios, as one
+JSON object; the kernel's outputs are checked against `x @ w` first.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from avalon.model import cpu_gemm
-from avalon.model.dense import OutIn, out_in_product
+from avalon.backends import cpu_gemm
+from avalon.backends.cpu_out_in import OutIn, out_in_product
 
 flags.DEFINE_list("rows", ["1", "8", "32", "64", "512"], "token rows per product")
 flags.DEFINE_integer("k", 256, "input width")

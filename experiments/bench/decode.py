@@ -130,7 +130,7 @@ def time_engine(cfg, params, state, slots: int, context: int, steps: int, n: int
                 warmup: int, start: int, page_size: int):
     # The stacked layout, as the device measurement (its state is installed as is).
     engine = Engine(cfg, params, num_slots=slots, max_context=context, steps_per_dispatch=steps,
-                    page_size=page_size, unstack_layers=False)
+                    page_size=page_size, backend="as_trained")
     engine._install_state(state, np.full(slots, start))
 
     def turn(count):

@@ -6,8 +6,8 @@
 CKPT is a vs_torch checkpoint (`vs_torch.build_checkpoint(CKPT, "issue")`); then the batch
 sizes, the rounds and which pair:
   moe     the routed experts as capacity buckets (A) against grouped tiles (B)
-  layout  the engine's weights in their own [in, out] layout (A) against output-first
-          (`Engine(out_in_weights=True)`, B; the CPU default)
+  layout  the engine's weights in their own [in, out] layout (A, `Engine(backend=
+          "cpu_unstacked")`) against output-first (B, `backend="cpu_out_in"`)
 Same prompts, 128 greedy tokens, `Engine.generate` from fresh slots; prints per batch the
 median tokens per CPU second of A and B, the median of the per-round time ratios A / B, and
 whether both produced the same tokens. In one process, because separate processes on a shared
@@ -36,8 +36,8 @@ def variants(cfg, pair: str) -> dict:
         return {"capacity": (cfg.replace(moe_backend=MoeBackend.CAPACITY_BUCKETS), {}),
                 "grouped": (cfg.replace(moe_backend=MoeBackend.GROUPED), {})}
     if pair == "layout":
-        return {"in_out": (cfg, {"out_in_weights": False}),
-                "out_in": (cfg, {"out_in_weights": True})}
+        return {"in_out": (cfg, {"backend": "cpu_unstacked"}),
+                "out_in": (cfg, {"backend": "cpu_out_in"})}
     raise ValueError(f"decode_ab: pair={pair!r} must be 'moe' or 'layout'")
 
 

@@ -16,8 +16,8 @@
    batch of `--batches` (a `--prompt`-token random prompt, `--new_tokens` greedy tokens,
    prefill included: `Engine.generate` against `model.generate`) and the update step
    (`--train_batch` x `--train_seq` tokens, SFT, clip + AdamW; jitted and donated on Avalon's
-   side; the engine's CPU default, weights packed for `model/cpu_gemm.py`'s kernel where it
-   builds, `--packed_weights=off` for XLA's products). Each measurement is repeated
+   side; the engine's CPU default, weights packed for `backends/cpu_gemm.py`'s kernel where it
+   builds, `--decode_backend=cpu_out_in` for XLA's products). Each measurement is repeated
    `--repeats` times after one warm-up; medians of wall time and of process CPU time (the
    `_cpu` rates and ratios) reported.
    Then the update step once more with both libraries in one process, alternating a step of
@@ -75,9 +75,11 @@ flags.DEFINE_bool("scan_layers", False, "Avalon: scan repeated layer runs (off: 
                   "either way)")
 flags.DEFINE_integer("chunk_size", 64, "Avalon: the SSD chunk (0 keeps the checkpoint's "
                      "128); any chunk computes the same scan, 64 is faster on CPU")
-flags.DEFINE_enum("packed_weights", "auto", ["auto", "on", "off"], "Avalon: the engine's "
-                  "weights packed for the CPU product kernel (model/cpu_gemm.py; auto: where it "
-                  "builds) or held output-first for XLA's products")
+flags.DEFINE_enum("decode_backend", "auto", ["auto", "as_trained", "cpu_unstacked",
+                                             "cpu_out_in", "cpu_packed"],
+                  "Avalon: the engine's decode backend (avalon/backends/decode.py; auto: on a "
+                  "CPU, weights packed for the product kernel where it builds, else held "
+                  "output-first for XLA's products)")
 flags.DEFINE_bool("count_copies", False, "count state / weight copies in the decode program")
 flags.DEFINE_bool("timing", True, "run the timing processes (False: agreement only)")
 flags.DEFINE_enum("role", "driver", ["driver", "torch", "avalon", "paired"],
@@ -127,7 +129,7 @@ class Shapes:
     agree_steps: int = 7
     lr: float = 1e-3
     repeats: int = 5
-    packed_weights: bool | None = None  # the engine's (None: its CPU default)
+    decode_backend: str = "auto"  # the engine's (auto: its platform default)
 
 
 def cpu_threads() -> int:
@@ -249,11 +251,10 @@ def avalon_generate(engine, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
     return np.stack([r.tokens for r in results])
 
 
-def make_engine(cfg, params, batch: int, context: int, packed_weights: bool | None):
+def make_engine(cfg, params, batch: int, context: int, decode_backend: str):
     from avalon.inference.engine import Engine
 
-    return Engine(cfg, params, num_slots=batch, max_context=context,
-                  packed_weights=packed_weights)
+    return Engine(cfg, params, num_slots=batch, max_context=context, backend=decode_backend)
 
 
 def torch_generate(model, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
@@ -291,7 +292,7 @@ def agreement(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict
 
     new = min(shapes.new_tokens, 32)
     t_tokens = torch_generate(model, ids, new)
-    engine = make_engine(cfg, params, 2, shapes.prompt + new, shapes.packed_weights)
+    engine = make_engine(cfg, params, 2, shapes.prompt + new, shapes.decode_backend)
     a_tokens = avalon_generate(engine, ids, new)
     same_tokens = float(np.mean(t_tokens == a_tokens))
 
@@ -368,11 +369,11 @@ def time_avalon(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> di
     for b in shapes.batches:
         prompts = random_ids(rng, cfg.vocab_size, (b, shapes.prompt))
         engine = make_engine(cfg, params, b, shapes.prompt + shapes.new_tokens,
-                             shapes.packed_weights)
+                             shapes.decode_backend)
         s = _median_time(functools.partial(avalon_generate, engine, prompts, shapes.new_tokens),
                          shapes.repeats)
         out["decode"][str(b)], out["decode_cpu"][str(b)] = _rates(b * shapes.new_tokens, s)
-        out["packed_weights"] = engine.packed_weights
+        out["decode_backend"] = engine.backend.value
     ids = random_ids(rng, cfg.vocab_size, (shapes.train_batch, shapes.train_seq))
     s = _median_time(avalon_update_once(cfg, params, ids, shapes.lr), shapes.repeats)
     out["update_tokens_per_s"], out["update_tokens_per_cpu_s"] = _rates(
@@ -452,7 +453,7 @@ def _shapes() -> Shapes:
                   new_tokens=FLAGS.new_tokens, train_batch=FLAGS.train_batch,
                   train_seq=FLAGS.train_seq, agree_steps=FLAGS.agree_steps, lr=FLAGS.lr,
                   repeats=FLAGS.repeats,
-                  packed_weights={"auto": None, "on": True, "off": False}[FLAGS.packed_weights])
+                  decode_backend=FLAGS.decode_backend)
 
 
 def main(argv):
@@ -487,8 +488,8 @@ def main(argv):
         cfg, params = load_avalon(path, avalon_overrides())
         result["decode_copies"] = {
             layout: decode_copies(cfg, params, batch=8, context=shapes.prompt + shapes.new_tokens,
-                                  unstack_layers=unstack)
-            for layout, unstack in (("stacked", False), ("engine_default", None))}
+                                  backend=backend)
+            for layout, backend in (("stacked", "as_trained"), ("engine_default", "auto"))}
     if FLAGS.timing:
         t = _run_worker("torch", path)
         a = _run_worker("avalon", path)

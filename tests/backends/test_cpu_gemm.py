@@ -1,4 +1,4 @@
-"""The CPU product kernel (`model/cpu_gemm.py`) against references: float64 NumPy products for
+"""The CPU product kernel (`backends/cpu_gemm.py`) against references: float64 NumPy products for
 every row count the kernel splits differently (groups of 8 / 4 / 2 / 1 rows) and output widths
 that end in a partial block; the grouped product per expert run, padding rows included; the
 packed layout's round trip; `dense` and the MoE layer on packed weights against their einsum /
@@ -12,12 +12,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from avalon.model import cpu_gemm, init_params, presets
+from avalon.backends import cpu_gemm
+from avalon.backends.cpu_gemm import Packed, grouped_rows_product, rows_product
+from avalon.backends.decode import out_in_params
+from avalon.model import init_params, presets
 from avalon.model.config import MoeBackend
-from avalon.model.cpu_gemm import Packed, grouped_rows_product, rows_product
 from avalon.model.dense import dense, dense_einsum
 from avalon.model.moe import moe_layer
-from avalon.model.params import out_in_params
 
 
 @pytest.fixture(autouse=True)

@@ -24,13 +24,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from avalon import backends
 from avalon import model as M
+from avalon.backends import DecodeBackend, cpu_gemm
+from avalon.backends.cpu_out_in import OutIn
 from avalon.inference.api import SamplingParams, StopReason, TurnRequest
 from avalon.inference.engine import Engine
-from avalon.model import cpu_gemm
+from avalon.model import param_shardings
 from avalon.model.config import MoeBackend
-from avalon.model.dense import OutIn
-from avalon.sharding import DECODE_RULES, make_mesh, param_shardings
+from avalon.model.dense import BackendWeight
+from avalon.sharding import DECODE_RULES, make_mesh
 
 CFG = M.presets.get("tiny", time_step_min=0.0)
 WINDOW = 32
@@ -58,17 +61,17 @@ def engines(params):
     return {"gathered": make_engine(params, 16), "whole": make_engine(params, 8)}
 
 
-@functools.partial(jax.jit, static_argnames=("replay",))
-def _reference(params, tokens, routing, replay):
-    r = M.forward(params, tokens, CFG, routing=routing if replay else None)
+@functools.partial(jax.jit, static_argnames=("replay", "cfg"))
+def _reference(params, tokens, routing, replay, cfg=CFG):
+    r = M.forward(params, tokens, cfg, routing=routing if replay else None)
     return jax.nn.log_softmax(r.logits, axis=-1), r.logits, r.routing
 
 
 class Tracker:
     """What the engine's slots should hold, and every sampled token with its log-prob."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, engine, cfg=CFG):
+        self.engine, self.cfg = engine, cfg
         self.context, self.routing, self.samples = {}, {}, {}
 
     def new(self, slot):
@@ -115,8 +118,9 @@ class Tracker:
             assert self.engine.context_length(s) == len(ctx)
             tokens[b, :len(ctx)] = ctx
             routing[:, b, :len(ctx)] = np.asarray(self.routing[s]).transpose(1, 0, 2)
-        logp, logits, ref_routing = jax.device_get(_reference(params, tokens, routing, False))
-        replay_logp = np.asarray(_reference(params, tokens, routing, True)[0])
+        logp, logits, ref_routing = jax.device_get(_reference(params, tokens, routing, False,
+                                                              self.cfg))
+        replay_logp = np.asarray(_reference(params, tokens, routing, True, self.cfg)[0])
         for b, s in enumerate(slots):
             n = len(self.context[s])
             np.testing.assert_array_equal(ref_routing[:, b, :n], routing[:, b, :n],
@@ -390,88 +394,116 @@ def test_slot_errors(engines, params):
         small.set_params({**params, "embed": jnp.zeros((128, 32))})
 
 
-def test_unstacked_layers_engine_equals_stacked(engines, params):
-    """The CPU default (`unstack_layers`: one block per layer, params sliced once) serves the
-    same tokens, log-probs and routing as the engine that reads the stacked params."""
-    assert engines["whole"].unstack_layers  # the default on one CPU device
-    stacked = Engine(CFG, params, num_slots=8, max_context=WINDOW, steps_per_dispatch=4,
-                     prefill_chunk=8, unstack_layers=False)
-    assert not stacked.unstack_layers
+def _same_turns(engs, seeds, lp_atol):
+    """Two turns (one greedy, one sampled) through each engine: identical tokens and routing,
+    log-probs within `lp_atol`, through prefill chunks and decode dispatches."""
     outs = []
-    for eng in (engines["whole"], stacked):
+    for eng in engs:
         a, b = eng.allocate(), eng.allocate()
         outs.append(eng.generate([
-            TurnRequest(a, _prompt(40, 9), 6, GREEDY),
-            TurnRequest(b, _prompt(41, 5), 7, SamplingParams(temperature=0.8, seed=2))]))
+            TurnRequest(a, _prompt(seeds[0], 19), 9, GREEDY),
+            TurnRequest(b, _prompt(seeds[1], 3), 6, SamplingParams(temperature=0.8, seed=5))]))
         eng.release(a)
         eng.release(b)
     for x, y in zip(*outs):
         np.testing.assert_array_equal(x.tokens, y.tokens)
-        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-6, rtol=0)
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=lp_atol, rtol=0)
         np.testing.assert_array_equal(x.routing, y.routing)
+        assert x.stop_reason == y.stop_reason
+
+
+def _layers(eng):
+    return {k: lp for blk in eng._run_params["blocks"] for k, lp in blk.items()}
+
+
+def test_default_backend_engine_equals_as_trained(engines, params):
+    """The CPU default (one block per layer, params sliced once; projections packed for the
+    kernel or held output-first) serves the same tokens, log-probs and routing as the engine
+    that reads the stacked params in place."""
+    assert engines["whole"].backend in (DecodeBackend.CPU_PACKED, DecodeBackend.CPU_OUT_IN)
+    stacked = Engine(CFG, params, num_slots=8, max_context=WINDOW, steps_per_dispatch=4,
+                     prefill_chunk=8, backend="as_trained")
+    assert stacked.backend == DecodeBackend.AS_TRAINED
+    assert stacked._run_params is params  # read in place
+    _same_turns([engines["whole"], stacked], (40, 41), 1e-5)
 
 
 @pytest.mark.parametrize("backend", [MoeBackend.RAGGED_DOT, MoeBackend.GROUPED])
-def test_out_in_weights_engine_equals_in_out(params, backend):
-    """The CPU default (`out_in_weights`: projections held output-first, and with GROUPED the
-    routed experts too) serves the same tokens, log-probs and routing as the engine reading the
-    params in their own [in, out] layout, through prefill chunks and decode dispatches."""
+def test_out_in_engine_equals_unstacked(params, backend):
+    """`cpu_out_in` (projections held output-first, and with GROUPED the routed experts too)
+    serves the same tokens, log-probs and routing as the engine reading the unstacked params in
+    their own [in, out] layout."""
     cfg = CFG.replace(moe_backend=backend)
     engs = [Engine(cfg, params, num_slots=4, max_context=WINDOW, steps_per_dispatch=4,
-                   prefill_chunk=8, out_in_weights=flag, packed_weights=False)
-            for flag in (True, False)]
-    assert engs[0].out_in_weights and not engs[1].out_in_weights
-    layers = {k: lp for blk in engs[0]._run_params["blocks"] for k, lp in blk.items()}
+                   prefill_chunk=8, backend=b) for b in ("cpu_out_in", "cpu_unstacked")]
+    layers = _layers(engs[0])
     assert isinstance(layers["0_mamba"]["in_x"], OutIn)
     assert isinstance(layers["0_moe"]["experts_up"], OutIn) == (backend == MoeBackend.GROUPED)
     assert not isinstance(layers["0_moe"]["router"], OutIn)
-    outs = []
-    for eng in engs:
-        a, b = eng.allocate(), eng.allocate()
-        outs.append(eng.generate([
-            TurnRequest(a, _prompt(42, 19), 9, GREEDY),
-            TurnRequest(b, _prompt(43, 3), 6, SamplingParams(temperature=0.8, seed=5))]))
-    for x, y in zip(*outs):
-        np.testing.assert_array_equal(x.tokens, y.tokens)
-        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
-        np.testing.assert_array_equal(x.routing, y.routing)
+    assert not isinstance(_layers(engs[1])["0_mamba"]["in_x"], BackendWeight)
+    _same_turns(engs, (42, 43), 1e-5)
 
 
-def test_packed_weights_engine_equals_out_in(params, cpu_kernel):
-    """The CPU default where the kernel builds (`packed_weights`: projections, LM head and the
+def test_packed_engine_equals_out_in(params, cpu_kernel):
+    """The CPU default where the kernel builds (`cpu_packed`: projections, LM head and the
     grouped experts packed for `cpu_gemm`) serves the same tokens, log-probs and routing as the
-    output-first engine on XLA's products, through prefill chunks and decode dispatches; a bf16
-    view of the params keeps the output-first layout (the kernel is float32 only)."""
+    output-first engine on XLA's products; a bf16 view of the params keeps the output-first
+    layout (the kernel is float32 only)."""
     cfg = CFG.replace(moe_backend=MoeBackend.GROUPED)
     engs = [Engine(cfg, params, num_slots=4, max_context=WINDOW, steps_per_dispatch=4,
-                   prefill_chunk=8, packed_weights=flag) for flag in (None, False)]
-    assert engs[0].packed_weights and not engs[1].packed_weights
-    layers = {k: lp for blk in engs[0]._run_params["blocks"] for k, lp in blk.items()}
+                   prefill_chunk=8, backend=b) for b in (None, "cpu_out_in")]
+    assert engs[0].backend == DecodeBackend.CPU_PACKED
+    layers = _layers(engs[0])
     assert isinstance(layers["0_mamba"]["in_x"], cpu_gemm.Packed)
     assert isinstance(layers["0_moe"]["experts_up"], cpu_gemm.Packed)
     assert isinstance(engs[0]._run_params["lm_head"], cpu_gemm.Packed)
-    outs = []
-    for eng in engs:
-        a, b = eng.allocate(), eng.allocate()
-        outs.append(eng.generate([
-            TurnRequest(a, _prompt(44, 19), 9, GREEDY),
-            TurnRequest(b, _prompt(45, 3), 6, SamplingParams(temperature=0.8, seed=5))]))
-    for x, y in zip(*outs):
-        np.testing.assert_array_equal(x.tokens, y.tokens)
-        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5, rtol=0)
-        np.testing.assert_array_equal(x.routing, y.routing)
+    _same_turns(engs, (44, 45), 1e-5)
     engs[0].set_params(jax.tree.map(lambda a: a.astype(jnp.bfloat16), params))
-    layers = {k: lp for blk in engs[0]._run_params["blocks"] for k, lp in blk.items()}
-    assert isinstance(layers["0_mamba"]["in_x"], OutIn)
+    assert isinstance(_layers(engs[0])["0_mamba"]["in_x"], OutIn)
 
 
-def test_packed_weights_need_out_in_weights(params):
-    with pytest.raises(ValueError, match="packed_weights=True"):
-        Engine(CFG, params, num_slots=2, max_context=WINDOW, out_in_weights=False,
-               packed_weights=True)
+def test_default_backends_end_to_end(params):
+    """What each platform runs by default, end to end (the tests above pin tiny's MoE dispatch
+    to RAGGED_DOT): the MoE dispatch AUTO (on CPU the grouped tiles) and the engine's decode
+    backend AUTO (one CPU device: projections and grouped experts packed for the kernel where
+    it builds, else output-first) against full forwards of every context with the same
+    dispatch; then, under a mesh (AUTO: the params read in place, the experts expert-parallel
+    with grouped local tiles), the same tokens, log-probs and routing as one device."""
+    cfg = CFG.replace(moe_backend=MoeBackend.AUTO)
+    eng = Engine(cfg, params, num_slots=8, max_context=WINDOW, steps_per_dispatch=4,
+                 prefill_chunk=8)
+    assert eng.backend in (DecodeBackend.CPU_PACKED, DecodeBackend.CPU_OUT_IN)
+    assert isinstance(_layers(eng)["0_moe"]["experts_up"], BackendWeight)  # grouped, laid out
+    tr = Tracker(eng, cfg)
+    a, b = eng.allocate(), eng.allocate()
+    tr.new(a)
+    tr.new(b)
+    tr.generate([TurnRequest(a, _prompt(50, 11), 6, GREEDY),
+                 TurnRequest(b, _prompt(51, 4), 5, SamplingParams(temperature=0.8, seed=6))])
+    tr.generate([TurnRequest(a, _prompt(52, 3), 4, GREEDY),
+                 TurnRequest(b, np.zeros(0, np.int32), 3, GREEDY)])
+    tr.check(params, [a, b])
+    eng.release(a)
+    eng.release(b)
+
+    mesh = make_mesh({"data": 2, "expert": 2, "tensor": 2})
+    sharded = Engine(cfg, jax.device_put(params, param_shardings(cfg, mesh, DECODE_RULES)),
+                     num_slots=8, max_context=WINDOW, mesh=mesh, steps_per_dispatch=4,
+                     prefill_chunk=8)
+    assert sharded.backend == DecodeBackend.AS_TRAINED
+    _same_turns([sharded, eng], (53, 54), 1e-5)
 
 
-def test_out_in_weights_rejected_under_a_mesh(params):
-    with pytest.raises(ValueError, match="out_in_weights=True"):
+def test_decode_backend_refusals_name_the_choice(params, monkeypatch):
+    with pytest.raises(ValueError, match=r"Engine: backend='cpu_fast' must be one of"):
+        Engine(CFG, params, num_slots=2, max_context=WINDOW, backend="cpu_fast")
+    with pytest.raises(ValueError, match="backend='cpu_out_in' lays weights out for one device"):
         Engine(CFG, params, num_slots=2, max_context=WINDOW, mesh=make_mesh({"data": 8}),
-               out_in_weights=True)
+               backend="cpu_out_in")
+    # Under a mesh of several devices AUTO reads the params in place.
+    assert backends.select(None, make_mesh({"data": 8})) == DecodeBackend.AS_TRAINED
+    # Without the kernel AUTO falls back to XLA's products; asking for it is refused.
+    monkeypatch.setattr(cpu_gemm, "ready", lambda: False)
+    assert backends.select("auto") == DecodeBackend.CPU_OUT_IN
+    with pytest.raises(ValueError, match="backend='cpu_packed' needs the CPU product kernel"):
+        backends.select(DecodeBackend.CPU_PACKED)

@@ -1,14 +1,13 @@
 """`dense` (projections as one flattened 2-D matmul) equals its einsum reference: values and the
-gradients of both operands, for one and two contracted axes, with and without a mesh; and with
-the weight held output-first (`OutIn`, the engine's CPU decode layout) on either side of
-`OUT_IN_ROWS`."""
+gradients of both operands, for one and two contracted axes, with and without a mesh. (The
+backends' weight layouts against the same reference: tests/backends/.)"""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from avalon.model.dense import OUT_IN_ROWS, OutIn, dense, dense_einsum
+from avalon.model.dense import dense, dense_einsum
 from avalon.sharding import TRAIN_RULES, make_mesh, use_rules
 
 CASES = [  # (x shape, w shape, n_in)
@@ -71,36 +70,6 @@ def test_dense_gradients_keep_each_operand_dtype():
     np.testing.assert_allclose(gw, rw, rtol=2e-2, atol=2e-2)
     np.testing.assert_allclose(gx.astype(jnp.float32), rx.astype(jnp.float32), rtol=2e-2,
                                atol=2e-2)
-
-
-@pytest.mark.parametrize("rows", [5, OUT_IN_ROWS, OUT_IN_ROWS + 1], ids=["decode", "edge", "many"])
-@pytest.mark.parametrize("xs,ws,n_in", CASES)
-def test_out_in_weight_equals_einsum(xs, ws, n_in, rows):
-    """Both product forms (w_t @ x.T for few rows, x @ w_t.T for many) against the reference;
-    the weight is stacked first ([2, *in, *out]) and unstacked as a pytree, as the engine's
-    layer blocks are."""
-    x = jax.random.normal(jax.random.key(5), (rows, *xs[len(xs) - n_in:]))
-    stack = jax.random.normal(jax.random.key(6), (2, *ws))
-    w = OutIn.of(stack, n_in, lead=1)
-    assert w.shape == stack.shape and w.t.shape[0] == 2
-    one = jax.tree.map(lambda a: a[1], w)
-    assert one.shape == ws and one.dtype == stack.dtype
-    np.testing.assert_array_equal(one.as_in_out(), stack[1])
-    got = jax.jit(dense, static_argnums=2)(x, one, n_in)
-    np.testing.assert_allclose(got, dense_einsum(x, stack[1], n_in), rtol=1e-6, atol=1e-5)
-
-
-def test_out_in_weight_under_a_mesh_equals_einsum():
-    mesh = make_mesh({"data": 2, "tensor": 4})
-    x = jax.random.normal(jax.random.key(7), (4, 5, 8))
-    w = jax.random.normal(jax.random.key(8), (8, 2, 4))
-
-    def fn(x, t):
-        with use_rules(mesh, TRAIN_RULES):
-            return dense(x, OutIn(t, (8,), (2, 4)))
-
-    got = jax.jit(fn)(x, OutIn.of(w, 1).t)
-    np.testing.assert_allclose(got, dense_einsum(x, w), rtol=1e-6, atol=1e-6)
 
 
 def test_dense_head_value_and_gradients_equal_the_plain_product():

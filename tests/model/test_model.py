@@ -1,13 +1,17 @@
 """Whole-model properties: decode == forward, continuation, causality, packing, sharding."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from avalon import sharding
-from avalon.model import forward, init_cache, init_params, presets
-from avalon.model.params import abstract_params, unstack_params
+from avalon.backends.decode import unstack_params
+from avalon.model import forward, init_cache, init_params, param_shardings, presets
+from avalon.model.config import MoeBackend
+from avalon.model.params import abstract_params
 
 CFG = presets.get("tiny")  # "MEME*-ME*M": all four letters, repeated runs, latent MoE
 
@@ -132,7 +136,7 @@ def test_routing_replay_reproduces_logits(params, tokens, full):
 @pytest.mark.parametrize("mesh_shape", [{"data": 2, "tensor": 4}, {"fsdp": 2, "expert": 4}])
 def test_sharded_forward_equals_unsharded(params, tokens, full, mesh_shape):
     mesh = sharding.make_mesh(mesh_shape)
-    shardings = sharding.param_shardings(CFG, mesh, sharding.TRAIN_RULES)
+    shardings = param_shardings(CFG, mesh, sharding.TRAIN_RULES)
     sharded = jax.device_put(params, shardings)
     tok_sharding = jax.sharding.NamedSharding(
         mesh, sharding.logical_to_spec(("batch", "act_seq"), sharding.TRAIN_RULES, mesh,
@@ -148,6 +152,46 @@ def test_sharded_forward_equals_unsharded(params, tokens, full, mesh_shape):
     # The params really are split across devices.
     up = sharded["blocks"][0]["1_moe"]["experts_up"]
     assert len(up.sharding.device_set) == 8 and up.addressable_shards[0].data.size < up.size
+
+
+def test_platform_default_dispatch_end_to_end(params, tokens, full):
+    """The checks above run tiny pinned to RAGGED_DOT; here the MoE dispatch each platform runs
+    by default (AUTO: on CPU the grouped tiles; under a mesh the expert-parallel path, each
+    chip's experts in grouped tiles). Its full forward equals RAGGED_DOT's (same experts chosen),
+    prefill then decode equals its own full forward, and the sharded forward the unsharded."""
+    cfg = CFG.replace(moe_backend=MoeBackend.AUTO)
+    auto = jax.jit(lambda p, t: forward(p, t, cfg))(params, tokens)
+    np.testing.assert_array_equal(auto.routing, full.routing)
+    np.testing.assert_allclose(auto.logits, full.logits, atol=2e-5, rtol=0)
+
+    step = jax.jit(lambda p, t, c: forward(p, t, cfg, cache=c))
+    r = step(params, tokens[:, :13], init_cache(cfg, 2, 32))
+    logits, cache = [r.logits], r.cache
+    for i in range(13, 21):
+        r = step(params, tokens[:, i:i + 1], cache)
+        logits.append(r.logits)
+        cache = r.cache
+    np.testing.assert_allclose(jnp.concatenate(logits, 1), auto.logits, atol=2e-5, rtol=0)
+
+    mesh = sharding.make_mesh({"fsdp": 2, "expert": 4})
+    shardings = param_shardings(cfg, mesh, sharding.TRAIN_RULES)
+
+    def run(p, t):
+        with sharding.use_rules(mesh, sharding.TRAIN_RULES):
+            return forward(p, t, cfg)
+
+    r = jax.jit(run, in_shardings=(shardings, None))(jax.device_put(params, shardings), tokens)
+    np.testing.assert_allclose(r.logits, auto.logits, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(r.routing, auto.routing)
+
+
+def test_profile_names_each_layer_kind(params, tokens):
+    """`jax.named_scope` per layer kind: the lowered forward names each op after its layer kind
+    and the LM head, as a profile (TensorBoard, Perfetto) shows them."""
+    text = jax.jit(lambda p, t: forward(p, t, CFG)).lower(params, tokens).as_text(
+        debug_info=True)
+    assert {"mamba", "moe", "attention", "mlp", "head"} <= set(
+        re.findall(r"jit\(<lambda>\)/([a-z_]+)/", text))
 
 
 def test_bad_calls_name_the_problem(params, tokens):

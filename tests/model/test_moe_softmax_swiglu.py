@@ -5,8 +5,8 @@ The MoE backends share one activation contract (`activations.py`): a fused [gate
 and `activate` / `activate_grad`. Checked here: the activation's hand-written gradient against
 autodiff; the softmax router against a NumPy reference (with and without renormalisation);
 every single-device backend's output and (for the custom-VJP ones) gradients against DENSE;
-the engine's CPU layouts (output-first, packed for the C++ kernel) with the gate and up fused
-once; the expert-parallel `shard_map` on a 2 x 4 mesh; routing replay.
+the expert-parallel `shard_map` on a 2 x 4 mesh; routing replay. (The engine's CPU layouts
+with the gate and up fused once: tests/backends/test_cpu_out_in.py.)
 """
 
 import jax
@@ -19,10 +19,8 @@ from avalon import sharding
 from avalon.model import init_params, presets
 from avalon.model.activations import activate, activate_grad
 from avalon.model.config import Activation, MoeBackend
-from avalon.model.cpu_gemm import Packed
-from avalon.model.dense import OutIn
 from avalon.model.moe import moe_layer, route
-from avalon.model.params import moe_specs, out_in_params
+from avalon.model.params import moe_specs
 
 CFG = presets.get("tiny_qwen3_moe", moe_dispatch_chunk=6)
 
@@ -92,22 +90,6 @@ def test_backends_equal_dense_with_gradients(lp, x, backend, forced):
         assert scale > 0, key
         np.testing.assert_allclose(gp[key], gp_ref[key], atol=1e-5 * scale, rtol=1e-4,
                                    err_msg=key)
-
-
-@pytest.mark.parametrize("packed", [False, True], ids=["out_in", "packed"])
-def test_engine_layouts_fuse_gate_and_up_once(lp, x, packed, request):
-    if packed:
-        request.getfixturevalue("cpu_kernel")
-    cfg = CFG.replace(moe_backend=MoeBackend.GROUPED, pattern="E")
-    params = {"blocks": [{"0_moe": jax.tree.map(lambda a: a[None], lp)}]}
-    layer = jax.tree.map(lambda a: a[0], out_in_params(cfg, params, packed=packed)["blocks"][0][
-        "0_moe"])
-    assert "experts_gate" not in layer and "experts_up" not in layer
-    assert isinstance(layer["experts_gate_up"], Packed if packed else OutIn)
-    y_ref, idx_ref, _ = moe_layer(lp, x[:2], CFG, backend=MoeBackend.DENSE)
-    y, idx, _ = jax.jit(lambda p, x: moe_layer(p, x, cfg))(layer, x[:2])
-    np.testing.assert_array_equal(idx, idx_ref)
-    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
 
 
 def test_expert_parallel_equals_dense(lp, x):

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from avalon import model as M
+from avalon.backends.training import compiler_options
 from avalon.rl.batch import TrainBatch
 from avalon.rl.build import build_rl_batch, build_sft_batch
 from avalon.rl.config import LossKind, RLConfig
 from avalon.rl.packing import pack_rows
-from avalon.rl.update import compiler_options, make_update_step
+from avalon.rl.update import make_update_step
 from avalon.sharding import make_mesh
 from tests.rl.helpers import make_group, make_rollout, make_row
 
@@ -141,6 +142,33 @@ def test_mesh_step_with_micro_batches_matches_single_device(single, params, batc
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(_host(ref_state.params)),
                             jax.tree.leaves(_host(state.params))):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+
+def test_platform_default_dispatch_mesh_step_matches_single_device(single, params, batch):
+    """The step with the MoE dispatch each platform runs by default (AUTO; the tests above pin
+    tiny to RAGGED_DOT): expert-parallel over fsdp=2 x expert=4, each chip's experts in grouped
+    tiles (dropless capacity), equals the single-device RAGGED_DOT step."""
+    mesh = make_mesh({"fsdp": 2, "expert": 4})
+    auto = make_update_step(CFG.replace(moe_backend=M.MoeBackend.AUTO),
+                            RL.replace(moe_capacity_factor=None), mesh=mesh)
+    ref_state, ref_m = single(single.init_state(params), batch)
+    state, m = auto(auto.init_state(params), batch)
+    assert int(m["moe_dropped_choices"]) == 0
+    for key in ref_m:
+        np.testing.assert_allclose(m[key], ref_m[key], rtol=2e-5, atol=1e-6, err_msg=key)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(_host(ref_state.params)),
+                            jax.tree.leaves(_host(state.params))):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+
+def test_profile_names_the_loss_and_the_head(single, params, batch):
+    """The update step's ops are named (`jax.named_scope`) after the loss, the log-probs, the LM
+    head and each layer kind, in the forward and in the gradient."""
+    text = single.step_fn.lower(single.init_state(params), single.put_batch(batch)).as_text(
+        debug_info=True)
+    scopes = set(re.findall(r"[/(]([a-z_]+)[/)]", text))
+    assert {"loss", "logprobs", "head", "moe", "attention"} <= scopes
+    assert re.search(r"transpose\(jvp\(moe\)\)", text)  # the backward of an MoE layer
 
 
 def test_sft_runs_through_the_same_step_and_lowers_nll(params):
