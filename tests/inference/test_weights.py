@@ -60,10 +60,25 @@ def test_bf16_decode_mismatch_is_measured(master):
     stats = mismatch_stats(res.logprobs, trainer, np.ones(len(trainer), bool))
     assert 0.9 < stats["ratio_mean"] < 1.1
     assert stats["abs_log_ratio_mean"] > 0  # bf16 is not fp32
-    assert stats["kl_k3"] >= 0
+    assert stats["kl_k3"] > 0  # bf16 is not fp32 (k3 is 0 only where every ratio is 1)
     # The same statistic is exactly zero when the sampler decodes the master itself.
     same = mismatch_stats(trainer, trainer, np.ones(len(trainer), bool))
-    assert same["abs_log_ratio_mean"] == 0 and same["ratio_mean"] == 1
+    assert same["abs_log_ratio_mean"] == 0 and same["ratio_mean"] == 1 and same["kl_k3"] == 0
+
+
+def test_mismatch_stats_by_hand():
+    """Three tokens, the third masked out. Sampler probabilities 1/2, 1/4; trainer 1/4, 1/2:
+    ratios 1/2 and 2, log-ratios -ln 2 and ln 2. k3 = mean(r - 1 - log r)
+    = ((1/2 - 1 + ln 2) + (2 - 1 - ln 2)) / 2 = 1/4."""
+    sampler = np.log([0.5, 0.25, 0.9])
+    trainer = np.log([0.25, 0.5, 0.1])
+    stats = mismatch_stats(sampler, trainer, np.array([True, True, False]))
+    np.testing.assert_allclose(stats["kl_k3"], 0.25, rtol=1e-12)
+    np.testing.assert_allclose(stats["ratio_mean"], 1.25, rtol=1e-12)
+    assert (stats["ratio_min"], stats["ratio_max"]) == pytest.approx((0.5, 2.0), rel=1e-12)
+    assert stats["ratio_outside_frac"] == 1.0  # both outside [0.8, 1.25]
+    np.testing.assert_allclose(stats["abs_log_ratio_mean"], np.log(2), rtol=1e-12)
+    assert mismatch_stats(sampler, trainer, np.zeros(3, bool)) == {}  # nothing to compare
 
 
 def test_bf16_view_logits_stay_close_to_fp32(master):

@@ -86,6 +86,44 @@ def test_bfloat16_tracks_float32(params, tokens):
     assert rel < 0.05, rel
 
 
+def _np_rms(x, w, eps):
+    return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def test_mtp_head_equals_a_hand_computation():
+    """An MTP block with one MLP layer against NumPy (float64) from its definition: h =
+    eh_proj [enorm(E[next]); hnorm(hidden)], h + down(relu(up(norm(h)))^2), the MTP final
+    norm, the shared LM head. The norm weights are random so that each norm, and the order of
+    the concatenation, shows in the result."""
+    cfg = CFG.replace(pattern="-", mtp_pattern="-")
+    params = init_params(jax.random.key(5), cfg)
+    keys = iter(jax.random.split(jax.random.key(6), 8))
+    mtp = dict(params["mtp"])
+    for name in ("enorm", "hnorm", "final_norm"):
+        mtp[name] = 1 + jax.random.normal(next(keys), mtp[name].shape)
+    layer = dict(mtp["layers"][0])
+    layer["norm"] = 1 + jax.random.normal(next(keys), layer["norm"].shape)
+    for name in ("up", "down"):  # large enough that the MLP's contribution is visible
+        layer[name] = layer[name] * 10
+    mtp["layers"] = [layer]
+    params = {**params, "mtp": mtp}
+    hidden = jax.random.normal(next(keys), (2, 5, cfg.hidden_size))
+    nxt = jax.random.randint(next(keys), (2, 5), 0, cfg.vocab_size)
+    got = np.asarray(jax.jit(lambda p, h, n: mtp_logits(p, h, n, cfg))(params, hidden, nxt))
+
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    m, lp, eps = p["mtp"], p["mtp"]["layers"][0], cfg.layer_norm_epsilon
+    x = np.concatenate([_np_rms(p["embed"][np.asarray(nxt)], m["enorm"], eps),
+                        _np_rms(np.asarray(hidden, np.float64), m["hnorm"], eps)], axis=-1)
+    h = x @ m["eh_proj"]
+    h = h + np.maximum(_np_rms(h, lp["norm"], eps) @ lp["up"], 0) ** 2 @ lp["down"]
+    want = _np_rms(h, m["final_norm"], eps) @ p["lm_head"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    # Swapping the two halves of the concatenation changes the answer (the order is tested).
+    swapped = np.concatenate([x[..., cfg.hidden_size:], x[..., :cfg.hidden_size]], -1)
+    assert not np.allclose(swapped @ m["eh_proj"], x @ m["eh_proj"], atol=1e-3)
+
+
 def test_mtp_head_predicts_from_hidden_and_next_token():
     cfg = CFG.replace(pattern="M", mtp_pattern="*E")
     params = init_params(jax.random.key(3), cfg)
