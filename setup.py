@@ -21,9 +21,10 @@ EXTRAS = {
     # nbclient, nbformat and ipykernel execute the notebook (tests/experiments/test_notebook.py).
     # gcsfs and gcp-storage-emulator (a loopback GCS server) run a gs:// workdir end to end
     # (tests/train/test_remote_workdir.py). hypothesis generates the tool arguments of the
-    # security fuzz (tests/security/test_tool_fuzz.py).
+    # security fuzz (tests/security/test_tool_fuzz.py). import-linter checks the layers of
+    # docs/architecture.md (`lint-imports`, .importlinter).
     "test": ["pytest", "ruff", "nbclient", "nbformat", "ipykernel", "gcsfs",
-             "gcp-storage-emulator", "hypothesis"],
+             "gcp-storage-emulator", "hypothesis", "import-linter"],
     # A gs:// workdir (pod runs): etils.epath and TensorBoard reach GCS through gcsfs.
     "gcs": ["gcsfs"],
     # The Hugging Face oracle and checkpoint formats (parity tests, import/export); jinja2
@@ -54,8 +55,8 @@ setuptools.setup(
     description="RLCR: training one model to work as an organisation of copies of itself",
     packages=setuptools.find_packages(include=["avalon", "avalon.*"]),
     # The engine's CPU product kernel, compiled on the user's machine at first use
-    # (avalon/model/cpu_gemm.py).
-    package_data={"avalon": ["model/*.cc"]},
+    # (avalon/backends/cpu_gemm.py).
+    package_data={"avalon": ["backends/*.cc"]},
     python_requires=">=3.11",  # the pinned jax needs 3.11
     install_requires=RUNTIME,
     extras_require=EXTRAS,
