@@ -61,7 +61,10 @@ WS = "/ws"  # the workspace, inside the sandbox
 SANDBOX_UID = 2147400000  # outside: the sandbox's own uid when the trainer is root
 INSIDE_UID = 1000
 POLL_S = 0.02  # the supervisor's wait and watch interval
-REPORT_GRACE_S = 10.0  # after the time limit, for the supervisor to send the workspace back
+# After the time limit, for the sandbox's start-up and for the supervisor to send the workspace
+# back: only a safety net against a supervisor that never reports (a loaded machine can take
+# seconds to start a process, so it is generous).
+REPORT_GRACE_S = 60.0
 CAPS = ("CAP_SYS_ADMIN", "CAP_CHOWN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # setup only
 
 
@@ -398,9 +401,12 @@ def run_bwrap(ws, rel: str, args) -> RawRun:
     duration = time.monotonic() - start
     files, status = frames.parse()
     if not ended or status is None or status.get("error"):
-        why = ("it did not report in time" if not ended else
-               "its report was too large" if frames.over else
-               status["error"] if status else f"bubblewrap exited {proc.returncode}")
+        if not ended:
+            why = f"it did not report within {lim.run_timeout_s + REPORT_GRACE_S:g} s"
+        elif frames.over:
+            why = "its report was too large"
+        else:
+            why = status["error"] if status else f"bubblewrap exited {proc.returncode}"
         return RawRun(None, stdout.text(), stderr.text() + f"\n(sandbox failed: {why})",
                       duration, not ended, error=why)
     code = None if status["timed_out"] else (
