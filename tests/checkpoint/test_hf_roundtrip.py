@@ -18,8 +18,8 @@ from avalon.checkpoint.safetensors_io import (
     SafetensorsError,
     write_sharded,
 )
-from avalon.model import ModelConfig, abstract_params, presets
-from avalon.sharding import make_mesh, param_shardings
+from avalon.model import ModelConfig, abstract_params, param_shardings, presets
+from avalon.sharding import make_mesh
 
 # Every layer letter, repeated runs, latent, MTP. The MoE backend is a run-time choice a
 # checkpoint does not carry (loading gives ModelConfig's default, AUTO; `hf.load(...,

@@ -19,8 +19,8 @@ import pytest
 
 from avalon.checkpoint.content_sums import content_sums
 from avalon.checkpoint.train_state import CheckpointCorruptError, TrainCheckpointer
-from avalon.model import abstract_params, presets
-from avalon.sharding import make_mesh, param_shardings
+from avalon.model import abstract_params, param_shardings, presets
+from avalon.sharding import make_mesh
 
 CFG = presets.get("tiny")
 

@@ -12,7 +12,8 @@ import pytest
 from avalon import model as M
 from avalon.inference.api import SamplingParams, StopReason, TurnRequest
 from avalon.inference.engine import Engine
-from avalon.sharding import DECODE_RULES, make_mesh, param_shardings
+from avalon.model import param_shardings
+from avalon.sharding import DECODE_RULES, make_mesh
 from tests.inference.test_engine import CFG, GREEDY, Tracker, _prompt
 
 WINDOW = 128

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from avalon import sharding
-from avalon.model import AttentionImpl, Remat, forward, init_params, presets
+from avalon.model import AttentionImpl, Remat, forward, init_params, param_shardings, presets
 from avalon.model.config import RopeScaling
 from avalon.model.rope import apply_rope, inv_freq
 
@@ -129,7 +129,7 @@ def test_sharded_forward_equals_unsharded(mesh_shape, cfg_name):
     toks = jax.random.randint(jax.random.key(2), (8, 12), 0, cfg.vocab_size)
     full = jax.jit(lambda p, t: forward(p, t, cfg))(params, toks)
     mesh = sharding.make_mesh(mesh_shape)
-    shardings = sharding.param_shardings(cfg, mesh, sharding.TRAIN_RULES)
+    shardings = param_shardings(cfg, mesh, sharding.TRAIN_RULES)
     tok_sharding = jax.sharding.NamedSharding(mesh, sharding.logical_to_spec(
         ("batch", "act_seq"), sharding.TRAIN_RULES, mesh, toks.shape))
 

@@ -12,9 +12,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from avalon import model as M
+from avalon.model import param_shardings
 from avalon.model.model import apply_layer
 from avalon.model.params import layer_key
-from avalon.sharding import TRAIN_RULES, TRAIN_SEQ_RULES, make_mesh, param_shardings, use_rules
+from avalon.sharding import TRAIN_RULES, TRAIN_SEQ_RULES, make_mesh, use_rules
 
 # 8 Mamba heads in 4 groups and 4 query heads: both split over the 4 chips of a row.
 CFG = M.presets.get("tiny", pattern="M*", n_groups=4)

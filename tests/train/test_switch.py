@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from avalon import sharding
-from avalon.model import init_params, presets
+from avalon.model import init_params, param_shardings, presets
 from avalon.train.setup import Switch, engine_params, make_local_mesh
 
 CFG = presets.get("tiny")
@@ -23,17 +23,17 @@ def host_params():
 
 def test_same_layout_is_the_same_arrays(host_params):
     mesh = sharding.make_mesh({"data": 2, "tensor": 4})
-    params = jax.device_put(host_params, sharding.param_shardings(CFG, mesh))
+    params = jax.device_put(host_params, param_shardings(CFG, mesh))
     out = engine_params(params, CFG, mesh, make_local_mesh(mesh))
     assert all(a is b for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(params)))
 
 
 def test_fsdp_training_layout_is_relaid_for_decoding(host_params):
     mesh = sharding.make_mesh({"fsdp": 2, "tensor": 4})
-    params = jax.device_put(host_params, sharding.param_shardings(CFG, mesh))
+    params = jax.device_put(host_params, param_shardings(CFG, mesh))
     local = make_local_mesh(mesh)
     out = engine_params(params, CFG, mesh, local)
-    want = sharding.param_shardings(CFG, local, sharding.DECODE_RULES)
+    want = param_shardings(CFG, local, sharding.DECODE_RULES)
     for a, b, w in zip(jax.tree.leaves(out), jax.tree.leaves(host_params), jax.tree.leaves(want)):
         assert a.sharding.spec == w.spec
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -63,12 +63,12 @@ def test_bf16_switch_casts_matrices_and_relays_them(host_params):
     """Cast on the training layout, then re-laid out for decoding: bf16 matrices (the master's
     values rounded), fp32 vectors, decode shardings; the cost is in `metrics`."""
     mesh = sharding.make_mesh({"fsdp": 2, "tensor": 4})
-    params = jax.device_put(host_params, sharding.param_shardings(CFG, mesh))
+    params = jax.device_put(host_params, param_shardings(CFG, mesh))
     local = make_local_mesh(mesh)
     cfg = dataclasses.replace(_train_config("bfloat16"), model=CFG)
     switch = Switch(cfg, mesh, local)
     out = switch(params)
-    want = sharding.param_shardings(CFG, local, sharding.DECODE_RULES)
+    want = param_shardings(CFG, local, sharding.DECODE_RULES)
     for a, b, w in zip(jax.tree.leaves(out), jax.tree.leaves(host_params), jax.tree.leaves(want)):
         assert a.dtype == (jnp.bfloat16 if b.ndim >= 2 else jnp.float32)
         assert a.sharding.spec == w.spec
@@ -80,7 +80,7 @@ def test_bf16_switch_casts_matrices_and_relays_them(host_params):
 
 def test_fp32_switch_on_the_same_layout_is_the_master_itself(host_params):
     mesh = sharding.make_mesh({"data": 2, "tensor": 4})
-    params = jax.device_put(host_params, sharding.param_shardings(CFG, mesh))
+    params = jax.device_put(host_params, param_shardings(CFG, mesh))
     cfg = dataclasses.replace(_train_config("float32"), model=CFG)
     switch = Switch(cfg, mesh, make_local_mesh(mesh))
     out = switch(params)
