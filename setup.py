@@ -56,7 +56,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["avalon", "avalon.*"]),
     # The engine's CPU product kernel, compiled on the user's machine at first use
     # (avalon/backends/cpu_gemm.py).
-    package_data={"avalon": ["backends/*.cc"]},
+    package_data={"avalon": ["backends/*.cc", "data/toy_smoke_seed/*"]},
     python_requires=">=3.11",  # the pinned jax needs 3.11
     install_requires=RUNTIME,
     extras_require=EXTRAS,

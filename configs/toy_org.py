@@ -16,7 +16,10 @@ trained from scratch learns the traces' form but copies no code and computes no 
 SFT teacher is imperfect on purpose (random head-count and 10% wrong answers in
 environment 1, a verifier in three teams of four), which leaves RLCR room. Evaluation compares the
 organisation (budget 3) with a single agent (budget 0) on the same held-out tasks, each
-environment under its own clock. `get_config("smoke")` shrinks everything for a quick check.
+environment under its own clock. `get_config("smoke")` shrinks everything for a quick check:
+a half-width model started from a seed shipped with the package (SMOKE_SEED, made by
+`get_config("smoke_seed")`: the SFT recipe on that model), so its few minutes show an
+organisation that hires, messages and reviews.
 
 History (experiments/bench/RESULTS.md): the earlier toy trained on environment 1 with answers
 unchecked and no dependencies, where a silent script reaches the optimum; its organisation
@@ -25,8 +28,11 @@ learnt to hire and not to talk.
 
 from __future__ import annotations
 
+import os
+
 import ml_collections
 
+import avalon
 from avalon.envs.hidden_profile.env import HiddenProfile, ProfileConfig
 from avalon.envs.parallel.env import ParallelConfig, ParallelSubtasks
 from avalon.envs.parallel.tasks import Op
@@ -67,8 +73,20 @@ def make_teacher(env, chat):
     return env.teacher(chat)
 
 
+# The smoke model: the toy's layers at half the width and half the experts (0.22M params), so
+# its trained seed ships with the package in bf16 (SMOKE_SEED, ~450 KB).
+SMOKE_MODEL = {"hidden_size": 64, "head_dim": 16, "mamba_head_dim": 16, "n_routed_experts": 4,
+               "moe_intermediate_size": 64, "moe_shared_expert_intermediate_size": 64,
+               "intermediate_size": 128}
+# The smoke run starts from this checkpoint (a Hugging Face directory: config.json, bf16
+# safetensors, the word tokenizer as tokenizer.json, how it was made in README.md), trained by
+# `get_config("smoke_seed")`; remade with one command: `python -m experiments.smoke_seed`.
+SMOKE_SEED = os.path.join(os.path.dirname(avalon.__file__), "data", "toy_smoke_seed")
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    smoke = config_arg(arg, ("", "smoke")) == "smoke"
+    arg = config_arg(arg, ("", "smoke", "smoke_seed"))
+    smoke, seed = arg == "smoke", arg == "smoke_seed"
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.model = ml_collections.ConfigDict()
@@ -80,8 +98,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # with block_causal, issue 22; block_causal was 1.5x faster than naive).
     c.model.overrides = ml_collections.ConfigDict({"vocab_size": 640,  # the words need ~560
                                                    "decode_dt_clamp": True,
-                                                   "attention_impl": "flash"})
-    c.init_from = ""  # random init (a toy learns everything from the teacher)
+                                                   "attention_impl": "flash",
+                                                   **(SMOKE_MODEL if smoke or seed else {})})
+    # random init (a toy learns everything from the teacher); the smoke run starts trained, so
+    # that its few minutes show an organisation at work (hires, messages, reviews)
+    c.init_from = SMOKE_SEED if smoke else ""
     c.mesh = mesh_section(data=1)  # one CPU device
     c.tokenizer = "word"
     c.tokenizer_path = ""
@@ -136,7 +157,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rollout = ml_collections.ConfigDict()
     # 100 RLCR steps: 16 moved nothing by 3 standard errors; 100 raise the held-out reward and
     # messages per agent by > 3 SE in two seeds, each with its own SFT (RESULTS.md, issue 12).
-    c.rollout.steps = 3 if smoke else 100
+    c.rollout.steps = 3 if smoke else 0 if seed else 100  # the seed: SFT only
     c.rollout.groups_per_step = 2 if smoke else 4
     c.rollout.rollouts_per_group = 4 if smoke else 8  # K
     c.rollout.seq_len = 1024
@@ -165,8 +186,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.engine.continuous = True  # rollouts feed the engine as they are ready (not per tick)
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 2 if smoke else 20  # after SFT, every 20 RLCR steps and at the end
-    c.eval.tasks = 1 if smoke else 24  # per environment
-    c.eval.seeds = 1 if smoke else 2
+    c.eval.tasks = 2 if smoke else 24  # per environment
+    c.eval.seeds = 2
     c.eval.budget = 3
     c.eval.clock_s = 300.0
     c.checkpoint = ml_collections.ConfigDict({"every": 2 if smoke else 10, "keep": 2})
