@@ -34,6 +34,9 @@ def make_teacher(env, chat):
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c = toy_org.get_config(arg)
+    # The toy's smoke seed speaks the toy's words; these environments add their own (other
+    # ids), so the smoke run trains from scratch.
+    c.init_from = ""
     c.env.flag_rate = 0.3
     c.env.report_reward = 1.0
     c.env.false_alarm_cost = 0.5

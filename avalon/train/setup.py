@@ -16,6 +16,7 @@ the CPU toy), cast on the training layout so that any re-layout moves the narrow
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 
@@ -23,7 +24,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from avalon import sharding
+from avalon import paths, sharding
 from avalon.checkpoint import avalon_format, hf
 from avalon.envs.base import Environment, Split
 from avalon.inference.weights import DecodeView
@@ -33,6 +34,7 @@ from avalon.org.vocabulary import org_vocabulary
 from avalon.rl.config import LossKind
 from avalon.rl.update import UpdateStep, make_update_step
 from avalon.tokenizer import ByteTokenizer, ChatFormat, HFTokenizer, WordTokenizer
+from avalon.tokenizer.record import RECORD_FILE
 from avalon.train import batch_plan, run_dir
 from avalon.train.config import TokenizerKind, TrainConfig
 
@@ -72,6 +74,24 @@ def hf_tokenizer(cfg: TrainConfig) -> HFTokenizer:
     return HFTokenizer.from_dir(cfg.tokenizer_path, text_calls=cfg.org.text_tool_calls)
 
 
+def check_init_words(cfg: TrainConfig, tok) -> None:
+    """A word tokenizer's ids depend on the environments' words: a checkpoint that records the
+    word list it was trained with (RUN/tokenizer_record.json, or beside an export's files)
+    must share this run's, else every embedding row would mean another word."""
+    if not cfg.init_from or not isinstance(tok, WordTokenizer):
+        return
+    where = run_dir.resolve(cfg.init_from)
+    record = (where[0] if where else paths.path(cfg.init_from)) / RECORD_FILE
+    if not record.exists():
+        return
+    words = json.loads(record.read_text()).get("words")
+    if words is not None and list(words) != tok.words:
+        raise ValueError(f"config.init_from={cfg.init_from!r}: its {RECORD_FILE} lists other "
+                         "words than this config's environments give (every id would mean "
+                         "another word); start from scratch (init_from='') or from a "
+                         "checkpoint trained on these environments")
+
+
 def build(cfg: TrainConfig, env_section) -> Setup:
     envs = list(cfg.make_environments(env_section))
     if not envs:
@@ -87,6 +107,7 @@ def build(cfg: TrainConfig, env_section) -> Setup:
         raise ValueError(f"config.tokenizer={cfg.tokenizer.value!r} needs {tok.vocab_size} ids, "
                          f"more than the model's vocab_size={cfg.model.vocab_size} "
                          "(config.model.overrides.vocab_size)")
+    check_init_words(cfg, tok)
     mesh = sharding.make_mesh(cfg.mesh)
     local_mesh = make_local_mesh(mesh)
     sft_rl = dataclasses.replace(cfg.rl, loss=LossKind.SFT, lr=cfg.sft.lr,

@@ -10,11 +10,12 @@ import os
 
 import jax
 import numpy as np
+import pytest
 
 from avalon import sharding
 from avalon.tokenizer.record import RECORD_FILE
 from avalon.train.config import from_config_dict
-from avalon.train.setup import build_tokenizer, initial_params
+from avalon.train.setup import build_tokenizer, check_init_words, initial_params
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REMAKE = "the seed is stale: remake it with `python -m experiments.smoke_seed`"
@@ -52,3 +53,15 @@ def test_the_seed_speaks_the_smoke_configs_tokenizer_and_loads_onto_its_model():
     _, params = initial_params(cfg, sharding.make_mesh(cfg.mesh))
     assert params["embed"].shape == (cfg.model.vocab_size, cfg.model.hidden_size)
     assert np.isfinite(np.asarray(params["embed"])).all()
+
+
+def test_a_seed_of_other_words_is_refused():
+    """Another config's environments give other words (the three co-ordination environments
+    here): starting from the seed would give every id another meaning, so it is refused."""
+    toy = _toy()
+    c = toy.get_config("smoke")
+    c.env.three_environments = True
+    cfg = from_config_dict(c, num_devices=1)
+    tok = build_tokenizer(cfg, list(cfg.make_environments(c.env)))
+    with pytest.raises(ValueError, match=r"tokenizer_record\.json lists other words"):
+        check_init_words(cfg, tok)
