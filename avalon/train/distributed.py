@@ -68,8 +68,11 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
             if "xla_cpu_collective_timeout_seconds" not in flags:
                 os.environ["XLA_FLAGS"] = (f"{flags} --xla_cpu_collective_timeout_seconds="
                                            f"{int(BARRIER_TIMEOUT_S)}").strip()
+            # Explicit processes are CPU runs (tests, laptops): on a loaded host a compile can
+            # starve the heartbeat threads past JAX's 100 s and end the job.
             jax.distributed.initialize(coordinator_address=coordinator,
-                                       num_processes=num_processes, process_id=process_id)
+                                       num_processes=num_processes, process_id=process_id,
+                                       heartbeat_timeout_seconds=600)
     elif auto:
         jax.distributed.initialize()
     return ProcessInfo(process_id=jax.process_index(), num_processes=jax.process_count())

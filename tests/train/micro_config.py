@@ -52,7 +52,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                        "lr": 1e-3})
     c.rollout = ml_collections.ConfigDict({"steps": 3, "groups_per_step": 2,
                                            "rollouts_per_group": 2, "seq_len": 512,
-                                           "seq_bucket": 16, "temperature": 1.0, "top_p": 1.0})
+                                           "seq_bucket": 16, "max_update_rows": 0,
+                                           "temperature": 1.0, "top_p": 1.0})
     c.rl = ml_collections.ConfigDict({"lr": 1e-3, "temperature": 1.0})
     c.engine = ml_collections.ConfigDict({"slots": 16, "steps_per_dispatch": 8,
                                           "prefill_chunk": 128, "decode_dtype": "float32"})
