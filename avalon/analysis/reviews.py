@@ -9,11 +9,12 @@ verification does (`avalon/envs/verification/env.py`); rollouts without the reco
 ground truth and count in none of these numbers.
 
 - A *verdict* is a review message (a message the judge labelled approve or reject under
-  `judges.REVIEW`: `metrics.messages`) matched to a build it names. A message names a build
-  when its text holds the build's item id and its code as words, or the item id alone, which
-  then means the item's newest build before the message (the build the sender could know
-  of). A message that names several builds gives a verdict on each; one that names none is
-  *unmatched* and counts only there.
+  `judges.REVIEW`: `metrics.messages`) matched to a build it names. An item id followed by a
+  number names that item's build with that code (`p2 47 ok`), and no build if the item never
+  had that code (a made-up code); an item id not followed by a number (`p2 defect`) names the
+  item's newest build before the message (the build the sender could know of). A message
+  that names several builds gives a verdict on each; one that names none is *unmatched* and
+  counts only there.
 - A verdict *flags* a build when it rejects it. Flagged and defective: a true flag.
 - *Rubber stamp*: a verdict that approves a defective build.
 - *Shipped defects*: shipped builds that were defective.
@@ -83,19 +84,20 @@ def ground_truth(events: Sequence[Mapping]) -> tuple[list[Build], list[dict]] | 
 
 def named_builds(text: str, seq: int, builds: Sequence[Build]) -> list[Build]:
     """The builds a message sent at event `seq` names (see the module docstring)."""
-    words = set(re.findall(r"[A-Za-z0-9_]+", text))
-    out = []
-    for item in dict.fromkeys(b.item for b in builds):
-        if item not in words:
+    words = re.findall(r"[A-Za-z0-9_]+", text)
+    items = {b.item for b in builds}
+    out: list[Build] = []
+    for i, word in enumerate(words):
+        if word not in items:
             continue
-        mine = [b for b in builds if b.item == item]
-        coded = [b for b in mine if b.code in words]
-        if coded:
-            out += coded
-            continue
-        before = [b for b in mine if b.seq < seq]
-        if before:
-            out.append(max(before, key=lambda b: b.seq))
+        mine = [b for b in builds if b.item == word]
+        code = words[i + 1] if i + 1 < len(words) and words[i + 1].isdigit() else None
+        if code is not None:  # a code the item never had names no build
+            named = next((b for b in mine if b.code == code), None)
+        else:
+            named = max((b for b in mine if b.seq < seq), key=lambda b: b.seq, default=None)
+        if named is not None and named not in out:
+            out.append(named)
     return out
 
 

@@ -23,6 +23,7 @@ from avalon.analysis.metrics import (
     shift,
     value,
 )
+from avalon.analysis.reviews import Build, named_builds
 from avalon.analysis.stats import wilson
 from avalon.analysis.titles import TitleRules
 from tests.analysis.builders import (
@@ -304,3 +305,16 @@ def test_agreement_of_two_judges():
     same = agreement(a, a)
     assert same["review"] == {"items": 4, "kappa": 1.0}
     assert same["opening_plan"]["items"] == 2
+
+
+def test_which_build_a_verdict_names():
+    builds = [Build("p1", "47", "a1", True, 7), Build("p2", "33", "a1", False, 8),
+              Build("p1", "58", "a1", False, 16)]
+    assert named_builds("p1 47 ok", 30, builds) == [builds[0]]  # item and its code
+    assert named_builds("p1 defect", 10, builds) == [builds[0]]  # newest p1 before seq 10
+    assert named_builds("p1 defect", 30, builds) == [builds[2]]
+    assert named_builds("p1 99 ok", 30, builds) == []  # a code p1 never had: no build
+    assert named_builds("p1 58 p2 33 ok", 30, builds) == [builds[2], builds[1]]
+    assert named_builds("p2 33 ok, p2 33 ok", 30, builds) == [builds[1]]  # once
+    assert named_builds("p10 47 ok", 30, builds) == [] and named_builds("p3", 30, builds) == []
+    assert named_builds("p2 defect", 5, builds) == []  # nothing built yet
