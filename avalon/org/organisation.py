@@ -54,7 +54,7 @@ from avalon.org.env import CallContext, EndContext, EndReason, EnvSession, Final
 from avalon.org.events import EventKind, EventLog
 from avalon.org.latency import ClockReplay, model_call_seconds
 from avalon.org.peers import PeerTeam, start_peers
-from avalon.org.plain_text import PlainTextChat
+from avalon.org.plain_text import plain_chat
 from avalon.org.policy import AgentView, Turn, TurnOutput
 from avalon.org.prompts import (
     CEO_ROLE,
@@ -124,7 +124,7 @@ class Organisation:
         self.session, self.task, self.rollout = session, task, rollout
         self.budget, self.seed = budget, seed
         # Every prompt this organisation renders: text never encodes a control token.
-        self.config, self.chat, self.workspace = config, PlainTextChat(chat), workspace
+        self.config, self.chat, self.workspace = config, plain_chat(chat), workspace
         self.env_specs = {t.name: t for t in task.tools}
         self.log = EventLog()
         self.clocks = ClockReplay()

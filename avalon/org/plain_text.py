@@ -18,6 +18,7 @@ tokenizers) is rendered unchanged: the check costs one encode.
 from __future__ import annotations
 
 import unicodedata
+import weakref
 
 MAX_ROUNDS = 8
 WITHHELD = "(text withheld: it encodes the vocabulary's control tokens)"
@@ -54,7 +55,7 @@ def defuse(tok, text: str, control: frozenset[int]) -> str:
 
 class PlainTextChat:
     """A `ChatFormat` whose `system` and `turn_prompt` render only plain text (module
-    docstring); everything else is the wrapped format's."""
+    docstring); everything else is the wrapped format's (`plain_chat` makes one per format)."""
 
     def __init__(self, chat):
         self._chat = chat
@@ -62,13 +63,15 @@ class PlainTextChat:
         # The renderer's own control ids around an empty text: what any rendering must hold.
         self._frame = {"system": self._count(chat.system("")),
                        "turn_prompt": self._count(chat.turn_prompt(""))}
+        # What the organisation reads on every turn, without __getattr__'s detour.
+        self.tok, self.rendering, self.end_id = chat.tok, chat.rendering, chat.end_id
+        self.output, self.split_output, self.id = chat.output, chat.split_output, chat.id
 
     def __getattr__(self, name):
         return getattr(self._chat, name)
 
     def _count(self, ids) -> int:
-        control = self._control
-        return sum(1 for i in ids if i in control)
+        return sum(map(self._control.__contains__, ids))
 
     def _render(self, kind: str, text: str) -> list[int]:
         render = getattr(self._chat, kind)
@@ -82,3 +85,16 @@ class PlainTextChat:
 
     def turn_prompt(self, obs_text: str) -> list[int]:
         return self._render("turn_prompt", obs_text)
+
+
+_WRAPPED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def plain_chat(chat) -> PlainTextChat:
+    """The `PlainTextChat` of `chat` (one per format: every organisation of a run shares it)."""
+    if isinstance(chat, PlainTextChat):
+        return chat
+    wrapped = _WRAPPED.get(chat)
+    if wrapped is None:
+        wrapped = _WRAPPED[chat] = PlainTextChat(chat)
+    return wrapped
