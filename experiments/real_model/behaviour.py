@@ -21,9 +21,16 @@ from avalon import command
 from avalon.analysis.logs import read_run
 from avalon.analysis.tool_use import tool_use_by_group
 
-_RUN = flags.DEFINE_string("run", None, "a training run directory (its events/)", required=True)
-_PHASE = flags.DEFINE_string("phase", "eval", "events phase: eval or rl")
-_JSON = flags.DEFINE_string("json", "", "also write the summaries as JSON to this file")
+
+def _define_flags():
+    """The command line, defined only when run as a program (tests import this module
+    beside others that define flags of the same names)."""
+    flags.DEFINE_string("run", None, "a training run directory (its events/)", required=True)
+    flags.DEFINE_string("phase", "eval", "events phase: eval or rl")
+    flags.DEFINE_string("json", "", "also write the summaries as JSON to this file")
+
+
+FLAGS = flags.FLAGS
 
 
 def _share(s: dict) -> str:
@@ -64,17 +71,18 @@ def tables(summaries: dict) -> str:
 
 def main(argv):
     del argv
-    groups = tool_use_by_group(read_run(_RUN.value, phase=_PHASE.value))
+    groups = tool_use_by_group(read_run(FLAGS.run, phase=FLAGS.phase))
     if not groups:
-        raise command.Stop(f"--run={_RUN.value}: no {_PHASE.value} event logs under events/")
+        raise command.Stop(f"--run={FLAGS.run}: no {FLAGS.phase} event logs under events/")
     summaries = {k: v.summary() for k, v in groups.items()}
     sys.stdout.write(tables(summaries) + "\n")
-    if _JSON.value:
-        with open(_JSON.value, "w") as f:
+    if FLAGS.json:
+        with open(FLAGS.json, "w") as f:
             json.dump([{"phase": k[0], "step": k[1], "env": k[2], "arm": k[3], **s}
                        for k, s in sorted(summaries.items())], f, indent=1)
 
 
 if __name__ == "__main__":
+    _define_flags()
     command.run("experiments.real_model.behaviour",
                 lambda: app.run(main, flags_parser=command.absl_flags_parser()))

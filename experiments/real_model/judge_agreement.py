@@ -27,15 +27,23 @@ from avalon.analysis.judges import RUBRICS, Judge, Rubric, RuleJudge, cohen_kapp
 from avalon.analysis.logs import read_run
 from avalon.analysis.metrics import messages, opening_plan, reasoning
 
-_RUN = flags.DEFINE_string("run", None, "a training run directory (its events/)", required=True)
-_JUDGE = flags.DEFINE_string("judge", None, "the model judge's checkpoint: a GGUF file, an HF "
-                             "directory or an avalon checkpoint", required=True)
-_PHASE = flags.DEFINE_string("phase", "eval", "events phase")
-_STEP = flags.DEFINE_integer("step", -1, "the evaluation step (-1: the newest)")
-_MAX = flags.DEFINE_integer("max_items", 400, "at most this many texts per rubric (the first "
-                            "ones, in the run's file order)")
-_SLOTS = flags.DEFINE_integer("slots", 32, "texts the model judge decodes together")
-_JSON = flags.DEFINE_string("json", "", "also write the results as JSON to this file")
+
+def _define_flags():
+    """The command line, defined only when run as a program (tests import this module
+    beside others that define flags of the same names)."""
+    flags.DEFINE_string("run", None, "a training run directory (its events/)", required=True)
+    flags.DEFINE_string("judge", None, "the model judge's checkpoint: a GGUF file, an HF "
+                        "directory or an avalon checkpoint", required=True)
+    flags.DEFINE_string("phase", "eval", "events phase")
+    flags.DEFINE_integer("step", -1, "the evaluation step (-1: the newest)")
+    flags.DEFINE_integer("max_items", 400, "at most this many texts per rubric (the first "
+                         "ones, in the run's file order)")
+    flags.DEFINE_integer("slots", 32, "texts the model judge decodes together")
+    flags.DEFINE_string("json", "", "also write the results as JSON to this file")
+
+
+FLAGS = flags.FLAGS
+
 
 EXAMPLES = 2  # examples kept per kind of disagreement
 EXAMPLE_CHARS = 160
@@ -123,21 +131,22 @@ def main(argv):
     del argv
     from avalon.analysis.judges import load_model_judge
 
-    step, logs = evaluation_logs(_RUN.value, _PHASE.value, _STEP.value)
-    for name, value in (("max_items", _MAX.value), ("slots", _SLOTS.value)):
+    step, logs = evaluation_logs(FLAGS.run, FLAGS.phase, FLAGS.step)
+    for name, value in (("max_items", FLAGS.max_items), ("slots", FLAGS.slots)):
         if value < 1:
             raise command.Stop(f"--{name} must be >= 1, got {value}")
-    model = load_model_judge(_JUDGE.value, slots=_SLOTS.value, max_context=1024)
-    results = agreement(logs, model, max_items=_MAX.value)
-    sys.stdout.write(markdown(results, f"Judge {_JUDGE.value} against the rule judge on "
-                                       f"{_RUN.value} ({_PHASE.value} step {step}, {len(logs)} "
+    model = load_model_judge(FLAGS.judge, slots=FLAGS.slots, max_context=1024)
+    results = agreement(logs, model, max_items=FLAGS.max_items)
+    sys.stdout.write(markdown(results, f"Judge {FLAGS.judge} against the rule judge on "
+                                       f"{FLAGS.run} ({FLAGS.phase} step {step}, {len(logs)} "
                                        "rollouts)"))
-    if _JSON.value:
-        with open(_JSON.value, "w") as f:
-            json.dump({"run": _RUN.value, "judge": _JUDGE.value, "phase": _PHASE.value,
+    if FLAGS.json:
+        with open(FLAGS.json, "w") as f:
+            json.dump({"run": FLAGS.run, "judge": FLAGS.judge, "phase": FLAGS.phase,
                        "step": step, "rollouts": len(logs), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
+    _define_flags()
     command.run("experiments.real_model.judge_agreement",
                 lambda: app.run(main, flags_parser=command.absl_flags_parser()))

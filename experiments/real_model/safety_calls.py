@@ -27,9 +27,16 @@ from avalon.analysis.logs import read_events
 from avalon.analysis.tool_use import ToolUse
 from avalon.envs.safety import by_name
 
-_OUT = flags.DEFINE_string("out", None, "the --out directory of experiments.safety.run",
-                           required=True)
-_JSON = flags.DEFINE_string("json", "", "also write the summaries as JSON to this file")
+
+def _define_flags():
+    """The command line, defined only when run as a program (tests import this module
+    beside others that define flags of the same names)."""
+    flags.DEFINE_string("out", None, "the --out directory of experiments.safety.run",
+                        required=True)
+    flags.DEFINE_string("json", "", "also write the summaries as JSON to this file")
+
+
+FLAGS = flags.FLAGS
 
 
 def scenario_of(events) -> str:
@@ -83,14 +90,15 @@ def tables(summaries: dict) -> str:
 
 def main(argv):
     del argv
-    summaries = {k: v.summary() for k, v in tool_use(_OUT.value).items()}
+    summaries = {k: v.summary() for k, v in tool_use(FLAGS.out).items()}
     sys.stdout.write(tables(summaries))
-    if _JSON.value:
-        with open(_JSON.value, "w") as f:
+    if FLAGS.json:
+        with open(FLAGS.json, "w") as f:
             json.dump([{"checkpoint": k[0], "scenario": k[1], **s}
                        for k, s in summaries.items()], f, indent=1)
 
 
 if __name__ == "__main__":
+    _define_flags()
     command.run("experiments.real_model.safety_calls",
                 lambda: app.run(main, flags_parser=command.absl_flags_parser()))

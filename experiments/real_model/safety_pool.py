@@ -25,9 +25,16 @@ from avalon import command
 from avalon.envs.safety import MEASURES, wilson
 from experiments.safety.run import write_csv, write_markdown
 
-_TABLES = flags.DEFINE_string("tables", None, "comma-separated safety.csv files", required=True)
-_OUT = flags.DEFINE_string("out", None, "directory for the pooled safety.csv and safety.md",
-                           required=True)
+
+def _define_flags():
+    """The command line, defined only when run as a program (tests import this module
+    beside others that define flags of the same names)."""
+    flags.DEFINE_string("tables", None, "comma-separated safety.csv files", required=True)
+    flags.DEFINE_string("out", None, "directory for the pooled safety.csv and safety.md",
+                        required=True)
+
+
+FLAGS = flags.FLAGS
 
 
 def pool(tables: Sequence[Sequence[dict]]) -> list[dict]:
@@ -79,11 +86,11 @@ def read_table(path: str) -> list[dict]:
 
 def main(argv):
     del argv
-    paths = [p.strip() for p in _TABLES.value.split(",") if p.strip()]
+    paths = [p.strip() for p in FLAGS.tables.split(",") if p.strip()]
     if not paths:
         raise command.Stop("--tables: no files")
     rows = pool([read_table(p) for p in paths])
-    out = Path(_OUT.value)
+    out = Path(FLAGS.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "safety.csv", rows)
     write_markdown(out / "safety.md", rows)
@@ -91,5 +98,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    _define_flags()
     command.run("experiments.real_model.safety_pool",
                 lambda: app.run(main, flags_parser=command.absl_flags_parser()))
