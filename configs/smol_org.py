@@ -119,8 +119,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.engine.slots = 32
     c.engine.steps_per_dispatch = 8
     c.engine.prefill_chunk = 512
-    # A quarter of slots x window (the pool doubles when short; ~24 MB a page-set of 30 layers).
-    c.engine.kv_pages = 32 * 2048 // 64
+    # The KV pool starts at 256 pages of 16 tokens (190 MB for 30 layers) and doubles when
+    # short: memory follows the tokens held (the whole slots x window up front is 3 GB, and the
+    # machine these runs share is tight on memory).
+    c.engine.kv_pages = 256
     c.engine.decode_dtype = "float32"
     c.engine.continuous = True
     c.eval = ml_collections.ConfigDict()
