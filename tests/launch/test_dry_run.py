@@ -167,6 +167,43 @@ def test_supervisor_recreates_a_preempted_pod_and_resumes(shell_env):
     queued, _ = run("supervise.sh", "c.py", "gs://b/w", env={**shell_env, "QUEUED": "1"})
     assert queued[2][:5] == ["gcloud", "compute", "tpus", "queued-resources", "delete"]
     assert queued[3][:5] == ["gcloud", "compute", "tpus", "queued-resources", "create"]
+    assert len(queued) == 4  # its TPU is not there yet: nothing to copy to
+
+
+def test_supervisor_sets_up_a_queued_pod_once_its_tpu_is_ready(shell_env):
+    """A queued resource's create returns before the TPU exists: the supervisor waits while it
+    waits for capacity, and copies, stages and starts once it is ACTIVE and its TPU READY."""
+    env = {**shell_env, "QUEUED": "1", "WEIGHTS": "gs://b/models/M", "DRY_RUN_PASSES": "3",
+           "DRY_RUN_QUEUED_STATE": "SUSPENDED WAITING_FOR_RESOURCES ACTIVE",
+           "DRY_RUN_TPU_STATE": "READY"}
+    cmds, out = run("supervise.sh", "c.py", "gs://b/w", env=env)
+    passes, current = [], None
+    for c in cmds:
+        if c[:3] == ["gcloud", "storage", "ls"]:
+            current = []
+            passes.append(current)
+        else:
+            current.append(" ".join(c[3:5]) if c[:3] == ["gcloud", "compute", "tpus"]
+                           else " ".join(c[:4]))
+    assert passes == [
+        ["queued-resources describe", "queued-resources delete", "queued-resources create"],
+        ["queued-resources describe"],
+        ["queued-resources describe", "tpu-vm describe", "git -C " + REPO + " archive",
+         "tpu-vm scp", "tpu-vm ssh", "tpu-vm ssh", "tpu-vm ssh"]]
+    assert "WAITING_FOR_RESOURCES; waiting" in out
+    assert "--distributed_auto" in remote(cmds[-1])
+
+
+def test_supervisor_survives_a_failed_step_and_retries_it(shell_env):
+    """A step that fails (here staging weights from a bad address) is said, and the next pass
+    sets the new TPU up again instead of starting training on a TPU without weights."""
+    env = {**shell_env, "WEIGHTS": "/not/a/bucket", "DRY_RUN_PASSES": "2",
+           "DRY_RUN_TPU_STATE": "PREEMPTED READY"}
+    cmds, out = run("supervise.sh", "c.py", "gs://b/w", env=env)
+    assert out.count("setting up the new TPU failed; retrying next pass") == 2
+    assert sum(c[:2] == ["git", "-C"] for c in cmds) == 2  # the code copied again
+    assert not any("avalon.main" in remote(c) for c in cmds if c[3:5] == ["tpu-vm", "ssh"]
+                   and "--command" in " ".join(c))
 
 
 def test_supervisor_restarts_a_stopped_run_and_leaves_a_running_or_finished_one(shell_env):
