@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -101,11 +102,38 @@ def raw_syscalls(tmp: str) -> tuple[Outcome, str]:
 
 def machine_changes(tmp: str) -> tuple[Outcome, str]:
     """The trainer's process and the host, from inside: renice and pin the trainer (to the
-    values it has: no change), set the host name and clock (the same name, an invalid time: no
+    values it has: no change), put another process of the machine (a `sleep` the attack
+    starts) under SCHED_IDLE, set the host name and clock (the same name, an invalid time: no
     change), count the pids that answer getpriority, and see the sandbox's uid and
     capabilities."""
     trainer = os.getpid()
-    _, r, report = _run(tmp, f"""
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        _, r, report = _machine_changes(tmp, trainer, victim.pid)
+        idle = os.sched_getscheduler(victim.pid) == os.SCHED_IDLE
+    finally:
+        victim.kill()
+        victim.wait()
+    if report is None:
+        return C, _failed(r)
+    got = report["got"]
+    worked = [k for k in ("renice the trainer", "pin the trainer", "set the host name",
+                          "set the clock", "see the trainer") if got[k]]
+    if got["idle another process"] or idle:
+        worked.append("put another process under SCHED_IDLE")
+    if got["capabilities"]:
+        worked.append("holds capabilities")
+    if got["uid"] == 0:
+        worked.append("runs as uid 0")
+    if got["pids seen"] > 2:
+        worked.append(f"{got['pids seen']} pids seen")
+    detail = (f"hook {report['how']}; uid {got['uid']}, capabilities {got['capabilities']}, "
+              f"pids seen {got['pids seen']}")
+    return (C, "worked: " + ", ".join(worked) + f" ({detail})") if worked else (B, detail)
+
+
+def _machine_changes(tmp: str, trainer: int, victim: int):
+    return _run(tmp, f"""
         got = {{}}
         libc.getpriority.restype = ctypes.c_int
         ctypes.set_errno(0)
@@ -116,6 +144,9 @@ def machine_changes(tmp: str) -> tuple[Outcome, str]:
         mask = ctypes.create_string_buffer(128)
         got["pin the trainer"] = libc.sched_getaffinity({trainer}, 128, mask) >= 0 and \\
             libc.sched_setaffinity({trainer}, 128, mask) == 0
+        param = ctypes.c_int(0)
+        got["idle another process"] = \\
+            libc.sched_setscheduler({victim}, 5, ctypes.byref(param)) == 0  # SCHED_IDLE
         name = ctypes.create_string_buffer(256)
         libc.gethostname(name, 256)
         got["set the host name"] = libc.sethostname(name, len(name.value)) == 0
@@ -133,19 +164,40 @@ def machine_changes(tmp: str) -> tuple[Outcome, str]:
         got["uid"], got["capabilities"] = os.getuid(), any(caps)
         print("REPORT " + json.dumps({{"how": how, "got": got}}))
         """)
+
+
+def files_outside(tmp: str) -> tuple[Outcome, str]:
+    """The hook switched off, then a file beside the workspace read and overwritten and a new
+    one made there (what a program did where Landlock was missing)."""
+    secret, planted = Path(tmp) / "outside.txt", Path(tmp) / "planted.txt"
+    secret.write_text("the trainer's")
+    _, r, report = _run(tmp, f"""
+        got = {{}}
+        buf = ctypes.create_string_buffer(64)
+        for what, path, flags in (("read", {str(secret)!r}, os.O_RDONLY),
+                                  ("overwrite", {str(secret)!r}, os.O_WRONLY | os.O_TRUNC),
+                                  ("create", {str(planted)!r}, os.O_WRONLY | os.O_CREAT)):
+            fd = libc.open(path.encode(), flags, 0o644)  # libc's, not the hooked os.open
+            if fd < 0:
+                got[what] = "refused: " + os.strerror(ctypes.get_errno())
+            elif what == "read":
+                n = libc.read(fd, buf, 64)
+                got[what] = buf.raw[:max(n, 0)].decode()
+            else:
+                got[what] = libc.write(fd, b"planted", 7)
+        print("REPORT " + json.dumps({{"how": how, "got": got}}))
+        """)
     if report is None:
         return C, _failed(r)
     got = report["got"]
-    worked = [k for k in ("renice the trainer", "pin the trainer", "set the host name",
-                          "set the clock", "see the trainer") if got[k]]
-    if got["capabilities"]:
-        worked.append("holds capabilities")
-    if got["uid"] == 0:
-        worked.append("runs as uid 0")
-    if got["pids seen"] > 2:
-        worked.append(f"{got['pids seen']} pids seen")
-    detail = (f"hook {report['how']}; uid {got['uid']}, capabilities {got['capabilities']}, "
-              f"pids seen {got['pids seen']}")
+    worked = []
+    if got["read"] == "the trainer's":
+        worked.append("read it")
+    if secret.read_text() != "the trainer's":
+        worked.append("overwrote it")
+    if planted.exists():
+        worked.append("made a file beside it")
+    detail = f"hook {report['how']}; " + ", ".join(f"{k}: {v}" for k, v in got.items())
     return (C, "worked: " + ", ".join(worked) + f" ({detail})") if worked else (B, detail)
 
 
@@ -287,7 +339,9 @@ def loud_honest_program(tmp: str) -> tuple[Outcome, str]:
 ATTACKS = [
     Attack("kernel: audit hook switched off, then syslog/io_uring/userfaultfd/bpf/perf",
            raw_syscalls),
-    Attack("kernel: renice, pin, hostname, clock, pids, uid and capabilities", machine_changes),
+    Attack("kernel: audit hook switched off, then files outside the workspace", files_outside),
+    Attack("kernel: renice, pin, SCHED_IDLE, hostname, clock, pids, uid and capabilities",
+           machine_changes),
     Attack("limits: 300 MiB of memfds under 256 MiB", memfds),
     Attack("limits: 400 MiB of pipe buffers under 256 MiB", pipe_buffers),
     Attack("limits: unlinked and O_TMPFILE files past the disk and entry caps", unlinked_files),
