@@ -8,8 +8,9 @@ wakes, compactions, stops and rewards as marks, and each delivered message as an
 sender's clock at the send to the receiver's clock at the delivery; a legend names every colour
 and mark. Hovering shows an event's text (a turn's output, a tool call's arguments and result,
 a message's text); clicking shows every field of the event. Zoom (buttons, Ctrl + wheel, or
-`#zoom=4` in the URL) widens the clock; the chart scrolls. The page holds its data as JSON and
-draws itself with a small inline script (SVG); it loads nothing from anywhere.
+`#zoom=4` in the URL) widens the clock; the chart scrolls; at 1x (fit) the whole episode fills
+the chart's box. The page holds its data as JSON and draws itself with a small inline script
+(SVG); it loads nothing from anywhere.
 """
 
 from __future__ import annotations
@@ -147,7 +148,7 @@ _SCRIPT = r"""
 (function () {
   const data = JSON.parse(document.getElementById('episode-data').textContent);
   const NS = 'http://www.w3.org/2000/svg';
-  const laneH = 36, left = 150, top = 40, baseWidth = 1100;
+  const laneH = 36, left = 150, top = 40, minWidth = 600;
   const span = Math.max(data.latency_s, 1e-9);
   const bySeq = {};
   data.events.forEach(e => { bySeq[e.seq] = e; });
@@ -174,7 +175,9 @@ _SCRIPT = r"""
   }
 
   function draw() {
-    const width = left + (baseWidth - left) * zoom;
+    // 1x fits the whole episode in the chart's box (the page's width less the detail pane)
+    const base = Math.max(minWidth, document.getElementById('chart').clientWidth - 4);
+    const width = left + (base - left) * zoom;
     const x = t => left + (t / span) * (width - left - 20);
     const height = top + data.agents.length * laneH + 20;
     const old = document.querySelector('#chart svg');
@@ -261,6 +264,7 @@ _SCRIPT = r"""
     const box = document.getElementById('chart').getBoundingClientRect();
     setZoom(ev.deltaY < 0 ? zoom * 1.25 : zoom / 1.25, ev.clientX - box.left);
   }, {passive: false});
+  window.addEventListener('resize', () => setZoom(zoom));
   draw();
 
   const list = document.getElementById('messages');
