@@ -241,7 +241,13 @@ def inflight_bodies(tmp: str) -> tuple[Outcome, str]:
 
 
 class _Slow:
+    """A call that lasts until the attack opens `gate`: every call is then in flight at once,
+    however slowly a loaded machine starts the clients."""
+
     task = Task("slow-train-0", "Wait.", (ToolSpec("nap", "sleep a while"),), 100.0)
+    gate = threading.Event()
+    entered = 0
+    lock = threading.Lock()
 
     def on_start(self, budget, workspace):
         pass
@@ -250,7 +256,9 @@ class _Slow:
         return ""
 
     def call(self, tool, args, ctx):
-        time.sleep(2.0)
+        with _Slow.lock:
+            _Slow.entered += 1
+        _Slow.gate.wait(30)
         return ToolOutcome("rested")
 
     def on_end(self, ctx):
@@ -271,9 +279,12 @@ class _SlowEnv(_SlowStartEnv):
 
 
 def worker_threads_cap(tmp: str) -> tuple[Outcome, str]:
-    """300 sessions each start a 2 s call at once: past `max_worker_threads` (256) the ORS
-    server must answer 503 rather than start a thread per call."""
+    """300 sessions each start a call that lasts until all 300 have started or been refused
+    (30 s at most): past `max_worker_threads` (256) the ORS server must answer 503 rather than
+    start a thread per call."""
     n = 300
+    _Slow.gate.clear()
+    _Slow.entered = 0
     with OrsServer([_SlowEnv()]) as server:
         addr = _addr(server.url)
         sids = [uuid.uuid4().hex for _ in range(n)]
@@ -295,9 +306,14 @@ def worker_threads_cap(tmp: str) -> tuple[Outcome, str]:
         for t in threads:
             t.start()
         deadline = time.monotonic() + 60
-        while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-            peak[0] = max(peak[0], getattr(server, "workers", -1))
-            time.sleep(0.05)
+        try:
+            while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+                peak[0] = max(peak[0], getattr(server, "workers", -1))
+                if _Slow.entered + statuses.count(503) >= n:
+                    _Slow.gate.set()
+                time.sleep(0.05)
+        finally:
+            _Slow.gate.set()
         for t in threads:
             t.join(5)
         active = threading.active_count() - base
