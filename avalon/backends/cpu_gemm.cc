@@ -16,11 +16,24 @@
 //     rows sorted so each expert's rows are one run; row i uses expert expert[i]'s weight; a row
 //     whose expert is outside [0, E) gets zeros (padding).
 //
-// fp32 only; accumulation is fp32 in k order per output (a different order from XLA's dot, so
-// results agree to rounding, not bit for bit).
+// Streaming (issue 49, RESULTS.md): one core's loads alone reach ~60% of what memory gives when
+// compute sits between them (8 rows over a 425 MB stream of [576, 1536] weights: 7.2 GB/s where
+// a plain read runs at 12), so the passes prefetch the weight ahead of their reads, and rows
+// beyond one group share each 8 KB chunk of a block while it is in L1 (the stream keeps going
+// while they compute): 1.4x at 8 rows, 1.5x at 16 and 32. A product over a large weight is split
+// by blocks over XLA's intra-op threads (the calling thread works too), so decode uses every
+// core the process may run on.
+//
+// x and y are fp32; the weight is fp32 or bf16 (widened to fp32 in registers: exact). Products
+// and accumulation are fp32 in k order per output (a different order from XLA's dot, so results
+// agree to rounding, not bit for bit).
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -31,20 +44,56 @@ namespace {
 typedef float Vec __attribute__((vector_size(64)));  // 16 floats; the compiler picks registers
 constexpr int64_t kBlock = 32;                       // columns per packed block: two Vecs
 
-// Rows [0, N) of x (row stride K) times block b of the packed weight, into y (row stride O),
-// columns [b B, b B + width).
-template <int N>
-inline void RowsTimesBlock(const float* x, const float* block, float* y, int64_t K, int64_t O,
-                           int64_t col, int64_t width) {
+constexpr int64_t kChunk = 64;        // k steps per chunk: 8 KB of an fp32 block, in L1
+constexpr int64_t kGroup = 8;         // rows per pass over a chunk (16 accumulator registers)
+constexpr int64_t kSet = 32;          // rows whose groups share each chunk while it is in L1
+constexpr int64_t kLine = 64;         // bytes per cache line
+constexpr int64_t kPrefetch = 2048;   // bytes ahead of a lone group's reads
+
+// The weight's storage: fp32, or bfloat16 (the high half of an fp32, as uint16) widened to
+// fp32 in registers, so a bf16 weight streams half the bytes and the products stay fp32.
+typedef uint16_t Half16 __attribute__((vector_size(32)));  // 16 bf16 values
+typedef uint32_t Word16 __attribute__((vector_size(64)));
+
+inline Vec Load16(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof(Vec));
+  return v;
+}
+
+inline Vec Load16(const uint16_t* p) {
+  Half16 h;
+  std::memcpy(&h, p, sizeof(Half16));
+  const Word16 w = __builtin_convertvector(h, Word16) << 16;
+  Vec v;
+  std::memcpy(&v, &w, sizeof(Vec));
+  return v;
+}
+
+// Rows [0, N) of x (row stride K) times rows [k0, k1) of one packed block, accumulated into
+// acc [N, B] (First: starting from zero). Meanwhile it prefetches `lines` cache lines from pf
+// on, spread evenly over its steps (none if pf is null).
+template <typename W, int N, bool First>
+inline void RowsTimesChunk(const float* x, const W* block, float* acc, int64_t K, int64_t k0,
+                           int64_t k1, const char* pf, int64_t lines) {
   Vec lo[N], hi[N];
   for (int n = 0; n < N; ++n) {
-    lo[n] = Vec{};
-    hi[n] = Vec{};
+    if (First) {
+      lo[n] = Vec{};
+      hi[n] = Vec{};
+    } else {
+      std::memcpy(&lo[n], acc + n * kBlock, sizeof(Vec));
+      std::memcpy(&hi[n], acc + n * kBlock + 16, sizeof(Vec));
+    }
   }
-  for (int64_t k = 0; k < K; ++k) {
-    Vec w0, w1;
-    std::memcpy(&w0, block + k * kBlock, sizeof(Vec));
-    std::memcpy(&w1, block + k * kBlock + 16, sizeof(Vec));
+  const int64_t steps = k1 - k0;
+  int64_t owed = 0;  // lines * steps-scaled credit: one line each time it passes `steps`
+  for (int64_t k = k0; k < k1; ++k) {
+    if (pf != nullptr) {
+      for (owed += lines; owed >= steps; owed -= steps, pf += kLine) __builtin_prefetch(pf);
+    }
+    const Vec w0 = Load16(block + k * kBlock);
+    const Vec w1 = Load16(block + k * kBlock + 16);
     for (int n = 0; n < N; ++n) {
       const float xv = x[n * K + k];
       lo[n] += xv * w0;
@@ -52,32 +101,127 @@ inline void RowsTimesBlock(const float* x, const float* block, float* y, int64_t
     }
   }
   for (int n = 0; n < N; ++n) {
-    float* out = y + n * O + col;
-    if (width == kBlock) {
-      std::memcpy(out, &lo[n], sizeof(Vec));
-      std::memcpy(out + 16, &hi[n], sizeof(Vec));
-    } else {  // the last, partial block: only the weight's real columns
-      float tmp[kBlock];
-      std::memcpy(tmp, &lo[n], sizeof(Vec));
-      std::memcpy(tmp + 16, &hi[n], sizeof(Vec));
-      std::memcpy(out, tmp, width * sizeof(float));
+    std::memcpy(acc + n * kBlock, &lo[n], sizeof(Vec));
+    std::memcpy(acc + n * kBlock + 16, &hi[n], sizeof(Vec));
+  }
+}
+
+template <typename W, int N>
+inline void Pass(const float* x, const W* block, float* acc, int64_t K, int64_t k0, int64_t k1,
+                 const char* pf, int64_t lines) {
+  if (k0 == 0) {
+    RowsTimesChunk<W, N, true>(x, block, acc, K, k0, k1, pf, lines);
+  } else {
+    RowsTimesChunk<W, N, false>(x, block, acc, K, k0, k1, pf, lines);
+  }
+}
+
+// One group of n <= kGroup rows over a chunk.
+template <typename W>
+inline void GroupPass(int64_t n, const float* x, const W* block, float* acc, int64_t K,
+                      int64_t k0, int64_t k1, const char* pf, int64_t lines) {
+  switch (n) {
+    case 8: return Pass<W, 8>(x, block, acc, K, k0, k1, pf, lines);
+    case 7: return Pass<W, 7>(x, block, acc, K, k0, k1, pf, lines);
+    case 6: return Pass<W, 6>(x, block, acc, K, k0, k1, pf, lines);
+    case 5: return Pass<W, 5>(x, block, acc, K, k0, k1, pf, lines);
+    case 4: return Pass<W, 4>(x, block, acc, K, k0, k1, pf, lines);
+    case 3: return Pass<W, 3>(x, block, acc, K, k0, k1, pf, lines);
+    case 2: return Pass<W, 2>(x, block, acc, K, k0, k1, pf, lines);
+    default: return Pass<W, 1>(x, block, acc, K, k0, k1, pf, lines);
+  }
+}
+
+// y[rows] = x[rows] @ w for `rows` consecutive rows, over blocks [b0, b1) of w packed
+// [nb, K, B] (y row stride O); acc is scratch of rows x B floats.
+//
+// The weight is streamed from memory once, in storage order: each block is cut into chunks of
+// kChunk k steps, and every group of up to kGroup rows passes over a chunk while it is in L1
+// (accumulators kept in acc between chunks). The loads of one core reach only ~60% of what
+// memory gives when the stream waits on them (an 8-row product read its weight at 7.2 GB/s
+// where a plain read runs at 12; RESULTS.md, issue 49), so each pass prefetches: a lone group
+// kPrefetch bytes ahead of its reads, several groups each their share of the next chunk
+// spread over their steps, so the stream keeps going while the groups compute.
+template <typename W>
+void RowsProduct(const float* x, int64_t rows, const W* packed, int64_t nb, int64_t b0,
+                 int64_t b1, float* y, int64_t K, int64_t O, float* acc) {
+  const char* end = reinterpret_cast<const char*>(packed + nb * K * kBlock);
+  constexpr int64_t kStepBytes = kBlock * static_cast<int64_t>(sizeof(W));
+  for (int64_t b = b0; b < b1; ++b) {
+    const W* block = packed + b * K * kBlock;
+    // Rows in sets of up to kSet: a set's groups pass over each chunk in turn (the x rows they
+    // read, kSet x kChunk floats, stay in L1 beside it). Only the first set reads the block
+    // from memory and prefetches; later sets (prefill) find it in L2.
+    for (int64_t s0 = 0; s0 < rows; s0 += kSet) {
+      const int64_t set = rows - s0 < kSet ? rows - s0 : kSet;
+      const int64_t groups = (set + kGroup - 1) / kGroup;
+      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+        const int64_t k1 = k0 + kChunk < K ? k0 + kChunk : K;
+        const char* here = reinterpret_cast<const char*>(block + k0 * kBlock);
+        const int64_t chunk_lines = (k1 - k0) * kStepBytes / kLine;
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t r = s0 + g * kGroup;
+          const int64_t n = set - g * kGroup < kGroup ? set - g * kGroup : kGroup;
+          // A lone group: the lines kPrefetch bytes ahead of its own. Several: group g takes
+          // lines [g, g + 1) / groups of the next chunk (or the next block's first).
+          const int64_t share = groups == 1 ? chunk_lines : chunk_lines / groups;
+          const char* pf = groups == 1 ? here + kPrefetch
+                                       : here + (k1 - k0) * kStepBytes + g * share * kLine;
+          GroupPass<W>(n, x + r * K, block, acc + r * kBlock, K, k0, k1,
+                       s0 == 0 && pf < end ? pf : nullptr, share);
+        }
+      }
+    }
+    const int64_t col = b * kBlock;
+    const int64_t width = O - col < kBlock ? O - col : kBlock;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(y + r * O + col, acc + r * kBlock, width * sizeof(float));
     }
   }
 }
 
-// y[rows] = x[rows] @ w for `rows` consecutive rows, w packed [nb, K, B], y row stride O.
-void RowsProduct(const float* x, int64_t rows, const float* packed, int64_t nb, float* y,
-                 int64_t K, int64_t O) {
-  for (int64_t b = 0; b < nb; ++b) {
-    const float* block = packed + b * K * kBlock;
-    const int64_t col = b * kBlock;
-    const int64_t width = O - col < kBlock ? O - col : kBlock;
-    int64_t r = 0;
-    for (; r + 8 <= rows; r += 8) RowsTimesBlock<8>(x + r * K, block, y + r * O, K, O, col, width);
-    for (; r + 4 <= rows; r += 4) RowsTimesBlock<4>(x + r * K, block, y + r * O, K, O, col, width);
-    for (; r + 2 <= rows; r += 2) RowsTimesBlock<2>(x + r * K, block, y + r * O, K, O, col, width);
-    for (; r < rows; ++r) RowsTimesBlock<1>(x + r * K, block, y + r * O, K, O, col, width);
+// Runs fn(part) for every part in [0, parts) on the calling thread and on the workers of XLA's
+// intra-op pool, and returns when all are done. The caller takes parts too, so it finishes
+// alone if no worker is free (no deadlock when the pool is busy); a task that starts after
+// every part is taken returns at once (its state is shared, not on this stack).
+template <typename F>
+void ParallelFor(ffi::ThreadPool& pool, int64_t parts, const F& fn) {
+  if (parts <= 1) {
+    if (parts == 1) fn(0);
+    return;
   }
+  struct Shared {
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> done{0};
+  };
+  auto shared = std::make_shared<Shared>();
+  auto work = [shared, parts, fn]() {
+    for (int64_t p = shared->next.fetch_add(1); p < parts; p = shared->next.fetch_add(1)) {
+      fn(p);
+      shared->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t t = 1; t < parts; ++t) pool.Schedule([work]() { work(); });
+  work();
+  while (shared->done.load(std::memory_order_acquire) < parts) std::this_thread::yield();
+}
+
+// How many parts (threads) a product of this size is split into: XLA's intra-op threads, at
+// most one per block, and one unless the weight is large enough that handing work over
+// (microseconds) is a small share of streaming it.
+int64_t Parts(ffi::ThreadPool& pool, int64_t nb, int64_t K, int64_t experts, int64_t item) {
+  constexpr int64_t kMinBytesPerPart = 256 << 10;
+  const int64_t threads = pool.num_threads();
+  const int64_t bytes = experts * nb * K * kBlock * item;
+  int64_t parts = threads < nb ? threads : nb;
+  if (parts > bytes / kMinBytesPerPart) parts = bytes / kMinBytesPerPart;
+  return parts < 1 ? 1 : parts;
+}
+
+// Blocks [b0, b1) of part p of `parts` over nb blocks.
+inline void PartBlocks(int64_t p, int64_t parts, int64_t nb, int64_t* b0, int64_t* b1) {
+  *b0 = nb * p / parts;
+  *b1 = nb * (p + 1) / parts;
 }
 
 ffi::Error CheckPacked(int64_t K, int64_t O, int64_t nb, int64_t block, int64_t pk) {
@@ -87,7 +231,8 @@ ffi::Error CheckPacked(int64_t K, int64_t O, int64_t nb, int64_t block, int64_t 
   return ffi::Error::Success();
 }
 
-ffi::Error RowsProductImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> packed,
+template <ffi::DataType T>
+ffi::Error RowsProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> packed,
                            ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions();
   auto pd = packed.dimensions();
@@ -95,15 +240,26 @@ ffi::Error RowsProductImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> packed
   if (xd.size() != 2 || pd.size() != 3 || yd.size() != 2 || yd[0] != xd[0]) {
     return ffi::Error::InvalidArgument("avalon_rows_product: expects x [n, K], p [nb, K, B]");
   }
-  const int64_t K = xd[1], O = yd[1];
-  ffi::Error ok = CheckPacked(K, O, pd[0], pd[2], pd[1]);
+  const int64_t rows = xd[0], K = xd[1], O = yd[1], nb = pd[0];
+  ffi::Error ok = CheckPacked(K, O, nb, pd[2], pd[1]);
   if (ok.failure()) return ok;
-  RowsProduct(x.typed_data(), xd[0], packed.typed_data(), pd[0], y->typed_data(), K, O);
+  const float* xp = x.typed_data();
+  const auto* pp = packed.typed_data();
+  float* yp = y->typed_data();
+  const int64_t parts = Parts(pool, nb, K, 1, sizeof(*pp));
+  ParallelFor(pool, parts, [=](int64_t p) {
+    int64_t b0, b1;
+    PartBlocks(p, parts, nb, &b0, &b1);
+    std::vector<float> acc(rows * kBlock);
+    RowsProduct(xp, rows, pp, nb, b0, b1, yp, K, O, acc.data());
+  });
   return ffi::Error::Success();
 }
 
-ffi::Error GroupedRowsProductImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32> expert,
-                                  ffi::Buffer<ffi::F32> packed, ffi::ResultBuffer<ffi::F32> y) {
+template <ffi::DataType T>
+ffi::Error GroupedRowsProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                                  ffi::Buffer<ffi::S32> expert, ffi::Buffer<T> packed,
+                                  ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions();
   auto pd = packed.dimensions();
   auto yd = y->dimensions();
@@ -117,34 +273,55 @@ ffi::Error GroupedRowsProductImpl(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::S32>
   if (ok.failure()) return ok;
   const float* xp = x.typed_data();
   const int32_t* ep = expert.typed_data();
-  const float* pp = packed.typed_data();
+  const auto* pp = packed.typed_data();
   float* yp = y->typed_data();
-  int64_t start = 0;
-  while (start < R) {
-    const int32_t e = ep[start];
-    int64_t end = start + 1;
-    while (end < R && ep[end] == e) ++end;
-    if (e >= 0 && e < E) {
-      RowsProduct(xp + start * K, end - start, pp + e * nb * K * kBlock, nb, yp + start * O, K, O);
-    } else {
-      std::memset(yp + start * O, 0, (end - start) * O * sizeof(float));
+  // Each part takes the same blocks of every expert's weight, for each run of rows.
+  const int64_t parts = Parts(pool, nb, K, E, sizeof(*pp));
+  ParallelFor(pool, parts, [=](int64_t p) {
+    int64_t b0, b1;
+    PartBlocks(p, parts, nb, &b0, &b1);
+    std::vector<float> acc;
+    int64_t start = 0;
+    while (start < R) {
+      const int32_t e = ep[start];
+      int64_t end = start + 1;
+      while (end < R && ep[end] == e) ++end;
+      if (e >= 0 && e < E) {
+        acc.resize((end - start) * kBlock);
+        RowsProduct(xp + start * K, end - start, pp + e * nb * K * kBlock, nb, b0, b1,
+                    yp + start * O, K, O, acc.data());
+      } else {
+        for (int64_t r = start; r < end; ++r) {
+          const int64_t c0 = b0 * kBlock, c1 = b1 * kBlock < O ? b1 * kBlock : O;
+          std::memset(yp + r * O + c0, 0, (c1 - c0) * sizeof(float));
+        }
+      }
+      start = end;
     }
-    start = end;
-  }
+  });
   return ffi::Error::Success();
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AvalonRowsProduct, RowsProductImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+// fp32 x with an fp32 or a bf16 packed weight; y fp32.
+#define AVALON_ROWS(NAME, T)                                                   \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, RowsProductImpl<T>,                      \
+                                ffi::Ffi::Bind()                               \
+                                    .Ctx<ffi::ThreadPool>()                    \
+                                    .Arg<ffi::Buffer<ffi::F32>>()              \
+                                    .Arg<ffi::Buffer<T>>()                     \
+                                    .Ret<ffi::Buffer<ffi::F32>>());
+#define AVALON_GROUPED(NAME, T)                                                \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, GroupedRowsProductImpl<T>,               \
+                                ffi::Ffi::Bind()                               \
+                                    .Ctx<ffi::ThreadPool>()                    \
+                                    .Arg<ffi::Buffer<ffi::F32>>()              \
+                                    .Arg<ffi::Buffer<ffi::S32>>()              \
+                                    .Arg<ffi::Buffer<T>>()                     \
+                                    .Ret<ffi::Buffer<ffi::F32>>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(AvalonGroupedRowsProduct, GroupedRowsProductImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+AVALON_ROWS(AvalonRowsProduct, ffi::F32)
+AVALON_ROWS(AvalonRowsProductBf16, ffi::BF16)
+AVALON_GROUPED(AvalonGroupedRowsProduct, ffi::F32)
+AVALON_GROUPED(AvalonGroupedRowsProductBf16, ffi::BF16)

@@ -46,6 +46,13 @@ BLOCK = 32  # output columns per packed block (cpu_gemm.cc: kBlock)
 SOURCE = Path(__file__).with_suffix(".cc")
 ROWS_TARGET = "avalon_rows_product"
 GROUPED_TARGET = "avalon_grouped_rows_product"
+# The kernel's targets per stored weight dtype (x and y are float32 for both).
+_TARGETS = {"float32": (ROWS_TARGET, GROUPED_TARGET),
+            "bfloat16": (ROWS_TARGET + "_bf16", GROUPED_TARGET + "_bf16")}
+_SYMBOLS = {ROWS_TARGET: "AvalonRowsProduct", GROUPED_TARGET: "AvalonGroupedRowsProduct",
+            ROWS_TARGET + "_bf16": "AvalonRowsProductBf16",
+            GROUPED_TARGET + "_bf16": "AvalonGroupedRowsProductBf16"}
+STORED_DTYPES = tuple(_TARGETS)
 # Where built kernels are kept (one file per source / jaxlib / CPU); the env var moves it.
 CACHE_ENV = "AVALON_KERNEL_CACHE"
 BUILD_TIMEOUT_S = 300
@@ -54,10 +61,17 @@ BUILD_TIMEOUT_S = 300
 @jax.tree_util.register_pytree_node_class
 class Packed(BackendWeight):
     """A projection weight w [*in, *out] held as p [..., nb, K, BLOCK] (see the module doc).
-    `shape` and `dtype` read as the weight's own (`model.dense.BackendWeight`)."""
+    `shape` and `dtype` read as the weight's own (`model.dense.BackendWeight`).
 
-    def __init__(self, p: jax.Array, in_shape: tuple, out_shape: tuple):
+    p is stored float32 or bfloat16 (`STORED_DTYPES`); `astype` to a wider float type does not
+    copy it: the kernel widens a bf16 weight in registers and computes in float32, so the cast
+    is exact and costs nothing per step (the layers cast every weight to the activations' dtype;
+    a copy of a bf16 view's weights at every decode step would cost more than their bytes
+    save). `dtype` is then the cast's, `p.dtype` the storage's."""
+
+    def __init__(self, p: jax.Array, in_shape: tuple, out_shape: tuple, dtype=None):
         self.p, self.in_shape, self.out_shape = p, tuple(in_shape), tuple(out_shape)
+        self._dtype = jnp.dtype(p.dtype if dtype is None else dtype)
 
     @classmethod
     def of(cls, w: jax.Array, n_in: int, lead: int = 0) -> Packed:
@@ -77,21 +91,30 @@ class Packed(BackendWeight):
 
     @property
     def dtype(self):
-        return self.p.dtype
+        return self._dtype
 
     @property
     def out_size(self) -> int:
         return math.prod(self.out_shape)
 
     def astype(self, dtype) -> Packed:
+        dtype = jnp.dtype(dtype)
+        # Widening (bf16 -> float32 / float64, or the stored type itself): no copy. Not to
+        # float16 from bf16 (same size, but a narrower range: a real cast).
+        if dtype == self.p.dtype or (jnp.issubdtype(dtype, jnp.floating)
+                                     and dtype.itemsize > self.p.dtype.itemsize):
+            return Packed(self.p, self.in_shape, self.out_shape, dtype)
+        if dtype.name not in STORED_DTYPES:
+            raise ValueError(f"Packed.astype({dtype}): a packed weight is stored as one of "
+                             f"{', '.join(STORED_DTYPES)}")
         return Packed(self.p.astype(dtype), self.in_shape, self.out_shape)
 
     def as_in_out(self) -> jax.Array:
-        """The weight in its own layout [*in, *out] (a copy; the reference)."""
+        """The weight in its own layout [*in, *out] and dtype (a copy; the reference)."""
         lead = self.p.shape[:-3]
         k = self.p.shape[-2]
         flat = jnp.swapaxes(self.p, -3, -2).reshape(*lead, k, -1)[..., :self.out_size]
-        return flat.reshape(self.shape)
+        return flat.reshape(self.shape).astype(self.dtype)
 
     def product(self, x2: jax.Array) -> jax.Array:
         return rows_product(x2, self)
@@ -100,41 +123,47 @@ class Packed(BackendWeight):
         return experts_packed(xl, idx, self, down, act)
 
     def tree_flatten(self):
-        return (self.p,), (self.in_shape, self.out_shape)
+        return (self.p,), (self.in_shape, self.out_shape, self._dtype)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         return cls(children[0], *aux)
 
 
-def _check_f32(where: str, **arrays) -> None:
-    for name, a in arrays.items():
-        if a.dtype != jnp.float32:
-            raise ValueError(f"{where}: {name} is {a.dtype}; the CPU kernel is float32 only "
-                             "(the engine packs weights only for a float32 model)")
+def _targets(where: str, x: jax.Array, w: Packed) -> tuple[str, str]:
+    """The kernel's (rows, grouped) targets for w's storage; x float32 or bfloat16."""
+    if w.p.dtype.name not in _TARGETS or x.dtype not in (jnp.float32, jnp.bfloat16):
+        raise ValueError(f"{where}: x is {x.dtype} and the packed weight {w.p.dtype}; the CPU "
+                         f"kernel takes float32 or bfloat16 of each (weights stored as "
+                         f"{', '.join(STORED_DTYPES)})")
+    return _TARGETS[w.p.dtype.name]
 
 
 def rows_product(x2: jax.Array, w: Packed) -> jax.Array:
-    """x2 [n, K] @ w -> [n, prod(w.out_shape)], on the CPU kernel (`ready()` must be True)."""
-    _check_f32("cpu_gemm.rows_product", x=x2, w=w)
+    """x2 [n, K] @ w -> [n, prod(w.out_shape)] in x2's dtype, on the CPU kernel (`ready()` must
+    be True): float32 products and sums whatever the dtypes stored."""
+    target = _targets("cpu_gemm.rows_product", x2, w)[0]
     if w.p.ndim != 3 or x2.ndim != 2 or x2.shape[1] != w.p.shape[1]:
         raise ValueError(f"cpu_gemm.rows_product: x {x2.shape} and packed {w.p.shape} are not "
                          "[n, K] and [nb, K, B]")
     out = jax.ShapeDtypeStruct((x2.shape[0], w.out_size), jnp.float32)
-    return jax.ffi.ffi_call(ROWS_TARGET, out)(x2, w.p)
+    y = jax.ffi.ffi_call(target, out)(x2.astype(jnp.float32), w.p)
+    return y.astype(x2.dtype)
 
 
 def grouped_rows_product(rows: jax.Array, expert: jax.Array, w: Packed) -> jax.Array:
     """rows [r, K], expert [r] (each expert's rows one run; outside [0, E): zeros), w packed
-    experts [E, ...] -> [r, prod(w.out_shape)]: row i times expert expert[i]'s weight."""
-    _check_f32("cpu_gemm.grouped_rows_product", rows=rows, w=w)
+    experts [E, ...] -> [r, prod(w.out_shape)] in rows' dtype: row i times expert expert[i]'s
+    weight."""
+    target = _targets("cpu_gemm.grouped_rows_product", rows, w)[1]
     if w.p.ndim != 4 or rows.ndim != 2 or rows.shape[1] != w.p.shape[2] \
             or expert.shape != rows.shape[:1]:
         raise ValueError(f"cpu_gemm.grouped_rows_product: rows {rows.shape}, expert "
                          f"{expert.shape} and packed {w.p.shape} are not [r, K], [r] and "
                          "[E, nb, K, B]")
     out = jax.ShapeDtypeStruct((rows.shape[0], w.out_size), jnp.float32)
-    return jax.ffi.ffi_call(GROUPED_TARGET, out)(rows, expert.astype(jnp.int32), w.p)
+    y = jax.ffi.ffi_call(target, out)(rows.astype(jnp.float32), expert.astype(jnp.int32), w.p)
+    return y.astype(rows.dtype)
 
 
 def experts_packed(xl, idx, up: Packed, down: Packed, act=Activation.RELU2):
@@ -213,11 +242,9 @@ def ready() -> bool:
         if not path.exists():
             _compile(path)
         lib = ctypes.cdll.LoadLibrary(str(path))
-        jax.ffi.register_ffi_target(ROWS_TARGET, jax.ffi.pycapsule(lib.AvalonRowsProduct),
-                                    platform="cpu")
-        jax.ffi.register_ffi_target(GROUPED_TARGET,
-                                    jax.ffi.pycapsule(lib.AvalonGroupedRowsProduct),
-                                    platform="cpu")
+        for target, symbol in _SYMBOLS.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
+                                        platform="cpu")
         return True
     except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
         warnings.warn(f"avalon: the CPU product kernel ({SOURCE.name}) is not available ({e}); "

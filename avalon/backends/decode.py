@@ -7,9 +7,11 @@
     CPU_UNSTACKED  one block per layer, sliced once per `set_params`
     CPU_OUT_IN     CPU_UNSTACKED, and every projection (and the grouped routed experts) held
                    output-first (`cpu_out_in.OutIn`) for XLA's products
-    CPU_PACKED     CPU_UNSTACKED, and every projection, the untied LM head and the grouped
-                   routed experts packed for the C++ kernel (`cpu_gemm.Packed`); float32 params
-                   only (a narrower decode view, e.g. bf16, keeps CPU_OUT_IN's layout)
+    CPU_PACKED     CPU_UNSTACKED, and every projection, the LM head (a tied one as a copy beside
+                   the embedding) and the grouped routed experts packed for the C++ kernel
+                   (`cpu_gemm.Packed`); float32 or bfloat16 params (a bf16 weight streams
+                   half the bytes and is widened in the kernel; other float types keep
+                   CPU_OUT_IN's layout)
     AUTO           the platform's: on one CPU device (no mesh, or the trainer's one-device
                    local mesh: the laptop case) CPU_PACKED where the kernel builds, else
                    CPU_OUT_IN; AS_TRAINED on every other platform and mesh
@@ -105,9 +107,10 @@ def decode_params(backend: DecodeBackend, cfg: ModelConfig, params: dict) -> dic
     run = _unstack(cfg, params) if backend.unstacks and cfg.scan_layers else params
     if not backend.relayouts:
         return run
-    # The kernel is float32 only: a bf16 decode view keeps the output-first layout.
-    packed = backend == DecodeBackend.CPU_PACKED and cfg.dtype == "float32" and all(
-        a.dtype == jnp.float32 for a in jax.tree.leaves(run)
+    # The kernel takes float32 and bfloat16 (weights and activations); params of other float
+    # types keep the output-first layout.
+    packed = backend == DecodeBackend.CPU_PACKED and cfg.dtype in cpu_gemm.STORED_DTYPES and all(
+        a.dtype.name in cpu_gemm.STORED_DTYPES for a in jax.tree.leaves(run)
         if jnp.issubdtype(a.dtype, jnp.floating))
     return _out_in(run_config(backend, cfg), run, packed)
 
@@ -155,10 +158,10 @@ def fuse_gate_up(layer: dict) -> dict:
 def out_in_params(cfg: ModelConfig, params: dict, packed: bool = False) -> dict:
     """`params` with every projection weight (PROJECTIONS, and the untied LM head) held as a
     `cpu_out_in.OutIn`, output axes first, or, with `packed`, as a `cpu_gemm.Packed` for the
-    CPU kernel (float32 only). One copy per weight; everything else is the same arrays. `cfg`
-    describes the params' blocks (the engine's run config, unstacked or not). The routed
-    experts only when `cfg` runs them grouped on CPU (the one dispatch with an output-first
-    loop and a packed path)."""
+    CPU kernel (float32 or bfloat16; a tied head is then packed too, as `lm_head`). One copy per
+    weight; everything else is the same arrays. `cfg` describes the params' blocks (the
+    engine's run config, unstacked or not). The routed experts only when `cfg` runs them
+    grouped on CPU (the one dispatch with an output-first loop and a packed path)."""
     layout = Packed if packed else OutIn
     experts = resolve_backend(cfg.moe_backend, "cpu") == MoeBackend.GROUPED
     blocks = []
@@ -174,6 +177,12 @@ def out_in_params(cfg: ModelConfig, params: dict, packed: bool = False) -> dict:
     out = {**params, "blocks": blocks}
     if "lm_head" in params:
         out["lm_head"] = layout.of(params["lm_head"], 1)
+    elif packed and cfg.tie_word_embeddings:
+        # The tied head packed apart from the embedding (which the token lookup reads as it
+        # is): the largest single weight of a small model (SmolLM2: 113 MB of 538), streamed at
+        # the kernel's rate instead of XLA's (RESULTS.md, issue 49). The model's head reads
+        # `lm_head` where the params hold one.
+        out["lm_head"] = layout.of(params["embed"].T, 1)
     return out
 
 

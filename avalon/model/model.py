@@ -240,7 +240,8 @@ def lm_logits(params: dict, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
     `head` in a profile)."""
     with jax.named_scope("head"):
         h = rms_norm(hidden, params["final_norm"], cfg.layer_norm_epsilon)
-        w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+        # A tied head is the embedding, unless a decode backend laid it out apart as lm_head.
+        w = params["lm_head"] if "lm_head" in params else params["embed"].T
         logits = dense_head(h, w.astype(h.dtype)).astype(jnp.float32)
     return constrain(logits, ("batch", "act_seq", "act_vocab")) if logits.ndim == 3 else logits
 

@@ -1,8 +1,10 @@
 """The CPU product kernel (`backends/cpu_gemm.py`) against references: float64 NumPy products for
-every row count the kernel splits differently (groups of 8 / 4 / 2 / 1 rows) and output widths
-that end in a partial block; the grouped product per expert run, padding rows included; the
-packed layout's round trip; `dense` and the MoE layer on packed weights against their einsum /
-dense-backend references; and the fallback when no compiler can build it.
+every row count the kernel splits differently (groups of up to 8 rows, sets of 32 sharing a
+chunk), depths that end in a partial chunk, output widths that end in a partial block, and
+weights large enough to split over threads; the grouped product per expert run, padding rows
+included; the packed layout's round trip; `dense` and the MoE layer on packed weights against
+their einsum / dense-backend references; the tied head packed for decode against the
+embedding's product; and the fallback when no compiler can build it.
 
 `.ci/run` sets AVALON_REQUIRE_CPU_KERNEL=1, so in CI a kernel that does not build fails these
 tests; elsewhere (a machine without a C++ compiler) they skip."""
@@ -18,6 +20,7 @@ from avalon.backends.decode import out_in_params
 from avalon.model import init_params, presets
 from avalon.model.config import MoeBackend
 from avalon.model.dense import dense, dense_einsum
+from avalon.model.model import lm_logits
 from avalon.model.moe import moe_layer
 
 
@@ -39,6 +42,37 @@ def test_rows_product_equals_float64(n, k, o):
     got = jax.jit(rows_product)(x, Packed.of(w, 1))
     assert got.shape == (n, o) and got.dtype == jnp.float32
     np.testing.assert_allclose(_f64(got), _f64(x) @ _f64(w), atol=2e-5 * np.sqrt(k), rtol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 8, 9, 32, 40, 77])
+@pytest.mark.parametrize("k,o", [(576, 1536), (100, 96)])
+@pytest.mark.parametrize("w_dtype", [jnp.float32, jnp.bfloat16])
+def test_rows_product_sets_chunks_and_threads_equal_float64(n, k, o, w_dtype):
+    """Row counts past one group (8) and one set (32: the groups sharing a chunk of the block)
+    and depths that end in a partial 64-step chunk; [576, 1536] (3.5 MB fp32, 1.8 MB bf16) is
+    split by blocks over XLA's intra-op threads wherever the process has more than one core.
+    A bf16 weight gives the float64 product of its own values."""
+    kx, kw = jax.random.split(jax.random.key(n * 7 + k))
+    x = jax.random.normal(kx, (n, k))
+    w = jax.random.normal(kw, (k, o)).astype(w_dtype)
+    got = jax.jit(rows_product)(x, Packed.of(w, 1))
+    np.testing.assert_allclose(_f64(got), _f64(x) @ _f64(w), atol=2e-5 * np.sqrt(k), rtol=1e-5)
+
+
+@pytest.mark.parametrize("w_dtype", [jnp.float32, jnp.bfloat16])
+def test_grouped_rows_product_large_experts_split_over_threads(w_dtype):
+    """Experts large enough to split by blocks over the intra-op threads: every part takes the
+    same blocks of each run's expert (runs of 1, 12 and 40 rows, a padding row); a bf16 weight
+    gives the float64 product of its own values."""
+    e, k, o = 3, 576, 704
+    w = jax.random.normal(jax.random.key(5), (e, k, o)).astype(w_dtype)
+    expert = np.array([1] + [0] * 12 + [2] * 40 + [-1], np.int32)
+    x = jax.random.normal(jax.random.key(6), (expert.size, k))
+    got = jax.jit(grouped_rows_product)(x, jnp.asarray(expert), Packed.of(w, 1, lead=1))
+    want = np.stack([_f64(x[i]) @ _f64(w[j]) if 0 <= j < e else np.zeros(o)
+                     for i, j in enumerate(expert)])
+    np.testing.assert_allclose(_f64(got), want, atol=2e-5 * np.sqrt(k), rtol=1e-5)
+    assert not np.asarray(got[-1]).any()
 
 
 def test_grouped_rows_product_per_expert_run():
@@ -76,10 +110,37 @@ def test_dense_on_packed_equals_einsum(xs, ws, n_in):
     np.testing.assert_allclose(got, dense_einsum(x, w, n_in), atol=1e-5, rtol=1e-5)
 
 
-def test_rows_product_rejects_bf16():
+@pytest.mark.parametrize("n", [1, 8, 40])
+@pytest.mark.parametrize("x_dtype", [jnp.float32, jnp.bfloat16])
+def test_bf16_weights_equal_float64_of_their_values(n, x_dtype):
+    """A bf16 packed weight (half the bytes streamed, widened in the kernel) gives the float64
+    product of its own values, in x's dtype; a cast of the packed weight to float32 (what the
+    layers do with a bf16 view) shares the stored array instead of copying it."""
+    kx, kw = jax.random.split(jax.random.key(n))
+    k, o = 300, 200
+    x = jax.random.normal(kx, (n, k)).astype(x_dtype)
+    w = jax.random.normal(kw, (k, o)).astype(jnp.bfloat16)
+    packed = Packed.of(w, 1)
+    wide = packed.astype(jnp.float32)
+    assert wide.p is packed.p and wide.dtype == jnp.float32 and packed.dtype == jnp.bfloat16
+    got = jax.jit(rows_product)(x, wide)
+    assert got.dtype == x_dtype
+    want = _f64(x) @ _f64(w)
+    # float32 sums; a bf16 result then rounded once (half a bf16 ulp: 2^-9 relative).
+    rtol = 1e-5 if x_dtype == jnp.float32 else 2.0 ** -8
+    np.testing.assert_allclose(_f64(got), want, atol=2e-5 * np.sqrt(k), rtol=rtol)
+    np.testing.assert_array_equal(wide.as_in_out(), w.astype(jnp.float32))
+
+
+def test_rows_product_rejects_other_dtypes():
     w = Packed.of(jnp.ones((8, 4)), 1)
-    with pytest.raises(ValueError, match="x is bfloat16"):
-        rows_product(jnp.ones((2, 8), jnp.bfloat16), w)
+    with pytest.raises(ValueError, match="x is float16"):
+        rows_product(jnp.ones((2, 8), jnp.float16), w)
+    with pytest.raises(ValueError, match="stored as one of float32, bfloat16"):
+        w.astype(jnp.float16)
+    # bf16 -> float16 is the same size but not a widening: a real cast, refused too.
+    with pytest.raises(ValueError, match="stored as one of float32, bfloat16"):
+        w.astype(jnp.bfloat16).astype(jnp.float16)
 
 
 @pytest.mark.parametrize("tokens", [(1, 1), (8, 1), (3, 11), (8, 64)],
@@ -102,6 +163,24 @@ def test_packed_experts_equal_dense(tokens):
     y, idx, _ = jax.jit(lambda p, x: moe_layer(p, x, grouped))(packed, x)
     np.testing.assert_array_equal(idx, idx_dense)
     np.testing.assert_allclose(y, y_dense, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 33])
+def test_tied_head_packed_for_decode_equals_embedding_product(rows):
+    """A tied model's packed decode layout carries the head as `lm_head` (the embedding, which
+    the token lookup reads, stays as it is), and the model's head on it equals the logits of
+    the embedding's own product; the training params keep no `lm_head`."""
+    cfg = presets.get("tiny_llama")
+    assert cfg.tie_word_embeddings
+    params = init_params(jax.random.key(2), cfg)
+    run = out_in_params(cfg, params, packed=True)
+    assert "lm_head" not in params and isinstance(run["lm_head"], Packed)
+    assert run["embed"] is params["embed"]
+    np.testing.assert_array_equal(run["lm_head"].as_in_out(), params["embed"].T)
+    h = jax.random.normal(jax.random.key(3), (rows, cfg.hidden_size))
+    got = jax.jit(lm_logits, static_argnums=2)(run, h, cfg)
+    want = jax.jit(lm_logits, static_argnums=2)(params, h, cfg)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_no_compiler_warns_and_reports_unavailable(tmp_path, monkeypatch):

@@ -447,8 +447,8 @@ def test_out_in_engine_equals_unstacked(params, backend):
 def test_packed_engine_equals_out_in(params, cpu_kernel):
     """The CPU default where the kernel builds (`cpu_packed`: projections, LM head and the
     grouped experts packed for `cpu_gemm`) serves the same tokens, log-probs and routing as the
-    output-first engine on XLA's products; a bf16 view of the params keeps the output-first
-    layout (the kernel is float32 only)."""
+    output-first engine on XLA's products; so does a bf16 view of the params (packed as bf16,
+    widened to float32 in the kernel, against XLA's products on the same view)."""
     cfg = CFG.replace(moe_backend=MoeBackend.GROUPED)
     engs = [Engine(cfg, params, num_slots=4, max_context=WINDOW, steps_per_dispatch=4,
                    prefill_chunk=8, backend=b) for b in (None, "cpu_out_in")]
@@ -458,8 +458,13 @@ def test_packed_engine_equals_out_in(params, cpu_kernel):
     assert isinstance(layers["0_moe"]["experts_up"], cpu_gemm.Packed)
     assert isinstance(engs[0]._run_params["lm_head"], cpu_gemm.Packed)
     _same_turns(engs, (44, 45), 1e-5)
-    engs[0].set_params(jax.tree.map(lambda a: a.astype(jnp.bfloat16), params))
-    assert isinstance(_layers(engs[0])["0_mamba"]["in_x"], OutIn)
+    view = jax.tree.map(lambda a: a.astype(jnp.bfloat16) if a.ndim >= 2 else a, params)
+    for eng in engs:
+        eng.set_params(view)
+    in_x = _layers(engs[0])["0_mamba"]["in_x"]
+    assert isinstance(in_x, cpu_gemm.Packed) and in_x.p.dtype == jnp.bfloat16
+    assert isinstance(_layers(engs[1])["0_mamba"]["in_x"], OutIn)
+    _same_turns(engs, (46, 47), 1e-5)
 
 
 def test_default_backends_end_to_end(params):
