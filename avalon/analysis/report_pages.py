@@ -50,9 +50,17 @@ def why_empty(name: str) -> str:
     return f"n/a at every evaluation: no {measure(name).over} in these logs"
 
 
-def _curve_panel(ax, name: str, curves: dict) -> None:
+def _steps_axis(ax, xs: Sequence[int]) -> None:
+    """Integer RL-step ticks; one evaluation only: a step either side of it (matplotlib would
+    tick a zero-width range in fractions)."""
     from matplotlib.ticker import MaxNLocator
 
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if xs and min(xs) == max(xs):
+        ax.set_xlim(xs[0] - 1, xs[0] + 1)
+
+
+def _curve_panel(ax, name: str, curves: dict) -> None:
     series = curves.get(name) or {}
     ax.set_title(name, fontsize=9)
     if not any(series.values()):
@@ -67,15 +75,13 @@ def _curve_panel(ax, name: str, curves: dict) -> None:
         ax.fill_between(xs, lo, hi, alpha=0.2, color=style.get("color"), linewidth=0)
         ax.errorbar(xs, ys, yerr=[[y - a for y, a in zip(ys, lo)], [b - y for y, b in zip(ys, hi)]],
                     capsize=2, markersize=4, label=arm, **style)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _steps_axis(ax, [p[0] for pts in series.values() for p in pts])
     ax.set_xlabel("RL step", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7)
 
 
 def _arm_panel(ax, rows: Sequence[dict], key: str, title: str, ylabel: str) -> None:
-    from matplotlib.ticker import MaxNLocator
-
     ax.set_title(title, fontsize=10)
     rows = [b for b in rows if b.get(key) is not None]
     if not rows:
@@ -89,7 +95,7 @@ def _arm_panel(ax, rows: Sequence[dict], key: str, title: str, ylabel: str) -> N
                [b[key]["high"] - y for y, b in zip(ys, pts)]]
         ax.errorbar(xs, ys, yerr=err, capsize=3, label=arm,
                     **_STYLE.get(arm, dict(marker="^")))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _steps_axis(ax, [b["rl_step"] for b in rows])
     ax.set_xlabel("RL step")
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
