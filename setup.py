@@ -32,6 +32,9 @@ EXTRAS = {
     # (avalon/checkpoint/gguf.py), and transformers needs accelerate to load one.
     "hf": ["torch==2.13.0", "transformers==5.24.0", "safetensors", "tokenizers", "jinja2",
            "gguf", "accelerate"],
+    # The llama.cpp peer of experiments/bench/vs_llamacpp.py (its C API through ctypes; pip
+    # builds llama.cpp from source, minutes); with the hf extra's gguf.
+    "bench": ["llama-cpp-python==0.3.36", "gguf"],
     # The Open Reward Standard's SDK: only the ORS tests use it (a reference server and
     # client); OrsEnvironment and the ORS server are stdlib.
     "ors": ["openreward>=0.1.160,<0.2"],
