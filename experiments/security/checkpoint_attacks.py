@@ -99,8 +99,8 @@ def _resume(tmp: str, want_step: int, want_seed: int, why: str) -> tuple[Outcome
     if got.step == want_step and intact and got.skipped:
         detail = got.skipped[0][1].replace(tmp, "DIR")
         return Outcome.BLOCKED, f"resumed from step {want_step}; skipped: {detail}"[:160]
-    return Outcome.CRASH, (f"{why}: resumed from step {got.step} with the state of "
-                           f"{'the right' if intact else 'another'} step")
+    held = f"step {want_seed}'s state" if intact else f"a state that is not step {want_seed}'s"
+    return Outcome.CRASH, f"{why}: resumed as step {got.step}, holding {held}"
 
 
 def _edit_meta(directory: str, step: int, edit) -> None:
