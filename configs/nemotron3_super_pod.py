@@ -42,15 +42,19 @@ chips, experts split over them, the KV pool split by pages); that switch is time
 
 Global batch of one update call: micro_batches x 32 rows (one per fsdp shard, split over its
 host's 4 chips) of 131,072 tokens = 64 x 32 = 2,048 rows (268M token positions); the recipe's
-200-800 groups x K 16 x (1 + up to 8 agents) contexts are packed into such rows. Per chip that
+200-800 groups x K 16 x (1 + up to 8 agents) contexts are packed into such rows, and an RLCR
+step whose rollouts pack into more (`rollout.max_update_rows`) runs several AdamW updates of
+2,048 rows each, every one after the first off the sampling policy (CISPO's clipped ratio to
+the sampler's log-probs weighs them): not one update per step. Per chip that
 is 64 quarter-rows, and the batch itself (tokens, targets, ids, mask, log-probs, advantages,
 uint16 routing of 40 layers x 22 experts) is 3.7 GB beside 13.9 GB of fp32 params and AdamW
 moments (together the step's 17.6 GB of arguments) and a temporary fp32 gradient accumulator
 the size of the params (~4.6 GB). Measured (experiments/bench/RESULTS.md, "The pod's update
-step, fifth pass"; `python -m experiments.scale.aot --config=configs/nemotron3_super_pod.py
---topology=v5p-256`, a 20-minute compile on one CPU core): peak 77.4 GB of HBM allocated per
-chip (arguments 17.6 + temporaries 59.8; 81.5% of HBM) and compiled matmul FLOPs 1.29x the
-model's. Smaller micro-batches cannot help (one row per
+step, fifth pass", and at this very call's shape "The pod: start-up checks and the update step
+at the loop's batch"; `python -m experiments.scale.aot --config=configs/nemotron3_super_pod.py
+--topology=v5p-256`, a 20-minute compile on one CPU core, ~11 GB of host memory): peak 77.4 GB
+of HBM allocated per chip (arguments 17.6 + temporaries 59.8; 81.5% of HBM) and compiled matmul
+FLOPs 1.29x the model's. Smaller micro-batches cannot help (one row per
 fsdp shard is the floor); the micro-batch count only sets the global batch (and the batch's
 bytes per chip: 3.7 GB at 64).
 """

@@ -33,10 +33,22 @@ libtpu. One JSON object is printed:
   (`train_flops_per_token`, 3 x forward, active experts only, full rows) x tokens / chips;
 - `collectives`: per kind, the count and result bytes per chip, trip-count weighted.
 
-The batch is one update step's: `--rows` packed sequences of `--seq` tokens (defaults: the
-config's `rl.micro_batches` x data-parallel chips rows of `rollout.seq_len`), with replayed
+The batch is one update call's: `--rows` packed sequences of `--seq` tokens (defaults: the
+call the training loop builds, `train.batch_plan`: `rollout.max_update_rows` rows when set, else
+`rl.micro_batches` x the devices rows split over; `rollout.seq_len` tokens), with replayed
 routing in the narrowest integer type of the expert count, as the trainer packs it.
 The config's checkpoint and tokenizer are not read (shapes come from the model preset).
+
+A pod-sized compile needs ~11 GB of host memory at its end (code generation). `--dump_dir=DIR`
+keeps the compile's XLA dump in DIR; libtpu writes the memory-usage report and the optimized
+HLO there before code generation, so if the host runs out of memory after that, `--from_dump=DIR`
+(same config and flags) reports the memory, FLOPs and collectives from them without compiling
+(XLA's memory analysis and compile time, which need the finished executable, are left out):
+
+    python -m experiments.scale.aot --config=configs/nemotron3_super_pod.py --topology=v5p-256 \
+        --dump_dir=/tmp/pod-dump      # killed in code generation on a 24 GB host, then:
+    python -m experiments.scale.aot --config=configs/nemotron3_super_pod.py --topology=v5p-256 \
+        --from_dump=/tmp/pod-dump
 
 `--step=decode` compiles one host's decode dispatch instead (`inference.device.decode`, what
 the engine runs: `engine.steps_per_dispatch` tokens for `--rows` rows of `--slots` slots, KV in
@@ -153,7 +165,8 @@ def abstract_batch(cfg, rows: int, seq: int, with_routing: bool):
                       advantages=sd((rows, seq), jnp.float32), routing=routing)
 
 
-def compile_train_step(model_cfg, rl_cfg, mesh_shape: dict, devices, rows: int, seq: int):
+def compile_train_step(model_cfg, rl_cfg, mesh_shape: dict, devices, rows: int, seq: int,
+                       dump_dir: str | None = None):
     """Lower and compile the update step on abstract state and batch. Returns (compiled,
     seconds, bytes per memory space)."""
     import jax
@@ -170,7 +183,8 @@ def compile_train_step(model_cfg, rl_cfg, mesh_shape: dict, devices, rows: int, 
     state = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
                        opt_state=jax.eval_shape(step.optimizer.init, params))
     batch = abstract_batch(step.model_cfg, rows, seq, rl_cfg.loss == LossKind.CISPO)
-    return compile_with_memory_report(step.step_fn.lower(state, batch), tpu=is_tpu(devices))
+    return compile_with_memory_report(step.step_fn.lower(state, batch), tpu=is_tpu(devices),
+                                      dump_dir=dump_dir)
 
 
 def memory_spaces(report_text: str) -> dict[str, int]:
@@ -189,11 +203,12 @@ def dump_options(dump_dir: str) -> dict[str, str]:
     return {"xla_dump_to": dump_dir, "xla_dump_hlo_pass_re": "NONE"}
 
 
-def compile_with_memory_report(lowered, tpu: bool = True):
-    """Compile `lowered`, dumped to a temporary directory for libtpu's memory-usage report.
-    Returns (compiled, seconds, bytes per memory space). On a GPU the program's memory is its
-    buffer assignment as XLA's memory analysis gives it (arguments + outputs - aliased +
-    the one preallocated temporary buffer), reported as the default space."""
+def compile_with_memory_report(lowered, tpu: bool = True, dump_dir: str | None = None):
+    """Compile `lowered`, dumped to a temporary directory (or `dump_dir`, kept) for libtpu's
+    memory-usage report. Returns (compiled, seconds, bytes per memory space). On a GPU the
+    program's memory is its buffer assignment as XLA's memory analysis gives it (arguments +
+    outputs - aliased + the one preallocated temporary buffer), reported as the default
+    space."""
     if not tpu:
         start = time.perf_counter()
         compiled = lowered.compile()
@@ -202,17 +217,57 @@ def compile_with_memory_report(lowered, tpu: bool = True):
         return compiled, seconds, {"default": int(
             mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
             + mem.temp_size_in_bytes)}
-    with tempfile.TemporaryDirectory(prefix="avalon-aot-") as dump:
+    if dump_dir:
+        os.makedirs(dump_dir, exist_ok=True)
+        if os.listdir(dump_dir):
+            raise AotError(f"--dump_dir={dump_dir}: not empty (one compile's dump per directory)")
+    with tempfile.TemporaryDirectory(prefix="avalon-aot-") as tmp:
+        dump = dump_dir or tmp
         start = time.perf_counter()
         compiled = lowered.compile(compiler_options=dump_options(dump))
         seconds = time.perf_counter() - start
-        reports = glob.glob(os.path.join(dump, "*memory-usage-report.txt"))
-        if len(reports) != 1:
-            raise AotError(f"expected one memory-usage report in the XLA dump, found "
-                           f"{len(reports)}: is this libtpu {LIBTPU_PIN}?")
-        with open(reports[0]) as f:
-            spaces = memory_spaces(f.read())
+        spaces = memory_spaces(_read_one(dump, "*memory-usage-report.txt"))
     return compiled, seconds, spaces
+
+
+def _read_one(dump: str, pattern: str) -> str:
+    found = glob.glob(os.path.join(dump, pattern))
+    if len(found) != 1:
+        raise AotError(f"expected one {pattern} in the XLA dump {dump}, found {len(found)}: "
+                       f"is this libtpu {LIBTPU_PIN}, and the dump one compile's?")
+    with open(found[0]) as f:
+        return f.read()
+
+
+def dump_report(dump: str, model_cfg, rows: int, seq: int, chips: int,
+                hbm_bytes: float = V5P_HBM_BYTES) -> dict:
+    """`report`'s memory, FLOPs and collectives from a kept XLA dump of the same compile
+    (`--dump_dir`): libtpu's memory-usage report and the optimized HLO, both written before
+    code generation. The dump's module must be this batch on this many chips."""
+    from avalon.model.accounting import train_flops_per_token
+    from experiments.scale import hlo_stats
+
+    module = _read_one(dump, "*/module.mlir")
+    batch = f"tensor<{rows}x{seq}xi32>"
+    partitions = re.search(r"mhlo\.num_partitions = (\d+)", module)
+    if batch not in module or not partitions or int(partitions.group(1)) != chips:
+        raise AotError(f"--from_dump={dump}: its module is not a batch of {rows} x {seq} tokens "
+                       f"on {chips} chips (num_partitions "
+                       f"{partitions.group(1) if partitions else '?'}): same config and flags?")
+    spaces = memory_spaces(_read_one(dump, "*memory-usage-report.txt"))
+    stats = hlo_stats.analyse(_read_one(dump, "*.after_optimizations.txt"))
+    peak = spaces["default"]
+    model_flops = train_flops_per_token(model_cfg, seq) * rows * seq / chips
+    return {
+        "chips": chips, "rows": rows, "seq": seq, "tokens": rows * seq, "from_dump": dump,
+        "peak_bytes_per_chip": peak, "hbm_bytes_per_chip": hbm_bytes,
+        "peak_fraction_of_hbm": round(peak / hbm_bytes, 4),
+        "memory_space_bytes_per_chip": spaces,
+        "flops_per_chip": stats.flops, "collectives": stats.collectives,
+        "unknown_trip_loops": stats.unknown_trip_loops,
+        "model_flops_per_chip": model_flops,
+        "flops_ratio": round(stats.flops / model_flops, 4) if model_flops else None,
+    }
 
 
 def report(compiled, model_cfg, rows: int, seq: int, chips: int, compile_s: float,
@@ -425,7 +480,8 @@ def train_shape(cfg, loss: str, num_processes: int):
 
 
 def run(config, topology: str, rows: int | None, seq: int | None, loss: str,
-        mesh: str | None = None, dump_hlo: str | None = None) -> dict:
+        mesh: str | None = None, dump_hlo: str | None = None, dump_dir: str | None = None,
+        from_dump: str | None = None) -> dict:
     from avalon.train.config import from_config_dict
 
     tgt = target(topology)
@@ -446,9 +502,13 @@ def run(config, topology: str, rows: int | None, seq: int | None, loss: str,
            "sequence_parallel": rl_cfg.sequence_parallel,
            "attention_impl": cfg.model.attention_impl.value,
            "moe_backend": cfg.model.moe_backend.value}
+    if from_dump:
+        # No "fits": whether libtpu's own HBM check passed is the finished compile's to say.
+        out.update(dump_report(from_dump, cfg.model, rows, seq, chips, tgt.hbm_bytes))
+        return out
     try:
         compiled, compile_s, spaces = compile_train_step(cfg.model, rl_cfg, cfg.mesh,
-                                                         devices, rows, seq)
+                                                         devices, rows, seq, dump_dir)
     except Exception as e:  # XLA refuses a program over HBM: that is the answer, reported
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
@@ -481,6 +541,10 @@ def _define_flags():
     flags.DEFINE_enum("loss", "cispo", ["cispo", "sft"], "Which update step (RL or SFT).")
     flags.DEFINE_string("mesh", None, "Replace the config's mesh, e.g. 'fsdp=4,expert=2'.")
     flags.DEFINE_string("dump_hlo", None, "Write the compiled HLO text to this file.")
+    flags.DEFINE_string("dump_dir", None, "train: keep the compile's XLA dump (memory-usage "
+                        "report, optimized HLO) in this empty directory.")
+    flags.DEFINE_string("from_dump", None, "train: report from a dump kept by --dump_dir "
+                        "(same config and flags) instead of compiling.")
     flags.mark_flags_as_required(["config"])
 
 
@@ -492,7 +556,8 @@ def main(argv):
             out = run_decode(f.config, f.topology, f.slots, f.rows, f.kv_tokens,
                              dump_hlo=f.dump_hlo)
         else:
-            out = run(f.config, f.topology, f.rows, f.seq, f.loss, f.mesh, f.dump_hlo)
+            out = run(f.config, f.topology, f.rows, f.seq, f.loss, f.mesh, f.dump_hlo,
+                      dump_dir=f.dump_dir, from_dump=f.from_dump)
     except (AotError, ValueError) as e:
         sys.exit(f"experiments.scale.aot: {e}")
     print(json.dumps(out, indent=2))

@@ -34,8 +34,7 @@ _NEEDS_LIBTPU = pytest.mark.skipif(
            "PYTHONPATH=<libtpu install dir>")
 
 
-@pytest.fixture(scope="module")
-def hybrid_2b_v5p_8():
+def _hybrid_2b_config():
     spec = importlib.util.spec_from_file_location("gpu_hybrid_2b", _CONFIG)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -43,7 +42,35 @@ def hybrid_2b_v5p_8():
     with config.unlocked():
         config.rl.micro_batches = 2
         config.model.overrides.remat = "none"
-    return aot.run(config, "v5p-8", rows=8, seq=4096, loss="cispo", mesh="fsdp=2,expert=2")
+    return config
+
+
+_HYBRID_2B_SHAPE = dict(rows=8, seq=4096, loss="cispo", mesh="fsdp=2,expert=2")
+
+
+@pytest.fixture(scope="module")
+def hybrid_2b_dump(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("hybrid_2b_dump"))
+
+
+@pytest.fixture(scope="module")
+def hybrid_2b_v5p_8(hybrid_2b_dump):
+    return aot.run(_hybrid_2b_config(), "v5p-8", **_HYBRID_2B_SHAPE, dump_dir=hybrid_2b_dump)
+
+
+@pytest.mark.slow
+@_NEEDS_LIBTPU
+def test_a_kept_dump_reports_what_the_compile_reported(hybrid_2b_v5p_8, hybrid_2b_dump):
+    """`--from_dump` (the pod's compile can outgrow a small host's memory in code generation,
+    after the dump is written) reads the same memory, FLOPs and collectives from the kept dump
+    as the finished compile; a dump of another batch is refused."""
+    out = aot.run(_hybrid_2b_config(), "v5p-8", **_HYBRID_2B_SHAPE, from_dump=hybrid_2b_dump)
+    for key in ("peak_bytes_per_chip", "memory_space_bytes_per_chip", "flops_per_chip",
+                "collectives", "model_flops_per_chip", "rows", "seq", "chips"):
+        assert out[key] == hybrid_2b_v5p_8[key], key
+    with pytest.raises(aot.AotError, match="not a batch of 16 x 4096 tokens on 4 chips"):
+        aot.run(_hybrid_2b_config(), "v5p-8", **{**_HYBRID_2B_SHAPE, "rows": 16},
+                from_dump=hybrid_2b_dump)
 
 
 @pytest.mark.slow
