@@ -28,7 +28,10 @@ _NAMES = {
 
 
 def _number(name: str, v: float) -> str:
-    return f"{100 * v:.0f}%" if name in _PERCENT else f"{v:.2f}"
+    if name not in _PERCENT:
+        return f"{v:.2f}"
+    # one decimal below 10%, so a small share keeps its digits (1.7%, not 2%)
+    return f"{100 * v:.1f}%" if abs(v) < 0.1 else f"{100 * v:.0f}%"
 
 
 def describe(row: dict) -> str:

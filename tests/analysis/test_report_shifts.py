@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
+from avalon.analysis.learning import describe  # noqa: E402
 from avalon.analysis.logs import IndexEntry, rollout_file, step_dir, write_index  # noqa: E402
 from avalon.analysis.report import PUBLISHED, analyse  # noqa: E402
 from avalon.analysis.report_pages import _curve_panel, index_html, why_empty  # noqa: E402
@@ -135,3 +136,11 @@ def test_the_page_says_n_a_and_shows_the_shifts(report):
 def test_a_page_to_publish_shows_the_png_files_beside_it(report):
     page = index_html(report, {"rewards": b"\x89PNG"}, [], [], embed_images=False)
     assert '<img alt="rewards" src="rewards.png">' in page and "base64" not in page
+
+
+def test_the_paragraph_keeps_a_small_shares_digits():
+    row = {"measure": "coordination_time_share", "first": 0.0171, "last": 0.0169, "z": -0.34}
+    assert describe(row) == "1.7% -> 1.7% (-0.3 SE)"
+    row = {"measure": "teams_with_review", "first": 0.857, "last": 0.957, "z": 1.6}
+    assert describe(row) == "86% -> 96% (+1.6 SE)"
+    assert describe({"measure": "hires_per_rollout", "first": 2.54, "last": None}) == "n/a"
