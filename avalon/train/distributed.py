@@ -114,6 +114,40 @@ def barrier(name: str) -> None:
                                                         int(BARRIER_TIMEOUT_S * 1000))
 
 
+def open_collectives(mesh) -> None:
+    """Connect every process's devices for the collectives the update steps run on `mesh`
+    before any of them runs (nothing on one process). XLA:CPU opens a gloo connection per set
+    of devices at a collective's first use and gives every process 30 s to join it (a fixed
+    timeout, not `xla_cpu_collective_timeout_seconds`); a barrier before a step does not
+    help, because the step compiles after it, and on a loaded host one process compiled the
+    SFT step more than 30 s after the other ("Gloo context initialization failed:
+    DEADLINE_EXCEEDED ... GetKeyValue() timed out"). Here one small all-reduce per set of
+    mesh axes (the device groups a collective over those axes uses) is compiled first, then
+    every process waits at a barrier and runs them: the connections open within moments of
+    each other and are reused by every later program on the same devices."""
+    if jax.process_count() == 1:
+        return
+    import itertools
+
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    axes = [a for a in mesh.axis_names if mesh.shape[a] > 1]
+    spec = PartitionSpec(tuple(mesh.axis_names))
+    sharding = NamedSharding(mesh, spec)
+    x = jax.make_array_from_callback((mesh.devices.size,), sharding,
+                                     lambda index: np.ones(1, np.float32))
+    programs = []
+    for n in range(1, len(axes) + 1):
+        for group in itertools.combinations(axes, n):
+            total = jax.shard_map(lambda v, g=group: jax.lax.psum(v, g), mesh=mesh,
+                                  in_specs=spec, out_specs=spec)
+            programs.append(jax.jit(total).lower(x).compile())
+    barrier("open_collectives")
+    for program in programs:
+        program(x).block_until_ready()
+
+
 # Bytes per process per collective in `allgather_bytes`: on an accelerator the gather runs
 # through device memory (P x this per device), so a large payload goes in pieces.
 _GATHER_CHUNK = 1 << 24

@@ -68,7 +68,7 @@ from avalon.train import (
     telemetry,
 )
 from avalon.train.config import TrainConfig, describe, from_config_dict, groups_at
-from avalon.train.distributed import allgather_json, barrier, host_shard
+from avalon.train.distributed import allgather_json, barrier, host_shard, open_collectives
 from avalon.train.evaluation import EVAL_SEED, evaluate
 from avalon.train.setup import Setup, Switch, build, global_batch, initial_params
 from avalon.train.sft import SFTBatches, teacher_traces
@@ -203,6 +203,7 @@ class Run:
         self.telemetry.progress.plan({"sft": cfg.sft.steps - self.host.sft_step,
                                       "eval": self._remaining_evals(),
                                       "rl": cfg.rollout.steps - self.host.rl_step})
+        open_collectives(self.setup.mesh)  # before the first step on the mesh (multi-process)
         if self.host.sft_step < cfg.sft.steps:
             self._sft()
             self._save()
