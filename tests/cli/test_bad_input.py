@@ -13,6 +13,9 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOY = "--config=configs/toy_org.py"
+# Each case is an import of jax and little else (seconds); on a 2-core machine shared with
+# training runs (load 12) four at once took over 300 s.
+TIMEOUT_S = 900
 
 # (name, module, arguments, the text the one line must hold); `{tmp}` is a scratch directory
 # holding `a_file` (text), `not_json.jsonl`, `metrics.jsonl` (JSON, not events), `empty.jsonl`,
@@ -118,9 +121,12 @@ def results(tmp_path_factory):
 
     def play(case):
         name, module, args, _ = case
-        r = subprocess.run([sys.executable, "-m", module,
-                            *[a.format(tmp=tmp) for a in args]], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=300)
+        try:
+            r = subprocess.run([sys.executable, "-m", module,
+                                *[a.format(tmp=tmp) for a in args]], cwd=REPO, env=env,
+                               capture_output=True, text=True, timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:  # a hang fails its own case, not the whole table
+            return name, (None, [f"no exit within {TIMEOUT_S} s"], "")
         return name, (r.returncode, [x for x in r.stderr.splitlines() if x.strip()],
                       r.stdout)
 
