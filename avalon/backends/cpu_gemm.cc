@@ -16,11 +16,11 @@
 //     rows sorted so each expert's rows are one run; row i uses expert expert[i]'s weight; a row
 //     whose expert is outside [0, E) gets zeros (padding).
 //
-// Streaming (issue 49, RESULTS.md): one core's loads alone reach ~60% of what memory gives when
-// compute sits between them (8 rows over a 425 MB stream of [576, 1536] weights: 7.2 GB/s where
-// a plain read runs at 12), so the passes prefetch the weight ahead of their reads, and rows
-// beyond one group share each 8 KB chunk of a block while it is in L1 (the stream keeps going
-// while they compute): 1.4x at 8 rows, 1.5x at 16 and 32. A product over a large weight is split
+// Streaming (issue 49): one core's loads alone fall short of what memory gives when compute sits
+// between them (a development probe, not in RESULTS.md: 8 rows over a 425 MB stream of [576,
+// 1536] weights read at ~60% of a plain read), so the passes prefetch the weight ahead of their
+// reads, and rows beyond one group share each 8 KB chunk of a block while it is in L1 (the
+// stream keeps going while they compute). A product over a large weight is split
 // by blocks over XLA's intra-op threads (the calling thread works too), so decode uses every
 // core the process may run on.
 //
@@ -137,9 +137,8 @@ inline void GroupPass(int64_t n, const float* x, const W* block, float* acc, int
 //
 // The weight is streamed from memory once, in storage order: each block is cut into chunks of
 // kChunk k steps, and every group of up to kGroup rows passes over a chunk while it is in L1
-// (accumulators kept in acc between chunks). The loads of one core reach only ~60% of what
-// memory gives when the stream waits on them (an 8-row product read its weight at 7.2 GB/s
-// where a plain read runs at 12; RESULTS.md, issue 49), so each pass prefetches: a lone group
+// (accumulators kept in acc between chunks). The loads of one core fall short of what memory
+// gives when the stream waits on them (see the file's head), so each pass prefetches: a lone group
 // kPrefetch bytes ahead of its reads, several groups each their share of the next chunk
 // spread over their steps, so the stream keeps going while the groups compute.
 template <typename W>
