@@ -41,6 +41,7 @@ def _hybrid_2b_config():
     config = module.get_config()
     with config.unlocked():
         config.rl.micro_batches = 2
+        config.sft.micro_batches = 2  # 8 SFT rows over the 4 row devices (start-up's check)
         config.model.overrides.remat = "none"
     return config
 
