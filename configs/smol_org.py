@@ -127,7 +127,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.engine.continuous = True
     c.eval = ml_collections.ConfigDict()
     c.eval.every = 6  # after SFT and at the end
-    c.eval.tasks = 1 if smoke else 4  # per environment
+    # Per environment; zero-shot plays 2 (12 rollouts: the README's measured command).
+    c.eval.tasks = 1 if smoke else 2 if zero else 4
     c.eval.seeds = 1
     c.eval.budget = 3
     c.eval.clock_s = 300.0
