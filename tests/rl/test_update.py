@@ -144,11 +144,15 @@ def test_mesh_step_with_micro_batches_matches_single_device(single, params, batc
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-6, err_msg=jax.tree_util.keystr(path))
 
 
-def test_platform_default_dispatch_mesh_step_matches_single_device(single, params, batch):
+def test_platform_default_dispatch_mesh_step_matches_single_device(single, params):
     """The step with the MoE dispatch each platform runs by default (AUTO; the tests above pin
     tiny to RAGGED_DOT): expert-parallel over fsdp=2 x expert=4, each chip's experts in grouped
     tiles (dropless capacity), equals the single-device RAGGED_DOT step."""
     mesh = make_mesh({"fsdp": 2, "expert": 4})
+    # Rows split over all 8 chips (fsdp x expert: the update step's batch rule), so the batch
+    # is packed to a multiple of 8 (padding rows carry no loss).
+    batch, _ = build_rl_batch(_groups(), RL, seq_len=SEQ, num_seqs_multiple=8,
+                              routing_shape=ROUTING)
     auto = make_update_step(CFG.replace(moe_backend=M.MoeBackend.AUTO),
                             RL.replace(moe_capacity_factor=None), mesh=mesh)
     ref_state, ref_m = single(single.init_state(params), batch)

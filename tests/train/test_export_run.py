@@ -35,6 +35,7 @@ TOL = 1e-4  # as tests/checkpoint/test_hf_parity.py
 def _config(**changes):
     c = micro_config.get_config()
     c.mesh.data = jax.device_count()
+    c.sft.batch_seqs = jax.device_count()  # SFT rows split over the data axis
     for k, v in changes.items():
         c[k] = v
     return c, from_config_dict(c, num_devices=jax.device_count())

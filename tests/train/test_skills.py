@@ -95,10 +95,11 @@ class _Env:
 
 
 def _setup(skill_steps: int, skill_seqs: int):
-    sft = types.SimpleNamespace(batch_seqs=4, skills=(Skill.RECALL, Skill.MAX),
+    sft = types.SimpleNamespace(batch_seqs=4, micro_batches=0, skills=(Skill.RECALL, Skill.MAX),
                                 skill_steps=skill_steps, skill_seqs=skill_seqs,
                                 skill_row_tokens=(40, 60))
-    cfg = types.SimpleNamespace(sft=sft, seed=0, rl=types.SimpleNamespace(micro_batches=1),
+    cfg = types.SimpleNamespace(sft=sft, seed=0, mesh={"data": 1, "fsdp": 1, "expert": 1},
+                                rl=types.SimpleNamespace(micro_batches=1, sequence_parallel=False),
                                 rollout=types.SimpleNamespace(seq_len=64))
     mesh = types.SimpleNamespace(shape={"data": 1, "fsdp": 1, "expert": 1})
     return types.SimpleNamespace(cfg=cfg, mesh=mesh, envs=[_Env()], chat=ChatFormat(_tok()))
