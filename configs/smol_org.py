@@ -28,7 +28,7 @@ import ml_collections
 
 from avalon.org.config import PromptStyle
 from avalon.train.config import config_arg, mesh_section
-from configs.toy_org import make_environments, make_teacher
+from configs import toy_org
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -66,25 +66,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.org.prompt_style = PromptStyle.FULL.value  # tool signatures and what each does
     c.org.text_tool_calls = True
     c.org.max_turns = 4 if smoke else 8  # per agent
-    c.env = ml_collections.ConfigDict()
+    # The toy's environments, teacher, budget, clock and curriculum, all three environments.
+    toy = toy_org.get_config()
+    c.env = toy.env
     c.env.three_environments = True
-    c.env.n_subtasks_min = 4
-    c.env.n_subtasks_max = 6
-    c.env.dep_prob = 0.8
-    c.env.ops = ("add", "max", "min")
-    c.env.check_answers = True
-    c.env.parallel_clock_s = 300.0
-    c.env.profile_clock_s = 300.0
-    c.env.verification_clock_s = 480.0
-    c.env.n_train = 512
-    c.env.n_heldout = 64
-    c.env.seed = 0
-    c.make_environments = make_environments
-    c.make_teacher = make_teacher
-    c.budget = ml_collections.ConfigDict({"p_single": 0.2, "max_budget": 3})
-    c.clock = ml_collections.ConfigDict({"start_s": 300.0, "end_s": 300.0, "ramp_steps": 1})
-    c.progress = ml_collections.ConfigDict({"fast_rate": 0.3, "slow_rate": 0.05,
-                                            "floor": 0.02, "unvisited_weight": 0.02})
+    c.make_environments, c.make_teacher = toy.make_environments, toy.make_teacher
+    c.budget, c.clock, c.progress = toy.budget, toy.clock, toy.progress
     c.sft = ml_collections.ConfigDict()
     c.sft.teacher_episodes = 8 if smoke else 64
     c.sft.steps = 0 if zero else 2 if smoke else 30
