@@ -20,8 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from avalon.org.agents import AgentKey
-from avalon.org.policy import AgentView, Step, Turn, TurnOutput, scripted_output
+from avalon.org.policy import AgentKey, AgentView, Step, Turn, TurnOutput, scripted_output
 from avalon.org.toolcall import format_call
 from avalon.tokenizer.chat import ChatFormat
 

@@ -10,7 +10,6 @@ Where to look:
 - `policy.py`, `engine_policy.py`: policies; `driver.py`: many rollouts, one call per tick.
 """
 
-from avalon.org.agents import AgentKey
 from avalon.org.config import OrgConfig, Permissions, PromptStyle
 from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec, RunResult
 from avalon.org.engine_policy import EnginePolicy
@@ -29,6 +28,7 @@ from avalon.org.env import (
                             ToolSpec,
 )
 from avalon.org.policy import (
+                            AgentKey,
                             AgentView,
                             Playbook,
                             Policy,

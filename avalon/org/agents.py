@@ -26,14 +26,6 @@ class StopReason(enum.Enum):
     CONTEXT_FULL = "context_full"
 
 
-@dataclasses.dataclass(frozen=True)
-class AgentKey:
-    """Names one agent across every rollout the driver runs (the policy's slot key)."""
-
-    rollout: int
-    agent: str
-
-
 @dataclasses.dataclass
 class AgentStats:
     tokens_in: int = 0  # n_in_new summed

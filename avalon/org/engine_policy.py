@@ -23,8 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from avalon.inference.api import SamplingParams, StopReason, TurnRequest
-from avalon.org.agents import AgentKey
-from avalon.org.policy import Turn, TurnOutput
+from avalon.org.policy import AgentKey, Turn, TurnOutput
 from avalon.tokenizer.chat import ChatFormat
 
 DEFAULT_SAMPLING = SamplingParams()

@@ -45,16 +45,13 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from avalon.org.errors import ToolError as ToolError  # part of the protocol (errors.py)
 from avalon.rl.types import Objective
 
 if TYPE_CHECKING:
     from avalon.org.workspace import Workspace
 
 TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
-
-
-class ToolError(Exception):
-    """An invalid or failed tool call: the message goes back to the agent as a tool error."""
 
 
 class ParamType(enum.Enum):

@@ -46,7 +46,7 @@ import math
 import numpy as np
 
 from avalon.inference.api import StopReason as EngineStop
-from avalon.org.agents import Agent, AgentKey, AgentState, StopReason
+from avalon.org.agents import Agent, AgentState, StopReason
 from avalon.org.channels import Delivery, Message, MessageKind, PostOffice
 from avalon.org.config import OrgConfig
 from avalon.org.context import AgentContext, SegKind
@@ -55,7 +55,7 @@ from avalon.org.events import EventKind, EventLog
 from avalon.org.latency import ClockReplay, model_call_seconds
 from avalon.org.peers import PeerTeam, start_peers
 from avalon.org.plain_text import plain_chat
-from avalon.org.policy import AgentView, Turn, TurnOutput
+from avalon.org.policy import AgentKey, AgentView, Turn, TurnOutput
 from avalon.org.prompts import (
     CEO_ROLE,
     keep_improving,

@@ -26,9 +26,16 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from avalon.inference.api import StopReason
-from avalon.org.agents import AgentKey
 from avalon.org.toolcall import format_call
 from avalon.tokenizer.chat import ChatFormat
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentKey:
+    """Names one agent across every rollout the driver runs (the policy's slot key)."""
+
+    rollout: int
+    agent: str
 
 
 @dataclasses.dataclass(frozen=True)

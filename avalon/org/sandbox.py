@@ -46,7 +46,6 @@ import struct
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -66,6 +65,22 @@ POLL_S = 0.02  # the supervisor's wait and watch interval
 # seconds to start a process, so it is generous).
 REPORT_GRACE_S = 60.0
 CAPS = ("CAP_SYS_ADMIN", "CAP_CHOWN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # setup only
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkspaceLimits:
+    """The caps of a workspace and of every run in it (the file tools check the file caps
+    before writing; a run is held to all of them, see the module docstring)."""
+
+    max_file_bytes: int = 1 << 20
+    max_total_bytes: int = 16 << 20
+    max_files: int = 512  # entries of any kind: files, directories, links, ...
+    run_timeout_s: float = 10.0
+    run_memory_mb: int = 1024
+    max_output_bytes: int = 16 << 10  # of stdout (its head) and stderr (its tail) returned
+    max_depth: int = 32  # directory levels of a path
+    max_open_files: int = 64  # RLIMIT_NOFILE of a run (it also bounds pipes and sockets)
+    max_threads: int = 64  # threads of a run (RLIMIT_NPROC of the sandbox's uid)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -452,6 +467,21 @@ def run_direct(ws, rel: str, args, watch) -> RawRun:
                   broken[0] or watch())
 
 
+@dataclasses.dataclass(frozen=True)
+class _ProbeFiles:
+    """What `run_bwrap` reads of a workspace (its limits, its tree, its files' bytes), for the
+    probe's one program: the probe needs no directory of its own."""
+
+    limits: WorkspaceLimits
+    files: dict[str, bytes]
+
+    def tree(self) -> tuple[list[str], list[str]]:
+        return [], list(self.files)
+
+    def read_bytes(self, rel: str) -> bytes:
+        return self.files[rel]
+
+
 @functools.cache
 def layers() -> Layers:
     """What holds here (probed once: a program is run in each mode that could work)."""
@@ -466,20 +496,16 @@ def layers() -> Layers:
     elif not has_filter:
         why = "no system-call filter for this architecture"
     else:
-        from avalon.org.workspace import Workspace, WorkspaceLimits
-
-        with tempfile.TemporaryDirectory(prefix="avalon-probe-") as tmp:
-            ws = Workspace(tmp, WorkspaceLimits(run_timeout_s=30.0), probe=False)
-            ws.write("probe.py", "import os\nst = os.statvfs('.')\n"
-                                 "print(st.f_files, os.getuid())\n")
-            try:
-                r = run_bwrap(ws, "probe.py", ())
-            except OSError as e:
-                r = RawRun(None, "", "", 0.0, False, error=str(e))
-            if r.error or r.returncode != 0:
-                why = f"it does not run here: {(r.error or r.stderr).strip()[-200:]}"
-            else:
-                inode_cap = r.stdout.split()[0] == str(WorkspaceLimits().max_files + 1)
+        probe = _ProbeFiles(WorkspaceLimits(run_timeout_s=30.0), {
+            "probe.py": b"import os\nst = os.statvfs('.')\nprint(st.f_files, os.getuid())\n"})
+        try:
+            r = run_bwrap(probe, "probe.py", ())
+        except OSError as e:
+            r = RawRun(None, "", "", 0.0, False, error=str(e))
+        if r.error or r.returncode != 0:
+            why = f"it does not run here: {(r.error or r.stderr).strip()[-200:]}"
+        else:
+            inode_cap = r.stdout.split()[0] == str(WorkspaceLimits().max_files + 1)
     if why:
         return Layers(False, False, has_filter, False, why, _probe_landlock(),
                       _probe_netns())

@@ -39,24 +39,14 @@ import stat
 from pathlib import Path
 
 from avalon.org import beneath, sandbox
-from avalon.org.env import ToolError
+from avalon.org.errors import ToolError
 from avalon.org.names import name_problem
+from avalon.org.sandbox import WorkspaceLimits
 
 MAX_NAME_BYTES, MAX_PATH_BYTES = 255, 4096  # per component, whole path (Linux's NAME_MAX, PATH_MAX)
 MAX_ARGS, MAX_ARGS_BYTES = 256, 64 << 10  # of run_python's program arguments
-
-
-@dataclasses.dataclass(frozen=True)
-class WorkspaceLimits:
-    max_file_bytes: int = 1 << 20
-    max_total_bytes: int = 16 << 20
-    max_files: int = 512  # entries of any kind: files, directories, links, ...
-    run_timeout_s: float = 10.0
-    run_memory_mb: int = 1024
-    max_output_bytes: int = 16 << 10  # of stdout (its head) and stderr (its tail) returned
-    max_depth: int = 32  # directory levels of a path
-    max_open_files: int = 64  # RLIMIT_NOFILE of a run (it also bounds pipes and sockets)
-    max_threads: int = 64  # threads of a run (RLIMIT_NPROC of the sandbox's uid)
+# The caps (`sandbox.WorkspaceLimits`: the sandbox holds every run to them).
+DEFAULT_LIMITS = WorkspaceLimits()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +68,7 @@ def sandbox_layers() -> dict[str, object]:
 class Workspace:
     """File tools confined to `root` (created if missing); see the module docstring."""
 
-    def __init__(self, root: str | os.PathLike, limits: WorkspaceLimits = WorkspaceLimits(),
+    def __init__(self, root: str | os.PathLike, limits: WorkspaceLimits = DEFAULT_LIMITS,
                  *, probe: bool = True):
         Path(root).mkdir(parents=True, exist_ok=True)
         self.root = Path(os.path.realpath(root))

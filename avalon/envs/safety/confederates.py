@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from avalon.envs.safety.scenario import Scenario
-from avalon.org.agents import AgentKey
-from avalon.org.policy import WAIT, AgentView, Policy, RoutedPolicy, Step
+from avalon.org.policy import WAIT, AgentKey, AgentView, Policy, RoutedPolicy, Step
 
 
 def rollout_confederates(scenarios: Sequence[Scenario], runs: int) -> list[frozenset[str]]:

@@ -6,8 +6,7 @@ from avalon.envs.safety import mix, rollout_confederates
 from avalon.envs.safety.dilemmas import cyberattack
 from avalon.envs.safety.games import stag_hunt
 from avalon.envs.safety.play import play_suite
-from avalon.org.agents import AgentKey
-from avalon.org.policy import ScriptedPolicy, Step
+from avalon.org.policy import AgentKey, ScriptedPolicy, Step
 from tests.envs.safety.helpers import CHAT, ORG, events_of
 
 
