@@ -727,10 +727,17 @@ def parts(m: Measure, ms: Sequence[RolloutMetrics]) -> tuple[np.ndarray, np.ndar
             np.asarray([p[1] for p in pairs], np.float64))
 
 
+def sums(m: Measure, ms: Sequence[RolloutMetrics]) -> tuple[float, float]:
+    """The sum of `m`'s numerators and of its denominators over `ms`: what rollouts measured
+    in several places (the processes of a multi-host run) add before `value` divides."""
+    num, den = parts(m, ms)
+    return float(num.sum()), float(den.sum())
+
+
 def value(m: Measure, ms: Sequence[RolloutMetrics]) -> float | None:
     """The measure over `ms`: sum of numerators / sum of denominators (None: n/a)."""
-    num, den = parts(m, ms)
-    return float(num.sum() / den.sum()) if den.sum() > 0 else None
+    num, den = sums(m, ms)
+    return num / den if den > 0 else None
 
 
 def estimate(m: Measure, ms: Sequence[RolloutMetrics]) -> dict | None:
@@ -778,10 +785,14 @@ def shift(m: Measure, first: Sequence[RolloutMetrics], last: Sequence[RolloutMet
     return None if s is None else s.to_json()
 
 
+def end_reason_counts(ms: Sequence[RolloutMetrics]) -> dict[str, int]:
+    """Rollouts ending for each reason (the end event's `reason`)."""
+    return dict(sorted(collections.Counter(r.end_reason for r in ms).items()))
+
+
 def end_reasons(ms: Sequence[RolloutMetrics]) -> dict[str, float]:
-    """Share of rollouts ending for each reason (the end event's `reason`)."""
-    counts = collections.Counter(r.end_reason for r in ms)
-    return {reason: n / len(ms) for reason, n in sorted(counts.items())}
+    """Share of rollouts ending for each reason: `end_reason_counts` over the rollouts."""
+    return {reason: n / len(ms) for reason, n in end_reason_counts(ms).items()}
 
 
 def top_titles(ms: Sequence[RolloutMetrics], k: int = 8) -> dict[str, int]:

@@ -25,7 +25,7 @@ from avalon.envs.base import Environment, Split
 from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
 from avalon.org.engine_policy import EnginePolicy
 from avalon.train import distributed, host_metrics
-from avalon.train.org_metrics import rollout_metrics
+from avalon.train.org_metrics import rollout_sums
 from avalon.train.setup import Setup
 
 _EVAL_SEED = 10_000_000  # eval seeds never collide with training rollout seeds
@@ -37,14 +37,33 @@ def eval_clock(cfg, env: Environment, task_id: str) -> float:
     return env.task(task_id).wall_clock_s * cfg.eval.clock_s / cfg.clock.start_s
 
 
-def arm_metrics(groups, arm: str) -> dict:
-    """`rollout_metrics` of one arm under `eval/<arm>/...`, plus `eval/<arm>_reward`."""
-    m = rollout_metrics(groups)
+def arm_sums(groups, arm: str) -> dict:
+    """`rollout_sums` of one arm under `eval/<arm>/...`, plus `eval/<arm>_reward`: one
+    process's part of the arm's metrics (`host_metrics`)."""
+    m = rollout_sums(groups)
     out = {f"eval/{arm}_reward": m["reward/mean"], f"eval/{arm}_reward/std": m["reward/std"],
            f"eval/{arm}_rollouts": sum(len(g.rollouts) for g in groups)}
     for key, value in m.items():
         out[f"eval/{arm}/{key.removeprefix('org/')}"] = value
     return out
+
+
+def arm_metrics(groups, arm: str) -> dict:
+    """The metrics of one arm's `groups`, as one process playing them all logs them."""
+    return host_metrics.finish(arm_sums(groups, arm))
+
+
+def pooled_arms(groups_of: dict[str, list]) -> dict:
+    """Every arm's metrics over every process's rollouts: each process passes the groups it
+    played per arm (none for an arm it did not play) and every process gets the same record
+    (`host_metrics.reduce_across_hosts`; each measure's sums are added across processes
+    before dividing, so the record is the report's on the union of the evaluation's logs)."""
+    out = {}
+    for arm, groups in groups_of.items():
+        if groups:  # a process with no task of its own reports nothing
+            out.update(arm_sums(groups, arm))
+    rollouts = sum(len(g.rollouts) for g in groups_of.get("org", []))
+    return host_metrics.reduce_across_hosts(out, weight=rollouts)
 
 
 def evaluate(setup: Setup, engine, *, log_dir: str | None = None, at_step: int = 0,
@@ -55,8 +74,8 @@ def evaluate(setup: Setup, engine, *, log_dir: str | None = None, at_step: int =
 
     With several processes each plays its share of the held-out tasks (both arms of a task on
     one process: `distributed.host_shard`), writes its own logs and index part, and the
-    metrics are reduced across processes by name (`host_metrics`): every process returns the
-    same record, the one a single process playing every task would log."""
+    metrics are reduced across processes (`pooled_arms`): every process returns the same
+    record, the one a single process playing every task would log."""
     cfg = setup.cfg
     policy = EnginePolicy(engine, setup.chat, cfg.sampling)
     driver = RolloutDriver(policy, setup.chat, cfg.org, log_dir=log_dir,
@@ -96,10 +115,5 @@ def evaluate(setup: Setup, engine, *, log_dir: str | None = None, at_step: int =
     if log_dir is not None:
         write_index(log_dir, [e for _, _, entries in mine for e in entries],
                     part=f"p{info.process_id}" if info.process_id else "")
-    out = {}
-    for arm, _ in arms:
-        arm_groups = [g for g, (a, _, _) in zip(groups_done, mine) if a == arm]
-        if arm_groups:  # a process with no task of its own reports nothing
-            out.update(arm_metrics(arm_groups, arm))
-    rollouts = sum(len(g.rollouts) for g, (a, _, _) in zip(groups_done, mine) if a == "org")
-    return host_metrics.reduce_across_hosts(out, weight=rollouts)
+    return pooled_arms({arm: [g for g, (a, _, _) in zip(groups_done, mine) if a == arm]
+                        for arm, _ in arms})

@@ -20,12 +20,29 @@ Each name's reduction comes from `REDUCTIONS`, first match wins (`reduction(name
 
 A dict value (a counter such as `org/titles`) is summed key by key. Issue-specific metrics need
 no code here: a new name falls to `mean` unless a row of the table says otherwise.
+
+A ratio over rollouts whose denominator is not the host's weight (a measure of
+`avalon/analysis/metrics.py`: reviews over teams, co-ordination seconds over working seconds,
+messages over agents) comes as its sums, not its value, whatever its name:
+- `Pooled(num, den)`: hosts add numerators and denominators, and the record holds
+  sum(num) / sum(den), the measure over the union of rollouts (`metrics.value`, the report's
+  number on the same logs), left out where no host has a denominator (the report's "n/a"). A
+  mean of each host's ratio weighted by its rollouts is another number: host 0's 3 rollouts
+  with one team, which reviewed (1 of 1), beside host 1's one rollout, a team that did not
+  (0 of 1), is 0.75 weighted and 0.5 pooled (teams with a review: 1 of 2).
+- `Shares(counts, total)`: a family of shares of one total (rollouts by how they ended, under
+  `<name><kind>`): counts added kind by kind and totals added, so a kind one host never saw
+  counts 0 of that host's total instead of being missing there.
+A std beside a pooled mean (`reward/std` beside `reward/mean`) pools with weights that mean's
+denominators.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from collections.abc import Mapping
 
 # (kind, text, reduction): kind "exact" matches the whole name, "prefix" / "suffix" its ends,
 # "last" the part after the last "/". First match wins; no match is "mean".
@@ -50,6 +67,49 @@ REDUCTIONS: tuple[tuple[str, str, str], ...] = (
 KINDS = ("mean", "sum", "max", "min", "std")
 
 
+@dataclasses.dataclass(frozen=True)
+class Pooled:
+    """A ratio's sums over one host's rollouts: numerator and denominator (see the module
+    doc)."""
+
+    num: float
+    den: float
+
+    @property
+    def value(self) -> float | None:
+        """num / den; None (n/a) without a denominator."""
+        return self.num / self.den if self.den > 0 else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Shares:
+    """Counts of each kind out of one total (see the module doc): `<name><kind>` is
+    counts[kind] / total."""
+
+    counts: Mapping[str, float]
+    total: float
+
+
+def finish(metrics: Mapping) -> dict:
+    """The record from one host's (or the combined) metrics: each `Pooled` as its value (left
+    out where n/a), each `Shares` as one share per kind; every other value as it is."""
+    out = {}
+    for name, v in metrics.items():
+        if isinstance(v, Pooled):
+            if v.value is not None:
+                out[name] = v.value
+        elif isinstance(v, Shares):
+            if v.total > 0:
+                out.update({f"{name}{kind}": n / v.total for kind, n in sorted(v.counts.items())})
+        else:
+            out[name] = v
+    return out
+
+
+def _plain(v) -> float:
+    return v.value if isinstance(v, Pooled) else v
+
+
 def reduction(name: str) -> str:
     """How `name` combines across hosts (see `REDUCTIONS`)."""
     last = name.rsplit("/", 1)[-1]
@@ -70,12 +130,30 @@ def _mean_names(std_name: str) -> list[str]:
 
 
 def combine(parts: list[tuple[dict, float]]) -> dict:
-    """One record from each host's (metrics, weight), in process order (see the module doc).
-    Pure: the same on every process."""
+    """Each host's (metrics, weight), in process order, combined name by name (see the module
+    doc); `Pooled` and `Shares` stay sums (`finish` makes the record). Pure: the same on every
+    process."""
     names = list(dict.fromkeys(k for m, _ in parts for k in m))
     out = {}
     for name in names:
         held = [(m[name], w, m) for m, w in parts if name in m]
+        pooled = [isinstance(v, Pooled) for v, _, _ in held]
+        shares = [isinstance(v, Shares) for v, _, _ in held]
+        if any(pooled) or any(shares):
+            # Sums add over every host that has them, whatever its weight.
+            if not (all(pooled) or all(shares)):
+                raise ValueError(f"host_metrics: {name!r} is a ratio's sums on some hosts and "
+                                 "a value on others")
+            if all(pooled):
+                out[name] = Pooled(sum(v.num for v, _, _ in held),
+                                   sum(v.den for v, _, _ in held))
+            else:
+                counts: dict[str, float] = {}
+                for v, _, _ in held:
+                    for kind, n in v.counts.items():
+                        counts[kind] = counts.get(kind, 0) + n
+                out[name] = Shares(counts, sum(v.total for v, _, _ in held))
+            continue
         how = reduction(name)
         if how != "sum" and any(w > 0 for _, w, _ in held):
             # A host that played nothing (an empty share) has nothing to average or bound:
@@ -105,6 +183,16 @@ def combine(parts: list[tuple[dict, float]]) -> dict:
                 if found:
                     mean_key = found[0]
                     means = [m[mean_key] for _, _, m in held]
+                    if all(isinstance(x, Pooled) for x in means):
+                        # Each host's std is over its mean's denominator (its rollouts).
+                        kept = [(v, x) for v, x in zip(values, means) if x.den > 0]
+                        if not kept:  # no rollout behind any host's mean: no std
+                            continue
+                        values = [v for v, _ in kept]
+                        weights = [x.den for _, x in kept]
+                        total_w = sum(weights)
+                        means = [x for _, x in kept]
+                    means = [_plain(x) for x in means]
                     mu = sum(w * x for w, x in zip(weights, means)) / total_w
                     second = sum(w * (s * s + x * x)
                                  for w, s, x in zip(weights, values, means)) / total_w
@@ -114,10 +202,39 @@ def combine(parts: list[tuple[dict, float]]) -> dict:
     return out
 
 
+def payload(metrics: Mapping, weight: float) -> bytes:
+    """One host's (metrics, weight) as the bytes `reduce_across_hosts` gathers: values, and
+    the sums of each `Pooled` and `Shares` apart from them (a counter's keys are free text, so
+    no key inside one could mark a ratio)."""
+    plain, pooled, shares = {}, {}, {}
+    for name, v in metrics.items():
+        if isinstance(v, Pooled):
+            pooled[name] = [v.num, v.den]
+        elif isinstance(v, Shares):
+            shares[name] = [dict(v.counts), v.total]
+        else:
+            plain[name] = v
+    return json.dumps({"values": plain, "pooled": pooled, "shares": shares,
+                       "weight": weight}).encode()
+
+
+def from_payloads(parts: list[bytes]) -> dict:
+    """The record from every host's `payload`, in process order."""
+    hosts = []
+    for p in parts:
+        d = json.loads(p.decode())
+        m = dict(d["values"])
+        m.update({k: Pooled(*v) for k, v in d["pooled"].items()})
+        m.update({k: Shares(*v) for k, v in d["shares"].items()})
+        hosts.append((m, d["weight"]))
+    return finish(combine(hosts))
+
+
 def reduce_across_hosts(metrics: dict, weight: float = 1.0) -> dict:
-    """`combine` over every process's (metrics, weight); every process must call it."""
+    """The record of every process's (metrics, weight) (`combine`, then `finish`); every
+    process must call it."""
     from avalon.train import distributed
-    parts = distributed.allgather_bytes(json.dumps([metrics, weight]).encode())
+    parts = distributed.allgather_bytes(payload(metrics, weight))
     if len(parts) == 1:
-        return dict(metrics)
-    return combine([tuple(json.loads(p.decode())) for p in parts])
+        return finish(metrics)
+    return from_payloads(parts)

@@ -395,11 +395,11 @@ class Run:
         tokens_model = m["tokens"]
         flops = accounting.train_flops_per_token(cfg.model, cfg.rollout.seq_len) * tokens_model
         rollouts = sum(len(g.rollouts) for g in groups)
-        # This host's numbers, reduced across hosts by name (`host_metrics`); the update's
-        # metrics are global already.
+        # This host's numbers, reduced across hosts by name (`host_metrics`; the measures as
+        # their sums, divided over every host's rollouts); the update's metrics are global.
         local = {
             **{f"batch/{k}": v for k, v in bstats.as_metrics().items()},
-            **org_metrics.rollout_metrics(groups),
+            **org_metrics.rollout_sums(groups),
             "rollouts": rollouts,
             "time/rollout_s": t_rollout, "time/build_s": t_build, "time/step_s": total,
             **switch, "perf/switch_step_share": switch["time/switch_s"] / max(total, 1e-9),

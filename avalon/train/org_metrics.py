@@ -7,6 +7,11 @@ same rollouts. A measure that is n/a for these rollouts (a team measure over sin
 left out. Besides the measures: `reward/mean` (the `reward` measure) and `reward/std` (its std
 over rollouts), `org/end_<reason>` (share of rollouts ending so) and `org/titles` (the eight
 most common job titles). Names match the plots in `avalon/train/plots.py`.
+
+With several processes each measures its own rollouts and the processes add each measure's
+numerators and denominators before dividing (`rollout_sums`, `host_metrics.Pooled`), so the
+logged number is the measure over every process's rollouts, as the report computes it over
+all of the run's event logs at once.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import numpy as np
 from avalon.analysis import metrics
 from avalon.analysis.judges import RuleJudge
 from avalon.rl.types import Rollout, RolloutGroup
+from avalon.train.host_metrics import Pooled, Shares, finish
 
 _JUDGE = RuleJudge()
 
@@ -43,24 +49,33 @@ def measured(rollouts: list[Rollout]) -> list[metrics.RolloutMetrics]:
     return [metrics.rollout_metrics(ev, lab) for ev, lab in zip(logs, labels)]
 
 
-def rollout_metrics(groups: list[RolloutGroup], prefix: str = "") -> dict:
-    """Every measure over every rollout of `groups` (see the module docstring)."""
+def rollout_sums(groups: list[RolloutGroup], prefix: str = "") -> dict:
+    """Every measure over every rollout of `groups` as its sums (`host_metrics.Pooled`: the
+    measure's numerators and denominators, `metrics.sums`) and the end reasons as counts of
+    the rollouts (`host_metrics.Shares`): what a process adds to the others' before the
+    division, so a multi-process run logs each measure over the union of its rollouts, the
+    report's number. `host_metrics.finish` (or `reduce_across_hosts`) makes the values."""
     rollouts = [r for g in groups for r in g.rollouts]
     if not rollouts:
         return {}
     ms = measured(rollouts)
-    out = {f"{prefix}reward/mean": metrics.value(metrics.BY_NAME["reward"], ms),
+    out = {f"{prefix}reward/mean": Pooled(*metrics.sums(metrics.BY_NAME["reward"], ms)),
            f"{prefix}reward/std": float(np.std([m.reward for m in ms]))}
     for m in metrics.MEASURES:
-        v = metrics.value(m, ms) if m.name != "reward" else None
-        if v is not None:
-            out[f"{prefix}org/{m.name}"] = v
-    for reason, share in metrics.end_reasons(ms).items():
-        out[f"{prefix}org/end_{reason}"] = share
+        if m.name != "reward":
+            # n/a here (no denominator) is 0 of 0: another process may hold the denominator.
+            out[f"{prefix}org/{m.name}"] = Pooled(*metrics.sums(m, ms))
+    out[f"{prefix}org/end_"] = Shares(metrics.end_reason_counts(ms), len(ms))
     titles = metrics.top_titles(ms)
     if titles:
         out[f"{prefix}org/titles"] = titles
     return out
+
+
+def rollout_metrics(groups: list[RolloutGroup], prefix: str = "") -> dict:
+    """Every measure over every rollout of `groups` (see the module docstring): the values of
+    `rollout_sums`, as one process logs them."""
+    return finish(rollout_sums(groups, prefix))
 
 
 def per_task_success(groups: list[RolloutGroup], env_of: dict[str, str]
