@@ -3,11 +3,13 @@
 `Rollout.metrics` (floats, for the training driver's telemetry):
   latency_s, critical_token_share, tokens (n_in_new + n_out of every model call), tokens_out,
   tokens_out_ceo, tokens_out_specialists, agents, hires, fires, model_calls, tool_calls,
-  worked (specialists that worked: `workers`), coordination_share (organisation-tool calls /
-  all tool calls), messages, trace_reads,
+  worked (specialists that worked: `workers`), messages, trace_reads,
   compactions, malformed_turns, tool_error_turns, end/<reason> (1.0 for the episode's end
   reason), and per agent `<id>/tokens_out`, `<id>/messages`, `<id>/trace_reads`,
   `<id>/critical_time_s`.
+  These are the episode's counts, not the organisation's measures: shares and rates (the
+  co-ordination share of working time, reviews per team, ...) have one definition each, in
+  `avalon/analysis/metrics.py`, measured from `Rollout.events` (`train/org_metrics.py`).
 `Rollout.info` (plain JSON values, for the training driver's logs of what is not a float):
   titles (the specialists' job titles in hire order, fired ones too), end_reason (EndReason
   value), tokens_out_by_title (sampled tokens summed per job title, "CEO" included).
@@ -77,8 +79,6 @@ def build_rollout(org: Organisation) -> Rollout:
         "fires": float(sum(a.state is AgentState.FIRED for a in agents)),
         "model_calls": float(sum(s.model_calls for s in stats)),
         "tool_calls": float(tool_calls),
-        "coordination_share": (sum(s.coordination_calls for s in stats) / tool_calls
-                               if tool_calls else 0.0),
         "messages": float(sum(s.messages_sent for s in stats)),
         "trace_reads": float(sum(s.trace_reads for s in stats)),
         "compactions": float(sum(e["kind"] == EventKind.COMPACTION.value
