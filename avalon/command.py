@@ -46,14 +46,21 @@ def verbose(argv: list[str] | None = None) -> bool:
 def quiet_libraries() -> None:
     """Library logging off: set before the libraries start where it is read at start-up (XLA's
     C++ log level, transformers' verbosity), and on the loggers of those already imported."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # XLA / TSL C++ logging
+    # XLA's C++ log (absl, read when jaxlib loads): FATAL only, so no "Very slow compile?"
+    # banners (slow_operation_alarm, E level) on the console. A failure that matters reaches
+    # Python as an exception either way; `--verbose` or the user's own setting keeps the log.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     warnings.simplefilter("ignore")
-    logging.getLogger().setLevel(logging.ERROR)
-    for name in ("jax", "orbax", "absl", "transformers", "huggingface_hub", "etils", "gcsfs",
-                 "fsspec", "urllib3", "matplotlib", "PIL"):
+    logging.getLogger().setLevel(logging.ERROR)  # the "jax" logger inherits it
+    # Not the "jax" logger by name before jax is imported: jax takes that logger's level as
+    # the default of `jax_logging_level` and sets XLA's C++ log level from it (ERROR -> the
+    # E-level banners are back), over TF_CPP_MIN_LOG_LEVEL.
+    names = ("orbax", "absl", "transformers", "huggingface_hub", "etils", "gcsfs", "fsspec",
+             "urllib3", "matplotlib", "PIL") + (("jax",) if "jax" in sys.modules else ())
+    for name in names:
         logging.getLogger(name).setLevel(logging.ERROR)
     if "absl.logging" in sys.modules:
         from absl import logging as absl_logging
