@@ -75,6 +75,7 @@ from avalon import backends
 from avalon.backends import DecodeBackend
 from avalon.inference import device as dev
 from avalon.inference.api import EngineStats, StopReason, TurnRequest, TurnResult
+from avalon.inference.first_run import FirstRuns
 from avalon.inference.pages import PagePool, bucket, chunk_take, ladder, pow2_at_least
 from avalon.inference.requests import Turn, find_stop_string, validate_requests
 from avalon.inference.sampling import SamplingKnobs
@@ -130,7 +131,8 @@ class Engine:
                  steps_per_dispatch: int = 8, prefill_chunk: int = 256, page_size: int = 16,
                  detokenize: Callable[[list[int]], str] | None = None,
                  backend: DecodeBackend | str | None = None, kv_pages: int = MIN_PAGES,
-                 max_kv_pages: int | None = None):
+                 max_kv_pages: int | None = None,
+                 on_first_run: Callable[[float, float], None] | None = None):
         if not isinstance(cfg, ModelConfig):
             raise ValueError(f"Engine: cfg must be a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
@@ -147,6 +149,9 @@ class Engine:
             raise ValueError(f"Engine: detokenize={detokenize!r} must be callable")
         self.detokenize = detokenize
         self.mesh = mesh
+        # (start, end) of each dispatch that compiled its program, first run included
+        # (`first_run.py`): the trainer counts it as compile time, not evaluation time.
+        self._run = FirstRuns(on_first_run)
         # How the params are laid out for decode (None: the platform's default).
         self.backend = backends.select(backend, mesh)
         run_cfg = backends.run_config(self.backend, cfg)
@@ -288,8 +293,8 @@ class Engine:
         n = bucket(max(1, len(dst_pages)), self.buckets["state_rows"])
         page_src, page_dst = np.zeros(n, np.int32), np.full(n, self._pool.num_pages, np.int32)
         page_src[:len(src_pages)], page_dst[:len(dst_pages)] = src_pages, dst_pages
-        self._state = dev.fork(self._state, np.int32(slot), dst, page_src, page_dst,
-                               setup=self._setup)
+        self._state = self._run(dev.fork, self._state, np.int32(slot), dst, page_src,
+                                     page_dst, setup=self._setup)
         self._allocated[new] = True
         self._lengths[new] = length
         self.stats.forks += 1
@@ -329,7 +334,7 @@ class Engine:
         ids = sorted(self._to_reset)
         idx = np.full(bucket(len(ids), self.buckets["state_rows"]), self.num_slots, np.int32)
         idx[:len(ids)] = ids
-        self._state = dev.reset(self._state, idx, setup=self._setup)
+        self._state = self._run(dev.reset, self._state, idx, setup=self._setup)
         self._to_reset.clear()
         self.stats.state_ops += 1
 
@@ -355,7 +360,7 @@ class Engine:
                                    f"max_kv_pages={self.max_kv_pages}")
             target = min(target, self.max_kv_pages)
         if target > self._pool.num_pages:
-            self._state = dev.grow(self._state, setup=self._setup, num_pages=target)
+            self._state = self._run(dev.grow, self._state, setup=self._setup, num_pages=target)
             self._pool.grow(target)
             self.stats.state_ops += 1
             # The pool never shrinks, so the programs compiled for its old size are dead for
@@ -546,8 +551,8 @@ class Engine:
             if routing is not None:
                 routing[:, r, :len(part)] = replay[s].transpose(1, 0, 2)
         pages = self._page_table(slots, rows, needs)
-        self._state, experts = dev.prefill(self._run_params, self._state, idx, pages, tokens,
-                                           num_new, routing, setup=self._setup)
+        self._state, experts = self._run(dev.prefill, self._run_params, self._state, idx, pages,
+                                         tokens, num_new, routing, setup=self._setup)
         self.stats.prefill_dispatches += 1
         for s in slots:
             self._lengths[s] += len(feed[s])
@@ -588,13 +593,13 @@ class Engine:
         idx = self._row_ids(slots)
         remaining = np.zeros(len(idx), np.int32)
         remaining[:len(armed)] = [a.turn.max_new_tokens for a in armed]
-        self._state = dev.arm(self._state, idx, idx < self.num_slots, remaining,
-                              setup=self._setup)
+        self._state = self._run(dev.arm, self._state, idx, idx < self.num_slots, remaining,
+                                setup=self._setup)
         self.stats.state_ops += 1
         stringy = [a for a in armed if a.turn.stop_strings]
         if stringy:
             sidx = self._row_ids([a.slot for a in stringy])
-            snap = dev.snapshot(self._state, sidx, setup=self._setup)
+            snap = self._run(dev.snapshot, self._state, sidx, setup=self._setup)
             self.stats.state_ops += 1
             for r, a in enumerate(stringy):
                 a.snap = (snap, sidx, r)
@@ -620,8 +625,8 @@ class Engine:
                                  self._reserve[a.slot])) for a in turns}
         pages = self._page_table(slots, R, needs)
         knobs, stops = self._knobs(turns, R)
-        self._state, out = dev.decode(self._run_params, self._state, idx, pages, knobs, stops,
-                                      setup=self._setup)
+        self._state, out = self._run(dev.decode, self._run_params, self._state, idx, pages,
+                                     knobs, stops, setup=self._setup)
         self.stats.decode_dispatches += 1
         for a in turns:
             a.inflight += 1
@@ -692,7 +697,7 @@ class Engine:
         snap, sidx, r = a.snap
         only = np.full(len(sidx), self.num_slots, np.int32)
         only[r] = a.slot
-        self._state = dev.restore(self._state, only, snap, setup=self._setup)
+        self._state = self._run(dev.restore, self._state, only, snap, setup=self._setup)
         self.stats.state_ops += 1
         self._lengths[a.slot] = a.after_prefill
         n = a.kept()

@@ -1,10 +1,17 @@
 """The console: an ETA per phase from measured unit times, status notes, MFU only on known
-devices."""
+devices; a fresh program's first run counts as compile time (`inference/first_run.py`)."""
 
 import io
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
 
+from avalon import model as M
+from avalon.inference.api import SamplingParams, TurnRequest
+from avalon.inference.engine import Engine
+from avalon.inference.first_run import FirstRuns
 from avalon.train.telemetry import CompileClock, ProgressBar, fmt_seconds, peak_flops
 
 
@@ -103,6 +110,69 @@ def test_compile_clock_hears_jax_compiles():
     once = clock()
     f(jnp.ones(5))  # ... but a cached program's second call compiles nothing
     assert clock() == once and again > after
+
+
+def test_first_runs_of_fresh_programs_are_not_extrapolated_over_later_evaluations():
+    """The first evaluation compiles 3 programs (10 s of compile events each) whose first
+    runs take 2 s more than the compile events say (reported by the engine as the calls'
+    spans, which hold the events), and works 15 s; the later ones work 15 s. The spans count
+    once with the events they hold, so the ETA after the first is 15 s per evaluation left,
+    not 21 s."""
+    clocks, compiled = FakeClocks(), CompileClock()
+    bar = ProgressBar(3, stream=io.StringIO(), clock=clocks.wall, compile_clock=compiled)
+    bar.plan({"eval": 3})
+    bar.begin("eval")
+    t = 5000.0  # the spans' own clock (time.time() in a run)
+    for _ in range(3):
+        compiled.add(t, t + 10.0)       # tracing, lowering, XLA compile: JAX's events
+        compiled.add(t - 0.1, t + 12.0)  # the whole call that compiled, first run included
+        clocks.now += 12.1
+        t += 12.1
+    clocks.now += 15.0
+    assert bar.record("eval") == pytest.approx((15.0, 36.3))
+    assert bar.eta_seconds()[0] == pytest.approx(2 * 15.0)
+    _unit(bar, clocks, "eval", 15.0)
+    assert bar.eta_seconds()[0] == pytest.approx(15.0)
+
+
+def test_a_call_that_compiled_is_reported_once():
+    spans = []
+    run = FirstRuns(lambda a, b: spans.append((a, b)))
+    f = jax.jit(lambda x: jnp.cos(x) * 7.0 - 2.0)
+    run(f, jnp.ones(11))
+    assert len(spans) == 1 and spans[0][1] >= spans[0][0]
+    run(f, jnp.ones(11))  # compiled already: no wait, no report
+    run(f, jnp.ones(12))  # a new shape is a new program
+    assert len(spans) == 2
+    assert float(FirstRuns()(f, jnp.zeros(11))[0]) == -2.0 + 7.0  # no hook: a plain call
+
+
+def test_the_engine_reports_the_first_run_of_each_program_it_compiles():
+    """A real engine with shapes no other test uses (3 slots, a 40-token window), so its
+    programs compile here: each dispatch that compiled is reported, and together the reported
+    calls hold all the compile events of the generation; the same turns again report none."""
+    cfg = M.presets.get("tiny")
+    spans = []
+    eng = Engine(cfg, M.init_params(jax.random.key(0), cfg), num_slots=3, max_context=40,
+                 steps_per_dispatch=3, prefill_chunk=16, page_size=8,
+                 on_first_run=lambda a, b: spans.append((a, b)))
+    events = CompileClock.process()
+
+    def generate():
+        slots = [eng.allocate() for _ in range(3)]
+        eng.generate([TurnRequest(s, np.arange(5 + s, dtype=np.int32) % cfg.vocab_size, 6,
+                                  SamplingParams(greedy=True)) for s in slots])
+        for s in slots:
+            eng.release(s)
+
+    before = events()
+    generate()
+    compiled = events() - before
+    assert len(spans) >= 2 and compiled > 0  # at least a prefill and a decode program
+    assert sum(b - a for a, b in spans) >= compiled
+    n = len(spans)
+    generate()
+    assert len(spans) == n
 
 
 def test_status_redraws_the_line_with_a_note():
