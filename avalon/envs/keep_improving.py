@@ -4,7 +4,7 @@ as many output tokens as the matched organisation rollout.
     KeepImprovingSession(env.session(task_id, seed), min_tokens_out=org_rollout_tokens_out)
 
 wraps any session: its task carries `submit_after_tokens` (the organisation then refuses the
-CEO's `final_message` with the "keep improving" message until then, `avalon/org/tools.py`), and
+CEO's `final_message` with the "keep improving" message until then, `avalon/org/handlers.py`), and
 calls of the task's submission tools (by default its tools that are not grantable: the ones the
 CEO keeps, such as a final `submit`) are refused the same way, as tool errors, before the inner
 session sees them. Everything else passes through.

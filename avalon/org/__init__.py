@@ -5,8 +5,10 @@ Where to look:
 - `env.py`: the protocol an environment session implements (Task, ToolSpec, ToolOutcome, ...).
 - `toolcall.py`: the tool-call text format; `avalon/tokenizer/chat.py`: the chat format.
 - `events.py`: the event log (every kind and field); `latency.py`: SPEC §2's clocks.
-- `organisation.py`: one rollout (the tick protocol, compaction, limits); `tools.py`: the
-  organisation's tools; `channels.py`: delivery rules; `workspace.py`: the sandbox.
+- `organisation.py`: one rollout (state, the clock scheduler, compaction, limits, effects);
+  `tools.py`: the organisation's tools and the effects a call has; `handlers.py`: what each
+  tool does; `channels.py`: delivery rules; `workspace.py`: the sandbox; `lockstep.py`: the old
+  lock-step tick, kept for comparison.
 - `policy.py`, `engine_policy.py`: policies; `driver.py`: many rollouts, one call per tick.
 """
 

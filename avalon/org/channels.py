@@ -90,14 +90,23 @@ class PostOffice:
         self.subs.pop(agent, None)
         self._inbox.pop(agent, None)
 
-    def create_channel(self, name: str, topic: str) -> str:
+    def new_channel_key(self, name: str) -> str:
+        """The key a new channel `name` would have; a ToolError if it is bad or taken."""
         key = channel_key(name)
         if key in self.channels:
             raise ToolError(f"channel {key} already exists")
+        return key
+
+    def open_channel(self, key: str, topic: str) -> None:
+        """Opens a channel checked by `new_channel_key`: every agent at the default mode."""
         self.channels[key] = []
         self.topics[key] = topic
         for agent_subs in self.subs.values():
             agent_subs[key] = self.default
+
+    def create_channel(self, name: str, topic: str) -> str:
+        key = self.new_channel_key(name)
+        self.open_channel(key, topic)
         return key
 
     def existing(self, name: str) -> str:
@@ -107,13 +116,14 @@ class PostOffice:
             raise ToolError(f"no channel {key} (channels: {known})")
         return key
 
-    def subscribe(self, agent: str, channel: str, mode: str) -> tuple[str, Subscription]:
+    def subscription(self, channel: str, mode: str) -> tuple[str, Subscription]:
+        """(channel key, mode) of a subscribe call; a ToolError for an unknown channel or mode.
+        """
         key = self.existing(channel)
         try:
             sub = Subscription(mode)
         except ValueError:
             raise ToolError(f"mode must be full, light or muted, got {mode!r}") from None
-        self.subs[agent][key] = sub
         return key, sub
 
     def next_id(self) -> str:

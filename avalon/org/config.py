@@ -43,7 +43,8 @@ class OrgConfig:
     # Clock-ordered scheduling (avalon/org/schedule.py): the ready agents whose clocks lie within
     # this many seconds of the earliest ready clock act together (one policy batch). The
     # default, the shortest possible model call, lets no effect precede a batch-mate's turn
-    # boundary; inf is the old lock-step tick (every ready agent, listing order), for comparison.
+    # boundary; inf is the old lock-step tick (every ready agent, listing order), for comparison
+    # (avalon/org/lockstep.py).
     schedule_horizon_s: float = MIN_MODEL_CALL_S
     max_calls_per_turn: int = 8
     max_result_tokens: int = 8192  # a longer tool result is cut (and says so)

@@ -8,10 +8,11 @@ continuously (each rollout's next turns handed over as soon as its last ones cam
 
 Each tick gathers the next turns of every active rollout (rollout order, then agent order: the
 agents at the front of each rollout's derived clock, `avalon/org/schedule.py`, or with
-`OrgConfig.schedule_horizon_s=inf` every READY agent), sends them to the policy in ONE `act`
-call (for the engine policy, one `engine.generate`), and hands the outputs back in that same
-order. Parked agents cost nothing. After the run, every rollout's scheduled clocks are checked
-against the replay of its event log (`schedule.verify_schedule`).
+`OrgConfig.schedule_horizon_s=inf`, the lock-step tick of `lockstep.py`, every READY agent),
+sends them to the policy in ONE `act` call (for the engine policy, one `engine.generate`), and
+hands the outputs back in that same order. Parked agents cost nothing. After the run, every
+rollout's scheduled clocks are checked against the replay of its event log
+(`schedule.verify_schedule`).
 An agent that will not act again is released from the policy (its engine slot freed) at the
 end of the tick. When every rollout of a group starts with the same CEO system segment, the
 policy may prefill it once and share it (`Policy.prefill_shared`).
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
 import shutil
 import tempfile
@@ -51,6 +53,7 @@ from avalon import paths
 from avalon.org.config import OrgConfig
 from avalon.org.env import EnvSession
 from avalon.org.events import EventLog
+from avalon.org.lockstep import LockStepOrganisation
 from avalon.org.organisation import Organisation
 from avalon.org.outcome import OrgReport, build_rollout, org_report
 from avalon.org.peers import PeerTeam
@@ -137,7 +140,7 @@ class RolloutDriver:
             self._finished, self._total = 0, sum(len(g.rollouts) for g in groups)
             ticks = loop([(gi, o) for gi, group in enumerate(orgs) for o in group])
             for o in (o for group in orgs for o in group):  # one source of truth (schedule.py)
-                verify_schedule(o.log.events, o.scheduled, clock_order=not o.lock_step)
+                verify_schedule(o.log.events, o.scheduled, clock_order=o.clock_order)
             if self.log_dir is not None:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 for g, group in zip(groups, orgs):
@@ -159,8 +162,10 @@ class RolloutDriver:
         index = self._next_rollout
         self._next_rollout += 1
         ws = Workspace(root / f"group{g.group_id}_rollout{i}", self.config.workspace)
-        return Organisation(r.session, rollout=index, budget=r.budget, seed=r.seed,
-                            config=self.config, chat=self.chat, workspace=ws, peers=r.peers)
+        # schedule_horizon_s=inf is the lock-step tick, kept for comparison (lockstep.py).
+        kind = LockStepOrganisation if math.isinf(self.config.schedule_horizon_s) else Organisation
+        return kind(r.session, rollout=index, budget=r.budget, seed=r.seed, config=self.config,
+                    chat=self.chat, workspace=ws, peers=r.peers)
 
     def _share(self, group: list[Organisation]) -> None:
         prefix = group[0].shared_prefix()

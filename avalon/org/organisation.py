@@ -2,28 +2,30 @@
 
 The simulator's time is the derived clock (SPEC §2). A tick has two halves, driven by
 `avalon/org/driver.py`:
-1. `begin_tick()` returns the turns to run next. Under the clock scheduler (the default,
-   `avalon/org/schedule.py`) it first commits, in clock order, every pending model call and
-   tool call that comes before the next turn boundary, then builds the turns of the idle ready
-   agents at the front of the clock (within `OrgConfig.schedule_horizon_s`). With
-   `schedule_horizon_s=inf` (lock-step, the old tick) it builds a turn for every READY agent,
-   in agent order (CEO, then hire order). Building a turn is the agent's turn boundary: its
+1. `begin_tick()` returns the turns to run next. The clock scheduler (`avalon/org/schedule.py`)
+   first commits, in clock order, every pending model call and tool call that comes before the
+   next turn boundary, then builds the turns of the idle ready agents at the front of the clock
+   (within `OrgConfig.schedule_horizon_s`). Building a turn is the agent's turn boundary: its
    inbox is drained (`deliver` events, in (send time, seq) order), its pending tool results and
    the deliveries become one observation, and compaction runs if the context has reached
    `OrgConfig.trigger_tokens`.
-2. `apply(turns, outputs)` takes the policy's outputs in the same order. Lock-step: agent by
-   agent it logs the `model_call`, parses the output and runs its calls at once. Clock
-   scheduler: each output becomes a pending commit at boundary + the model call's seconds; its
-   calls then commit one by one at their agents' clocks, interleaved with everyone else's, so
-   shared state (environment, messages, channels, archive, files, traces) changes in clock
-   order, and a turn sees the state at its clock. A message sent now is delivered at each
-   recipient's next boundary (on the clock: the first at or after its send time), never into a
-   turn already built. `end_tick()` then ends the episode when the CEO sent its final message,
-   an environment call was terminal, or no agent can act; turns still in flight are then
-   logged as skipped.
+2. `apply(turns, outputs)` takes the policy's outputs in the same order: each becomes a pending
+   commit at boundary + the model call's seconds; its calls then commit one by one at their
+   agents' clocks, interleaved with everyone else's, so shared state (environment, messages,
+   channels, archive, files, traces) changes in clock order, and a turn sees the state at its
+   clock. A message sent now is delivered at each recipient's next boundary (on the clock: the
+   first at or after its send time), never into a turn already built. `end_tick()` then ends
+   the episode when the CEO sent its final message, an environment call was terminal, or no
+   agent can act; turns still in flight are then logged as skipped.
 Because outputs are committed in an order fixed by the clock and a documented tie key, the log
 does not depend on how the policy batched or timed the turns: the same seed and the same
-outputs give the same bytes.
+outputs give the same bytes. (`schedule_horizon_s=inf` selects the old lock-step tick instead,
+`avalon/org/lockstep.py`, a subclass kept for comparison.)
+
+The organisation is state (agents, post office, archive, files' and notes' write seqs, log,
+clocks) plus the effects that change it: a tool call of the organisation's own is a handler
+(`handlers.py`) that reads the state and returns effects as data (`tools.py`), which `_apply`
+commits right after the call's `tool_call` event, at its clock.
 
 Compaction (at a turn boundary, context + new observation >= trigger). Tier 1 replaces every
 observation but the latest `keep_recent_obs` by a stub; it is applied when that brings the
@@ -47,13 +49,14 @@ import numpy as np
 
 from avalon.inference.api import StopReason as EngineStop
 from avalon.org.agents import Agent, AgentState, StopReason
-from avalon.org.channels import Delivery, Message, MessageKind, PostOffice
+from avalon.org.channels import Delivery, Message, MessageKind, PostOffice, Subscription
 from avalon.org.config import OrgConfig
 from avalon.org.context import AgentContext, SegKind
 from avalon.org.env import CallContext, EndContext, EndReason, EnvSession, FinalOutcome, ToolError
 from avalon.org.events import EventKind, EventLog
+from avalon.org.handlers import HANDLERS
 from avalon.org.latency import ClockReplay, model_call_seconds
-from avalon.org.peers import PeerTeam, start_peers
+from avalon.org.peers import PeerTeam, peer_agents
 from avalon.org.plain_text import plain_chat
 from avalon.org.policy import AgentKey, AgentView, Turn, TurnOutput
 from avalon.org.prompts import (
@@ -70,12 +73,22 @@ from avalon.org.prompts import (
 from avalon.org.schedule import Scheduled, Work, pick_batch
 from avalon.org.toolcall import Call, ParsedTurn, parse_turn
 from avalon.org.tools import (
-    HANDLERS,
     NOT_COORDINATION,
     PLAN_MODE_REFUSED,
     SPECS,
     WORKSPACE_TOOLS,
+    ArchiveWrite,
+    CountTraceRead,
+    Effect,
+    Finish,
+    Fire,
+    Hire,
+    OpenChannel,
     OrgTool,
+    Park,
+    PinReport,
+    Send,
+    Subscribe,
     ToolResult,
 )
 from avalon.org.workspace import Workspace
@@ -100,6 +113,8 @@ def turn_seed(seed: int, agent_index: int, call_index: int) -> int:
 
 class Organisation:
     """The simulator of one rollout (see the module docstring for the tick protocol)."""
+
+    clock_order = True  # commits never go back on the clock (`schedule.verify_schedule`)
 
     def __init__(self, session: EnvSession, *, rollout: int, budget: int, seed: int,
                  config: OrgConfig, chat: ChatFormat, workspace: Workspace,
@@ -145,7 +160,9 @@ class Organisation:
         self.done = False
         self._ending_seq: int | None = None
         self._clock_stops = 0
-        self.lock_step = math.isinf(config.schedule_horizon_s)
+        if math.isinf(config.schedule_horizon_s) and self.clock_order:
+            raise ValueError("OrgConfig.schedule_horizon_s=inf is the lock-step tick: "
+                             "avalon/org/lockstep.py's LockStepOrganisation runs it")
         self.now = 0.0  # the scheduler's time: the clock of the latest boundary or commit
         self.scheduled: list[Scheduled] = []  # what it charged each model and tool call
         self._last_tool_call = -1
@@ -158,7 +175,7 @@ class Organisation:
             start_fields.update(prompt=task.prompt, brief=ceo_brief)
         start = self._emit(EventKind.START, "ceo", None, **start_fields)
         if peers is not None:
-            start_peers(self, peers, start)
+            self._start_peers(peers, start)
             return
         ceo = self._add_agent("ceo", "CEO", CEO_ROLE, self._ceo_tools(), start, ceo_brief)
         ceo.plan_mode = config.plan_mode
@@ -191,6 +208,17 @@ class Organisation:
         base = [t.value for t in OrgTool if t not in withheld]
         ws = [t.value for t in WORKSPACE_TOOLS if t.value in granted]
         return tuple(base + ws + [n for n in self.env_specs if n in granted])
+
+    def _start_peers(self, team: PeerTeam, start_seq: int) -> None:
+        """No-CEO mode: the peers join at the start, on one channel they all read in full."""
+        if self.budget != 0:
+            raise ValueError(f"no-CEO mode has no hiring: the budget must be 0, got {self.budget}")
+        channel = self.post.create_channel(team.channel, "everyone")
+        for agent in peer_agents(team, channel, self.session.brief, self.task.prompt,
+                                 self.env_specs, self.config, self.chat, start_seq):
+            self.post.add_agent(agent.id)
+            self.post.subs[agent.id][channel] = Subscription.FULL
+            self.agents[agent.id] = agent
 
     def _card(self, a_id: str, title: str, role: str, brief: str, tools: tuple[str, ...],
               *, pinned: bool) -> str:
@@ -259,10 +287,6 @@ class Organisation:
         """The turns the policy runs next (see the module docstring); [] when none is left."""
         if self.done or self.end_reason is not None:
             return []
-        if self.lock_step:
-            turns = [self._begin_turn(a) for a in list(self.agents.values())
-                     if a.state is AgentState.READY]
-            return [t for t in turns if t is not None]
         agents = list(self.agents.values())  # position = Agent.index
         while True:
             effect = self._next_effect()
@@ -371,28 +395,28 @@ class Organisation:
     # ----- applying outputs -----
 
     def apply(self, turns: list[Turn], outputs: list[TurnOutput]) -> None:
-        """Takes the policy's outputs for `turns` (as returned by `begin_tick`), in order.
+        """Takes the policy's outputs for `turns` (as returned by `begin_tick`), in order:
+        each becomes a pending model-call commit at its clock time."""
+        for turn, out in self._outputs_of(turns, outputs):
+            a = self.agents[turn.key.agent]
+            if a.work is None or a.work.turn is not turn or a.work.out is not None:
+                raise ValueError(f"apply: {turn.key} has no turn waiting for an output")
+            self._set_output(a.work, out)
 
-        Lock-step: each output is applied at once, agent by agent, calls and all. Clock
-        scheduler: each becomes a pending model-call commit at its clock time."""
+    def _outputs_of(self, turns: list[Turn], outputs: list[TurnOutput]):
+        """(turn, output) pairs, each turn checked to be this rollout's, as they are taken."""
         if len(turns) != len(outputs):
             raise ValueError(f"apply: {len(turns)} turns but {len(outputs)} outputs")
         for turn, out in zip(turns, outputs):
             if turn.key.rollout != self.rollout:
                 raise ValueError(f"apply: turn of rollout {turn.key.rollout} given to "
                                  f"rollout {self.rollout}")
-            a = self.agents[turn.key.agent]
-            if self.lock_step:
-                a.work = Work(turn, start_s=self.clocks.clock(a.id))
-            elif a.work is None or a.work.turn is not turn or a.work.out is not None:
-                raise ValueError(f"apply: {turn.key} has no turn waiting for an output")
-            w = a.work
-            w.out = out
-            w.done_s = w.start_s + model_call_seconds(len(turn.new_tokens), len(out.tokens))
-            if self.lock_step and self._commit_model_call(a, w):
-                while w.calls:
-                    self._commit_call(a, w)
-                self._finish_turn(a, w)
+            yield turn, out
+
+    @staticmethod
+    def _set_output(w: Work, out: TurnOutput) -> None:
+        w.out = out
+        w.done_s = w.start_s + model_call_seconds(len(w.turn.new_tokens), len(out.tokens))
 
     def _commit_model_call(self, a: Agent, w: Work) -> bool:
         """Logs the model call of `w` (its output joins the context); False when skipped."""
@@ -428,13 +452,10 @@ class Organisation:
             fields["skipped"] = skipped
         if self.config.log_text:
             fields["text"] = self.chat.tok.decode(out_ids)
-        start = self.clocks.clock(a.id)
         w.mc = self._emit(EventKind.MODEL_CALL, a.id, a.last_seq, **fields)
         if not skipped:
             self.now = max(self.now, w.done_s)
         self.scheduled.append(Scheduled(w.mc, w.start_s, w.done_s, self.now))
-        if self.lock_step:  # the old tick charged no boundary time: its clock is the replay's
-            self.scheduled[-1] = Scheduled(w.mc, start, self.clocks.clock(a.id), self.now)
         a.mark_trace()  # last_seq is now `mc`: the output exists at the clock after the call
         if skipped:  # no effect: no loss (rl.types.trained_mask)
             a.context.row.flag_tail(len(out_ids), TokenFlag.SKIPPED)
@@ -507,7 +528,7 @@ class Organisation:
         try:
             if name in self.env_specs:
                 return self._env_call(a, name, call.args)
-            return HANDLERS[_ORG_TOOLS[name]](self, a, call.args)
+            return HANDLERS[_ORG_TOOLS[name]](self, a.id, call.args)
         except ToolError as e:
             return ToolResult(str(e), True)
 
@@ -554,8 +575,9 @@ class Organisation:
                              for r in result.rewards]
         a.pending.append(result_line(tc, call.name, text, result.error))
         self.file_seq.update(dict.fromkeys(result.wrote, tc))
-        if result.effect is not None and not result.error:
-            result.effect(tc)
+        if not result.error:
+            for effect in result.effects:
+                self._apply(tc, a, effect)
         if result.terminal and self.end_reason is None:
             self.end_reason, self._ending_seq = EndReason.ENV_TERMINAL, tc
         return not result.error
@@ -593,10 +615,41 @@ class Organisation:
         self._emit(EventKind.COMPACTION, a.id, mc, tier=2, tokens_before=before,
                    tokens_after=ctx.length, segment=ctx.segment)
 
-    # ----- effects of organisation tools (called by tools.py after the tool_call is logged) ---
+    # ----- effects of organisation tools (tools.py), applied after the tool_call is logged ---
 
-    def send(self, seq: int, a: Agent, mid: str, kind: MessageKind, text: str, *,
-             channel: str | None = None, to: str | None = None, target: str | None = None):
+    def _apply(self, seq: int, a: Agent, effect: Effect) -> None:
+        """Applies one effect of `a`'s tool call `seq`."""
+        match effect:
+            case Send():
+                self._send(seq, a, effect.message_id, effect.kind, effect.text,
+                           channel=effect.channel, to=effect.to, target=effect.target)
+            case Hire():
+                self._hire(seq, a, effect.new_id, effect.title, effect.role, effect.tools)
+            case Fire():
+                self._fire(seq, a, effect.target)
+            case Park():
+                self._emit(EventKind.WAIT, a.id, seq)
+                a.waiting = True
+            case Finish():
+                self.final_message = effect.text
+                if self.end_reason is None:
+                    self.end_reason, self._ending_seq = EndReason.FINAL_MESSAGE, seq
+            case OpenChannel():
+                self.post.open_channel(effect.key, effect.topic)
+            case Subscribe():
+                self.post.subs[a.id][effect.channel] = effect.mode
+            case ArchiveWrite():
+                self.archive[effect.key] = effect.text
+                self.archive_seq[effect.key] = seq
+            case PinReport():
+                a.last_report = dict(effect.fields)
+            case CountTraceRead():
+                a.stats.trace_reads += 1
+            case _:
+                raise TypeError(f"not an organisation effect: {effect!r}")
+
+    def _send(self, seq: int, a: Agent, mid: str, kind: MessageKind, text: str, *,
+              channel: str | None = None, to: str | None = None, target: str | None = None):
         msg = Message(id=mid, kind=kind, sender=a.id, text=text, channel=channel,
                       send_seq=len(self.log), send_time=self.clocks.clock(a.id), target=target,
                       to=to)
@@ -621,8 +674,8 @@ class Organisation:
         a.state = AgentState.READY
         a.wake_at = d.message.send_time  # the clock scheduler runs its boundary then
 
-    def hire(self, seq: int, hirer: Agent, new_id: str, title: str, role: str,
-             granted: tuple[str, ...]) -> None:
+    def _hire(self, seq: int, hirer: Agent, new_id: str, title: str, role: str,
+              granted: tuple[str, ...]) -> None:
         self.hires += 1
         brief = self.session.brief(new_id, len(self.agents), title, role)
         fields = dict(new_agent=new_id, title=title)
@@ -632,11 +685,11 @@ class Organisation:
         a = self._add_agent(new_id, title, role, self._specialist_tools(granted), h, brief)
         a.pending.append(start_text(ceo=False, budget=0, plan_mode=False, hirer=hirer.id))
 
-    def fire(self, seq: int, firer: Agent, target: str) -> None:
+    def _fire(self, seq: int, firer: Agent, target: str) -> None:
         t = self.agents[target]
         self._emit(EventKind.FIRE, firer.id, seq, target=target)
         t.state = AgentState.FIRED
-        if t.work is not None and not self.lock_step:  # its turn in flight ends here
+        if t.work is not None:  # its turn in flight ends here
             if t.work.mc is None:
                 self._commit_model_call(t, t.work)  # logged as skipped: fired
             else:  # calls not yet run never will be; those that ran keep their flags
@@ -644,15 +697,6 @@ class Organisation:
                 self._finish_turn(t, t.work)
         self.post.remove_agent(target)
         self.retired.append(self.key(t))
-
-    def park(self, seq: int, a: Agent) -> None:
-        self._emit(EventKind.WAIT, a.id, seq)
-        a.waiting = True
-
-    def finish_with_message(self, seq: int, text: str) -> None:
-        self.final_message = text
-        if self.end_reason is None:
-            self.end_reason, self._ending_seq = EndReason.FINAL_MESSAGE, seq
 
     def _keep_improving(self) -> bool:
         """S8 (`Task.submit_after_tokens`): waiting with nothing in flight before the

@@ -16,17 +16,20 @@ Each peer's brief is the environment's `brief(agent, index, title, role)` with i
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from avalon.org.agents import Agent
-from avalon.org.channels import Subscription, channel_key
+from avalon.org.channels import channel_key
 from avalon.org.context import AgentContext
-from avalon.org.env import ToolError
+from avalon.org.errors import ToolError
 from avalon.org.prompts import role_card
 from avalon.org.tools import SPECS, OrgTool
 
 if TYPE_CHECKING:
-    from avalon.org.organisation import Organisation
+    from avalon.org.config import OrgConfig
+    from avalon.org.env import ToolSpec
+    from avalon.tokenizer.chat import ChatFormat
 
 PEER_TOOLS = (OrgTool.POST, OrgTool.DM, OrgTool.REACT, OrgTool.READ_MESSAGE,
               OrgTool.READ_CHANNEL, OrgTool.ROSTER, OrgTool.READ_TRACE,
@@ -57,28 +60,29 @@ def peer_ids(n: int) -> tuple[str, ...]:
     return tuple(f"p{i + 1}" for i in range(n))
 
 
-def start_peers(org: Organisation, team: PeerTeam, start_seq: int) -> None:
-    """Adds the peers to a fresh organisation (called by `Organisation.__init__`)."""
-    if org.budget != 0:
-        raise ValueError(f"no-CEO mode has no hiring: the budget must be 0, got {org.budget}")
-    channel = org.post.create_channel(team.channel, "everyone")
+def peer_agents(team: PeerTeam, channel: str, brief: Callable[[str, int, str, str], str],
+                task_prompt: str, env_specs: Mapping[str, ToolSpec], config: OrgConfig,
+                chat: ChatFormat, start_seq: int) -> list[Agent]:
+    """The peers of a fresh rollout, in order, each with its card and first observation;
+    `brief` is the session's (called once per peer, in order). The organisation adds them and
+    subscribes them to `channel` (already open) in full."""
     tools = tuple(t.value for t in PEER_TOOLS
-                  if t is not OrgTool.READ_TRACE or org.config.permissions.read_traces)
-    tools += tuple(org.env_specs)
+                  if t is not OrgTool.READ_TRACE or config.permissions.read_traces)
+    tools += tuple(env_specs)
     ids = peer_ids(team.n)
-    specs = [SPECS[OrgTool(n)] if n not in org.env_specs else org.env_specs[n] for n in tools]
+    specs = [SPECS[OrgTool(n)] if n not in env_specs else env_specs[n] for n in tools]
+    agents = []
     for index, pid in enumerate(ids):
-        brief = org.session.brief(pid, index, team.title, team.role)
-        org.post.add_agent(pid)
-        org.post.subs[pid][channel] = Subscription.FULL
+        text = brief(pid, index, team.title, team.role)
         roster = [(pid, team.title)] + [(q, team.title) for q in ids if q != pid]
-        card = role_card(agent=pid, title=team.title, role=team.role, task=org.task.prompt,
-                         brief=brief, roster=roster, subscriptions=[(channel, "full")],
+        card = role_card(agent=pid, title=team.title, role=team.role, task=task_prompt,
+                         brief=text, roster=roster, subscriptions=[(channel, "full")],
                          budget_left=None, commitments="", tools=specs,
-                         style=org.config.prompt_style, json_calls=org.chat.json_calls)
-        agent = Agent(id=pid, index=index, title=team.title, role=team.role, brief=brief,
-                      tools=tools, context=AgentContext(org.chat.system(card), pid, team.title),
+                         style=config.prompt_style, json_calls=chat.json_calls)
+        agent = Agent(id=pid, index=index, title=team.title, role=team.role, brief=text,
+                      tools=tools, context=AgentContext(chat.system(card), pid, team.title),
                       last_seq=start_seq, card=card)
         agent.mark_trace()
         agent.pending.append(f"Start. Post to {channel}; everyone reads it.")
-        org.agents[pid] = agent
+        agents.append(agent)
+    return agents

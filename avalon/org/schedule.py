@@ -24,8 +24,9 @@ outputs: `(clock time, item kind, agent index)`, where effects (model-call and t
 commits) come before boundaries at the same time (a boundary at t sees what happened at t), and
 agent index is hire order (the CEO is 0).
 
-`schedule_horizon_s = inf` is the old lock-step tick, kept for comparison: every ready agent
-acts each tick, and outputs are applied agent by agent in listing order, calls at once.
+`schedule_horizon_s = inf` is the old lock-step tick, kept for comparison in a module of its own
+(`avalon/org/lockstep.py`): every ready agent acts each tick, and outputs are applied agent by
+agent in listing order, calls at once.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from avalon.org.prompts import (
 from avalon.org.tools import SPECS
 
 _WORD = re.compile(r"[A-Za-z0-9_]{2,}")
-# Phrases of tool results and notices (tools.py, organisation.py), without their variables.
+# Phrases of tool results and notices (handlers.py, organisation.py), without their variables.
 _PHRASES = (
     "hired fired created sent reacted saved wrote bytes waiting done empty channel message",
     "error malformed turn call calls no tool not one of your tools unknown argument missing",
