@@ -55,9 +55,10 @@ def paragraph(report: dict) -> str:
         return ("No learning paragraph: the run has fewer than two evaluations with an "
                 "organisation arm.")
     rows = {r["measure"]: r for r in org["rows"]}
-    commit = report.get("commit") or "an unrecorded commit"
+    commit = report.get("commit")
+    code = report.get("code") or (f"commit {commit}" if commit else "an unrecorded commit")
     run = report["run"].rstrip("/").rsplit("/", 1)[-1]
-    parts = [f"Run `{run}` at commit {commit} (`python -m avalon.analyze`, "
+    parts = [f"Run `{run}` at {code} (`python -m avalon.analyze`, "
              f"{org['pairs']} held-out organisation rollouts paired by task and seed between "
              f"RL step {shifts['first_rl_step']} and {shifts['last_rl_step']}): "
              f"{_NAMES['reward']} {describe(rows['reward'])}"]

@@ -25,6 +25,8 @@ the loop's `eval/<arm>/<measure>` under the rule judge):
   rollout by rollout (same environment, task and seed), the difference with its SE, beside
   the figure the published report gives (`PUBLISHED`); `coordination_by_team_size` beside the
   report's 9% (one specialist) and 32% (eight).
+- `code`: the code the run ran (`report_code.py`: its commit, read from the run's record),
+  and `commit` (`--commit`, or the recorded commit when one is known).
 - `learning`: the paragraph the README quotes (`learning.py`), from these numbers.
 - `runs`: with several run directories, every run's last evaluation per arm side by side.
 - `episodes`: a viewer page per rollout of the last evaluation (up to `episodes`).
@@ -56,6 +58,7 @@ from avalon.analysis.metrics import (
     rollout_metrics,
     shift,
 )
+from avalon.analysis.report_code import run_code
 from avalon.analysis.report_pages import index_html, plots
 from avalon.analysis.stats import bootstrap_mean, paired_bootstrap, sign_test, wilcoxon
 from avalon.org.events import EventKind
@@ -272,8 +275,9 @@ def analyse(run_dir: str, judge: Judge | None = None, *, audit: Judge | None = N
     if os.path.exists(summary_path):
         with open(summary_path) as f:
             summary = json.load(f)
+    code, recorded = run_code(run_dir, summary)
     report = {"run": os.path.abspath(run_dir), "rollouts": len(rollouts),
-              "commit": commit or summary.get("commit", ""),
+              "commit": commit or recorded, "code": f"commit {commit}" if commit else code,
               "summary": summary, "checkpoints": checkpoints, "comparisons": comparisons,
               "baselines": baselines, "best_of_k": bok, "curves": curves,
               "shifts": (_shifts(at, eval_steps[0], eval_steps[-1], rl_steps)

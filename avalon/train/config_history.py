@@ -8,6 +8,9 @@ because the steps already taken ran with the old values and `config.json` would 
 so. With `allow_change=True` the change goes ahead and is appended to
 `WORKDIR/config_history.jsonl`: the step it took effect at, each changed field's old and new
 value, and the whole config it replaced. Changes within `RESUME_FIELDS` are recorded too.
+Every start of the run (the first and each resume) appends an entry, changed or not, with the
+code it runs (`code_version`: the git commit and whether the checkout had uncommitted
+changes), so the record says which code computed which steps.
 """
 
 from __future__ import annotations
@@ -85,11 +88,12 @@ def check_resume(workdir: str, new: Mapping, *, allow_change: bool) -> dict:
 
 
 def record(workdir: str, step: int, diff: Mapping, previous: Mapping | None,
-           command: tuple[str, ...] = ()) -> None:
-    """Append one change to WORKDIR/config_history.jsonl."""
+           command: tuple[str, ...] = (), code: Mapping | None = None) -> None:
+    """Append one start of the run to WORKDIR/config_history.jsonl: its config changes ({}
+    for none) and the code it runs (`code_version`)."""
     entry = {"step": int(step), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
              "changed": {k: {"old": a, "new": b} for k, (a, b) in diff.items()},
-             "command": list(command), "previous": previous}
+             "command": list(command), "previous": previous, "code": dict(code or {})}
     paths.append_text(paths.join(workdir, HISTORY_FILE),
                       json.dumps(entry, sort_keys=True, default=str) + "\n")
 

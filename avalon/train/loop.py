@@ -60,6 +60,7 @@ from avalon.tokenizer.record import describe as tokenizer_record
 from avalon.train import (
     baselines,
     batch_plan,
+    code_version,
     config_history,
     host_metrics,
     org_metrics,
@@ -96,6 +97,7 @@ class Run:
         self.env_section = env_section
         self.config_name, self.command = config_name, tuple(command)
         self.config_changes, self.previous_config = {}, None  # set by `prepare` on resume
+        self.code: dict | None = None  # the code this invocation runs (`run`, process 0)
         self.t_start = time.time()
         self.main = jax.process_index() == 0
         self.setup: Setup = build(cfg, env_section)
@@ -191,9 +193,11 @@ class Run:
             return summary
         say(self._start_line())
         if self.main:
-            if self.config_changes:  # allowed or meant for resuming: the record keeps both
-                config_history.record(self.workdir, self.host.step, self.config_changes,
-                                      self.previous_config, self.command)
+            # Every start, with the code it runs; config changes (allowed or meant for
+            # resuming) keep both configs.
+            self.code = code_version.code_version()
+            config_history.record(self.workdir, self.host.step, self.config_changes,
+                                  self.previous_config, self.command, code=self.code)
             paths.join(self.workdir, "config.json").write_text(
                 json.dumps(describe(cfg, self.env_section), indent=1, sort_keys=True))
             # The ids a word tokenizer gives depend on the run's environments: tools that
@@ -246,7 +250,9 @@ class Run:
                       steps_per_dispatch=cfg.engine.steps_per_dispatch,
                       prefill_chunk=cfg.engine.prefill_chunk, kv_pages=cfg.engine.kv_pages,
                       max_kv_pages=cfg.engine.max_kv_pages or None,
-                      detokenize=self.setup.chat.tok.decode)
+                      detokenize=self.setup.chat.tok.decode,
+                      # a fresh program's first run is compile time, not work (the ETA)
+                      on_first_run=telemetry.CompileClock.process().add)
 
     def switch_engine(self) -> dict:
         """Point the engine at the updated params' view; returns the switch's metrics."""
@@ -472,6 +478,7 @@ class Run:
             "evals": [{k: r.get(k) for k in ("step", "rl_step", "eval/org_reward",
                                              "eval/single_reward")} for r in evals],
             "config": self.config_name, "command": list(self.command),
+            "code": self.code, "commit": code_version.describe(self.code),
             "wall_s": time.time() - self.t_start,  # this invocation (a resumed run: since resume)
             "compile_s": telemetry.CompileClock.process()(),  # of it, JAX compiling
             "resumed_at_step": self.resumed_at, "files": files,

@@ -5,7 +5,8 @@
 - rerunning with a config that differs in a field a resume is not meant to change is refused
   with one line naming the field and its two values, before anything is built;
 - with `--config.allow_config_change` the run goes on with the change, and
-  `config_history.jsonl` keeps what changed at which step and the config it replaced.
+  `config_history.jsonl` keeps what changed at which step and the config it replaced, and
+  every start's code (its git commit).
 Slow: three micro runs.
 """
 
@@ -22,6 +23,10 @@ from tests.train.runner import main_command, metrics, run_main, start_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SFT_STEPS, RL_STEPS = 2, 3  # tests/train/micro_config.py
+
+
+def _history(workdir):
+    return [json.loads(x) for x in (workdir / "config_history.jsonl").read_text().splitlines()]
 
 
 def _steps(workdir):
@@ -60,22 +65,27 @@ def test_ctrl_c_says_where_it_stopped_and_a_changed_config_is_refused_or_recorde
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
     assert "1 field differ: rl.lr: 0.001 -> 0.5" in lines[0], lines
     assert "--config.allow_config_change" in lines[0]
-    assert not (work / "config_history.jsonl").exists()
+    # The record holds the first start only: no change, and the code it ran.
+    history = _history(work)
+    assert [h["changed"] for h in history] == [{}] and "commit" in history[0]["code"]
     assert json.loads((work / "config.json").read_text())["rl"]["lr"] == 0.001
 
     # Allowed: the run resumes with the new rate and one more step, and the record keeps both.
     run_main(work, "--config.rl.lr=0.5", "--config.rollout.steps=4",
              "--config.allow_config_change")
-    history = [json.loads(x) for x in (work / "config_history.jsonl").read_text().splitlines()]
-    assert len(history) == 1 and history[0]["step"] == saved
-    assert history[0]["changed"] == {"rl.lr": {"old": 0.001, "new": 0.5},
+    history = _history(work)
+    assert len(history) == 2 and history[1]["step"] == saved
+    assert history[1]["changed"] == {"rl.lr": {"old": 0.001, "new": 0.5},
                                      "rollout.steps": {"old": RL_STEPS, "new": 4}}
-    assert history[0]["previous"]["rl"]["lr"] == 0.001
+    assert history[1]["previous"]["rl"]["lr"] == 0.001
+    assert history[1]["code"] == history[0]["code"]  # each start records its code
+    summary = json.loads((work / "summary.json").read_text())
+    assert summary["code"] == history[1]["code"]
     assert json.loads((work / "config.json").read_text())["rl"]["lr"] == 0.5
     rl = [r for r in metrics(work) if r["phase"] == "rl"]
     assert [r["rl_step"] for r in rl] == [1, 2, 3, 4]
 
     # More steps alone is what a resume is for: no flag needed, and it is recorded too.
     run_main(work, "--config.rl.lr=0.5", "--config.rollout.steps=5")
-    history = [json.loads(x) for x in (work / "config_history.jsonl").read_text().splitlines()]
+    history = _history(work)
     assert history[-1]["changed"] == {"rollout.steps": {"old": 4, "new": 5}}
