@@ -2,10 +2,22 @@
 one written with the `openreward` SDK (`Server([MyEnv]).run(host="127.0.0.1", port=8080)`) or
 Avalon's own (`python -m avalon.envs.serve`). Stdlib only: the client needs no SDK.
 
+Against Avalon's own server the client speaks the Avalon extension (docs/ors_extension.md),
+found by `GET /{env}/avalon` (a 404, as from the SDK's servers: plain ORS, described below):
+the environment's own task ids, tasks and vocabulary; `on_start` sends the budget, `brief`
+asks for each agent's brief, each call carries the caller's context, and `on_end` sends the
+end's reason, message and latency and returns the whole `FinalOutcome`, the session closing
+with it. With `uses_workspace` the rollout's workspace travels as a snapshot with the start,
+each call and the end, and files the environment changes come back; what the agents leave in
+it never raises past the organisation (a call whose workspace does not fit a snapshot or that
+the server cannot mirror is a `ToolError`; the end sends what fits). A `ToolError` on the
+server is raised here as `ToolError`, an unknown task as `UnknownTaskError`, a refused value
+as `EnvRequestError` (a ValueError), an environment bug as `EnvServerError`.
+
     env = OrsEnvironment("http://127.0.0.1:8080", "myenv")
     session = env.session(env.task_ids(Split.TRAIN)[0], seed=0)   # an org EnvSession
 
-Task ids are `<env>-<split>-<index>` with the split `train` or `heldout` (the server's
+Plain ORS. Task ids are `<env>-<split>-<index>` with the split `train` or `heldout` (the server's
 `heldout_split`: by default the first of `heldout`, `validation`, `test` it lists). A session
 is one ORS session: `create_session` -> `create {split, index}` -> the prompt and the task's
 tools (JSON schemas -> `ToolSpec`s); every agent of the rollout calls into that one session
@@ -47,7 +59,6 @@ from typing import Any
 
 from avalon.envs import wire
 from avalon.envs.base import Split, UnknownTaskError, check_clock, split_of
-from avalon.envs.http_client import EnvServerError
 from avalon.org.env import (
     TOOL_NAME,
     CallContext,
@@ -67,6 +78,15 @@ from avalon.rl.types import Objective
 
 HELDOUT_NAMES = ("heldout", "validation", "test")
 _RETRY_STATUS = {429, 500, 502, 503, 504}
+EXTENSION, EXTENSION_VERSION = "avalon", 1  # docs/ors_extension.md
+
+
+class EnvServerError(RuntimeError):
+    """The environment server could not answer properly (see the message)."""
+
+
+class EnvRequestError(ValueError):
+    """The server refused a value of the request (the message names it)."""
 
 
 class _Retryable(Exception):
@@ -124,8 +144,9 @@ class OrsClient:
         time.sleep(min(10.0, self.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5))
 
     def request(self, method: str, path: str, body: dict | None = None, *,
-                sid: str | None = None, where: str = "") -> Any:
-        """A JSON request (retried on 429/5xx and dropped connections); the decoded reply."""
+                sid: str | None = None, where: str = "", missing_ok: bool = False) -> Any:
+        """A JSON request (retried on 429/5xx and dropped connections); the decoded reply
+        (None for a 404 or 405 when `missing_ok`: a route the server does not have)."""
         where = where or f"{method} {self.url}{path}"
         data = None if body is None else json.dumps(body, allow_nan=False).encode()
         if data is None and method == "POST":
@@ -139,7 +160,7 @@ class OrsClient:
                              headers=self._headers(sid, sse=False))
                 resp = conn.getresponse()
                 raw = resp.read(self.max_reply_bytes + 1)
-                if resp.status in _RETRY_STATUS:
+                if resp.status in _RETRY_STATUS and not _is_bug(resp.status, raw):
                     raise _Retryable(f"status {resp.status}")
             except (http.client.HTTPException, OSError, _Retryable) as e:
                 self._drop_connection()
@@ -148,19 +169,21 @@ class OrsClient:
             if len(raw) > self.max_reply_bytes:
                 self._drop_connection()
                 raise EnvServerError(f"{where}: reply over {self.max_reply_bytes} bytes")
+            if resp.status in (404, 405) and missing_ok:
+                return None
             if resp.status != 200:
-                shown = raw[:200].decode("utf-8", errors="replace")
-                raise EnvServerError(f"{where}: status {resp.status}: {shown}")
+                raise _refusal(where, resp.status, raw)
             try:
                 return json.loads(raw)
             except (ValueError, RecursionError):
                 raise EnvServerError(f"{where}: reply is not JSON: {raw[:80]!r}") from None
 
-    def stream(self, path: str, body: dict, *, sid: str | None,
-               where: str) -> tuple[Any, str | None]:
+    def stream(self, path: str, body: dict, *, sid: str | None, where: str,
+               errors_are_bugs: bool = False) -> tuple[Any, str | None]:
         """An SSE request: the decoded JSON of its `end` event (None for an empty one) and its
-        task_id. Raises `ToolError` for `event: error`; resumes a dropped stream by its
-        task_id."""
+        task_id. Raises `ToolError` for `event: error` (`EnvServerError` with
+        `errors_are_bugs`: an Avalon server sends it only when the environment raised
+        something other than ToolError); resumes a dropped stream by its task_id."""
         task_id: str | None = None
         started, attempt = time.monotonic(), 0
         while True:
@@ -176,8 +199,7 @@ class OrsClient:
                 if resp.status in _RETRY_STATUS:
                     raise _Retryable(f"status {resp.status}")
                 if resp.status != 200:
-                    shown = resp.read(200).decode("utf-8", errors="replace")
-                    raise EnvServerError(f"{where}: status {resp.status}: {shown}")
+                    raise _refusal(where, resp.status, resp.read(4096))
                 accepted = True
                 text = []
                 size = 0
@@ -193,6 +215,8 @@ class OrsClient:
                         if event == "end":
                             return _loads("".join(text), where), task_id
                     elif event == "error":
+                        if errors_are_bugs:
+                            raise EnvServerError(f"{where}: the environment failed: {data}")
                         raise ToolError(f"the environment failed: {data}")
                 raise _Retryable("the stream ended before its end event")
             except (http.client.HTTPException, OSError, _Retryable) as e:
@@ -228,6 +252,45 @@ class OrsClient:
                     event = value
                 elif name == "data":
                     data.append(value)
+
+
+def _decoded(decode, where: str):
+    """`decode()`, a reply's malformed field as `EnvServerError` naming it."""
+    try:
+        return decode()
+    except wire.WireError as e:
+        raise EnvServerError(f"{where}: bad reply: {e}") from None
+
+
+def _is_bug(status: int, raw: bytes) -> bool:
+    """An Avalon server's 500 `env_error`: the environment raised. Not retried: sending the
+    request again would run it again (an `on_start`, an `on_end`)."""
+    if status != 500 or b'"env_error"' not in raw[:4096]:
+        return False
+    try:
+        return json.loads(raw).get("kind") == "env_error"
+    except (ValueError, RecursionError, AttributeError):
+        return False
+
+
+def _refusal(where: str, status: int, raw: bytes) -> Exception:
+    """The error a non-200 reply raises. Avalon's servers say what kind of refusal it is
+    (`{"error", "kind"}`): an unknown task is `UnknownTaskError`, a refused value (400
+    `bad_request`) `EnvRequestError`; anything else is `EnvServerError`."""
+    try:
+        reply = json.loads(raw)
+    except (ValueError, RecursionError):
+        reply = None
+    if isinstance(reply, dict) and isinstance(reply.get("kind"), str) \
+            and isinstance(reply.get("error"), str):
+        kind, message = reply["kind"], reply["error"]
+        if kind == "unknown_task":
+            return UnknownTaskError(message)
+        if kind == "bad_request" and status == 400:
+            return EnvRequestError(f"{where}: {message}")
+        return EnvServerError(f"{where}: status {status} {kind}: {message}")
+    shown = raw[:200].decode("utf-8", errors="replace")
+    return EnvServerError(f"{where}: status {status}: {shown}")
 
 
 def _loads(text: str, where: str) -> Any:
@@ -282,14 +345,17 @@ def _param_type(prop: Any) -> ParamType | None:
 class OrsEnvironment:
     """An Environment over an ORS server (see the module docstring).
 
-    `wall_clock_s` and `objective` describe the tasks (ORS has no clock and no objective);
-    `seed` is ignored (an ORS session's randomness is the server's).
+    Plain ORS: `wall_clock_s` and `objective` describe the tasks (ORS has no clock and no
+    objective); `seed` is ignored (an ORS session's randomness is the server's). With the
+    Avalon extension (`extension`: None uses it when the server offers it, True requires it,
+    False never uses it) the server's own tasks, ids, seeds, clocks and objectives are used.
     """
 
     def __init__(self, base_url: str, env_name: str, *, wall_clock_s: float = 3600.0,
                  objective: Objective = Objective.SUM, heldout_split: str | None = None,
                  ping_s: float = 30.0, read_timeout_s: float = 60.0, max_call_s: float = 3600.0,
-                 retries: int = 4, backoff_s: float = 0.25, max_reply_bytes: int = 16 << 20):
+                 retries: int = 4, backoff_s: float = 0.25, max_reply_bytes: int = 16 << 20,
+                 extension: bool | None = None):
         self._client = OrsClient(base_url, read_timeout_s=read_timeout_s, max_call_s=max_call_s,
                                  retries=retries, backoff_s=backoff_s,
                                  max_reply_bytes=max_reply_bytes)
@@ -320,10 +386,37 @@ class OrsEnvironment:
                              f"{heldout_split!r} (it has {names})")
         self.splits = {Split.TRAIN: "train", Split.HELDOUT: heldout_split}
         self._counts: dict[Split, int] = {}
+        self._ids: dict[Split, tuple[str, ...]] = {}
+        self.extension = None if extension is False else self._probe(extension is True)
+
+    def _probe(self, required: bool) -> dict | None:
+        """The server's `GET /{env}/avalon` (docs/ors_extension.md), checked; None when the
+        server does not offer it (a 404, as the SDK's servers answer)."""
+        where = f"GET {self.url}/{self._name}/{EXTENSION}"
+        info = self._client.request("GET", f"/{self._name}/{EXTENSION}", where=where,
+                                    missing_ok=True)
+        if info is None:
+            if required:
+                raise ValueError(f"ORS server {self.url} environment {self._name!r} does not "
+                                 f"offer the {EXTENSION} extension")
+            return None
+        try:
+            if wire.field(info, "extension", str, "extension info") != EXTENSION:
+                raise wire.WireError(f"extension info: extension is {info['extension']!r}")
+            version = wire.field(info, "version", int, "extension info")
+            if version != EXTENSION_VERSION:
+                raise wire.WireError(f"extension info: version {version} (this client speaks "
+                                     f"{EXTENSION_VERSION})")
+            vocabulary = wire.field(info, "vocabulary", list, "extension info")
+            return {"name": wire.field(info, "name", str, "extension info"),
+                    "uses_workspace": wire.field(info, "uses_workspace", bool, "extension info"),
+                    "vocabulary": tuple(str(w) for w in vocabulary)}
+        except wire.WireError as e:
+            raise EnvServerError(f"{where}: bad reply: {e}") from None
 
     @property
     def name(self) -> str:
-        return self._name
+        return self.extension["name"] if self.extension else self._name
 
     @property
     def url(self) -> str:
@@ -331,7 +424,9 @@ class OrsEnvironment:
 
     @property
     def uses_workspace(self) -> bool:
-        return False  # an ORS environment's files live on its server
+        """Plain ORS: False (an ORS environment's files live on its server). Extended: the
+        environment's own; the rollout's workspace then travels with each request."""
+        return bool(self.extension and self.extension["uses_workspace"])
 
     def _request(self, method: str, route: str, body: dict | None = None,
                  sid: str | None = None, tool: str = "") -> Any:
@@ -344,6 +439,10 @@ class OrsEnvironment:
         split = Split(split)
         if self.splits[split] is None:
             return ()
+        if self.extension:  # the environment's own ids, from the task specs it lists
+            if split not in self._ids:
+                self._ids[split] = self._listed_ids(self.splits[split])
+            return self._ids[split]
         if split not in self._counts:
             reply = self._request("POST", "/num_tasks", {"split": self.splits[split]})
             n = reply.get("num_tasks") if isinstance(reply, dict) else None
@@ -352,6 +451,16 @@ class OrsEnvironment:
                                      f"{reply!r} is not a count")
             self._counts[split] = n
         return tuple(f"{self._name}-{split.value}-{i}" for i in range(self._counts[split]))
+
+    def _listed_ids(self, split: str) -> tuple[str, ...]:
+        reply = self._request("POST", "/tasks", {"split": split})
+        tasks = reply.get("tasks") if isinstance(reply, dict) else None
+        try:
+            if not isinstance(tasks, list):
+                raise wire.WireError(f"tasks reply {str(reply)[:120]} has no 'tasks' list")
+            return tuple(wire.field(t, "task_id", str, "task spec") for t in tasks)
+        except wire.WireError as e:
+            raise EnvServerError(f"{self.url} environment {self._name!r}: {e}") from None
 
     def _locate(self, task_id: str) -> tuple[str, int]:
         if not isinstance(task_id, str):
@@ -364,19 +473,34 @@ class OrsEnvironment:
 
     def task(self, task_id: str, clock_s: float | None = None) -> Task:
         """The task, read from a session opened and deleted for it (ORS serves prompts and
-        task tools per session)."""
+        task tools per session); extended, from `avalon/task`."""
+        if self.extension:
+            if clock_s is not None:
+                check_clock(clock_s, 1.0, f"task {task_id!r}")  # what JSON cannot carry
+            reply = self._request("POST", f"/{EXTENSION}/task",
+                                  {"task_id": task_id, "clock_s": clock_s})
+            return _decoded(lambda: wire.task_from_json(wire.field(reply, "task", dict,
+                                                                   "task reply")),
+                            f"{self.url} environment {self._name!r}")
         session = self.session(task_id, 0, clock_s)
         session.close()
         return session.task
 
     def session(self, task_id: str, seed: int, clock_s: float | None = None) -> OrsSession:
+        if self.extension:
+            if clock_s is not None:
+                check_clock(clock_s, 1.0, f"task {task_id!r}")
+            return OrsSession(self, task_id, None, 0, clock_s, seed=seed)
         split, index = self._locate(task_id)
         clock = check_clock(clock_s, self.wall_clock_s, f"task {task_id!r}")
         return OrsSession(self, task_id, split, index, clock)
 
     def vocabulary(self) -> tuple[str, ...]:
         """Words of the environment-level tool list (prompts need a session; a byte or HF
-        tokenizer is the usual choice for ORS environments)."""
+        tokenizer is the usual choice for ORS environments); extended, the environment's own
+        vocabulary."""
+        if self.extension:
+            return self.extension["vocabulary"]
         reply = self._request("GET", "/tools")
         words: list[str] = []
         for t in reply.get("tools", []) if isinstance(reply, dict) else []:
@@ -401,22 +525,33 @@ def _words(text: str) -> list[str]:
 class OrsSession:
     """One rollout's ORS session, an org `EnvSession` (see the module docstring)."""
 
-    def __init__(self, env: OrsEnvironment, task_id: str, split: str, index: int,
-                 clock_s: float):
+    def __init__(self, env: OrsEnvironment, task_id: str, split: str | None, index: int,
+                 clock_s: float | None, *, seed: int = 0):
         self._env, self._client = env, env._client
-        where = f"POST {self._client.url}/create_session (environment {env.name!r})"
+        self._extended = env.extension is not None  # then `split` and `index` are unused
+        where = f"POST {self._client.url}/create_session (environment {env._name!r})"
         self.sid = self._open_sid(where)
         self._finished = False
         self._closed = False
+        self.terminal_tool: tuple[str, str | None] | None = None
         self._stop = threading.Event()
+        where = f"POST {self._client.url}/create (environment {env._name!r}, task {task_id!r})"
         try:
-            self._client.request("POST", "/create", {"env_name": env.name, "split": split,
-                                                     "index": index}, sid=self.sid,
-                                 where=f"POST {self._client.url}/create (environment "
-                                       f"{env.name!r}, task {task_id!r})")
-            prompt = env._request("GET", "/prompt", sid=self.sid)
-            tools = env._request("GET", "/task_tools", sid=self.sid)
-            self._task = self._build_task(task_id, prompt, tools, clock_s)
+            if self._extended:
+                spec = {"task_id": task_id, "seed": seed, "clock_s": clock_s}
+                reply = self._client.request("POST", "/create", {
+                    "env_name": env._name, "task_spec": spec, EXTENSION: EXTENSION_VERSION},
+                    sid=self.sid, where=where)
+                self._task = _decoded(lambda: wire.task_from_json(wire.field(
+                    wire.field(reply, EXTENSION, dict, "create reply"), "task", dict,
+                    "create reply")), where)
+            else:
+                self._client.request("POST", "/create", {"env_name": env._name, "split": split,
+                                                         "index": index}, sid=self.sid,
+                                     where=where)
+                prompt = env._request("GET", "/prompt", sid=self.sid)
+                tools = env._request("GET", "/task_tools", sid=self.sid)
+                self._task = self._build_task(task_id, prompt, tools, clock_s)
         except BaseException:
             self._delete()
             raise
@@ -442,7 +577,6 @@ class OrsSession:
             raise EnvServerError(f"{where}: task_tools reply has no 'tools' list")
         specs = tuple(tool_from_ors(t, where) for t in tools["tools"])
         terminal = tools.get("terminal_tool")
-        self.terminal_tool = None
         if isinstance(terminal, dict) and isinstance(terminal.get("name"), str):
             arg = terminal.get("arg")
             self.terminal_tool = (terminal["name"], arg if isinstance(arg, str) else None)
@@ -454,23 +588,87 @@ class OrsSession:
         return self._task
 
     def on_start(self, budget: int, workspace: Workspace) -> None:
-        pass  # ORS has no hire budget and keeps its files on the server
+        """Plain ORS: nothing (no hire budget; the files live on the server). Extended: the
+        budget and the workspace go to `avalon/start`; files the environment lays out come
+        back."""
+        if not self._extended:
+            return
+        body: dict = {"budget": budget}
+        if self._env.uses_workspace:
+            body["workspace"], _ = wire.snapshot(workspace)  # fresh: the environment's alone
+        reply = self._extension("start", body)
+        try:
+            self._write_back(reply, workspace)
+        except wire.WireError as e:
+            raise EnvServerError(f"{self._where('start')}: bad reply: {e}") from None
 
     def brief(self, agent: str, index: int, title: str, role: str) -> str:
-        return ""
+        """Plain ORS: none (the server put the CEO's brief in the prompt). Extended: each
+        agent's private brief from `avalon/brief`."""
+        if not self._extended:
+            return ""
+        reply = self._extension("brief", {"agent": agent, "index": index, "title": title,
+                                          "role": role})
+        return _decoded(lambda: wire.field(reply, "text", str, "brief reply"),
+                        self._where("brief"))
+
+    def _where(self, op: str) -> str:
+        return (f"POST {self._client.url}/{self._env._name}/{EXTENSION}/{op} (environment "
+                f"{self._env._name!r})")
+
+    def _extension(self, op: str, body: dict) -> Any:
+        return self._client.request("POST", f"/{self._env._name}/{EXTENSION}/{op}", body,
+                                    sid=self.sid, where=self._where(op))
+
+    def _write_back(self, reply: Any, workspace: Workspace) -> None:
+        """Writes a reply's workspace (the environment changed files) into the rollout's."""
+        if self._env.uses_workspace and isinstance(reply, dict) and "workspace" in reply:
+            wire.restore(workspace, reply["workspace"])
 
     def call(self, tool: str, args: dict, ctx: CallContext) -> ToolOutcome:
+        if self._extended:
+            return self._extended_call(tool, args, ctx)
         t0 = time.monotonic()
         result = self._call(tool, args)
         wall = time.monotonic() - t0
         return self._outcome(tool, result, wall)
 
-    def _call(self, tool: str, args: dict) -> dict:
-        path = f"/{self._env.name}/call"
-        where = (f"POST {self._client.url}{path} (environment {self._env.name!r}, "
+    def _extended_call(self, tool: str, args: dict, ctx: CallContext) -> ToolOutcome:
+        """The caller's context and workspace go with the call; the environment's own outcome
+        (or ToolError) and changed files come back in `metadata.avalon`."""
+        extended: dict = {"ctx": wire.call_ctx_to_json(ctx)}
+        if self._env.uses_workspace:
+            snap, left_out = wire.snapshot(ctx.workspace)
+            if left_out:
+                raise ToolError(f"the workspace cannot be sent to the environment: "
+                                f"{left_out[0]}" + (f" (and {len(left_out) - 1} more)"
+                                                    if len(left_out) > 1 else ""))
+            extended["workspace"] = snap
+        output = self._call(tool, args, extended)
+        where = (f"{self._client.url} environment {self._env._name!r} tool {tool!r}")
+        meta = output.get("metadata")
+        reply = meta.get(EXTENSION) if isinstance(meta, dict) else None
+        if not isinstance(reply, dict):
+            raise EnvServerError(f"{where}: result has no metadata.{EXTENSION} object")
+        try:  # the server's files could not be written back: the agents' files are in the way
+            self._write_back(reply, ctx.workspace)
+        except wire.WireError as e:
+            raise ToolError(f"the environment's files could not be written back: {e}") from None
+        if "tool_error" in reply:
+            message = reply["tool_error"]
+            raise ToolError(message if isinstance(message, str) else repr(message))
+        return _decoded(lambda: wire.outcome_from_json(wire.field(reply, "outcome", dict,
+                                                                  "result")), where)
+
+    def _call(self, tool: str, args: dict, extended: dict | None = None) -> dict:
+        path = f"/{self._env._name}/call"
+        where = (f"POST {self._client.url}{path} (environment {self._env._name!r}, "
                  f"tool {tool!r})")
-        result, _ = self._client.stream(path, {"name": tool, "input": args}, sid=self.sid,
-                                        where=where)
+        body = {"name": tool, "input": args}
+        if extended is not None:
+            body[EXTENSION] = extended
+        result, _ = self._client.stream(path, body, sid=self.sid, where=where,
+                                        errors_are_bugs=extended is not None)
         if not isinstance(result, dict) or not isinstance(result.get("ok"), bool):
             raise EnvServerError(f"{where}: result {str(result)[:120]} is not an ORS tool "
                                  f"result")
@@ -508,6 +706,8 @@ class OrsSession:
                            error=meta.get("error") is True)
 
     def on_end(self, ctx: EndContext) -> FinalOutcome:
+        if self._extended:
+            return self._extended_end(ctx)
         try:
             rewards: tuple[EnvReward, ...] = ()
             if (self.terminal_tool is not None and not self._finished
@@ -521,6 +721,23 @@ class OrsSession:
             return FinalOutcome(rewards=rewards)
         finally:
             self.close()
+
+    def _extended_end(self, ctx: EndContext) -> FinalOutcome:
+        """`avalon/end`: the end's reason, final message and latency and the workspace (what
+        fits a snapshot: every episode is graded) go; the final outcome comes back, and the
+        server closes the session."""
+        body: dict = {"ctx": wire.end_ctx_to_json(ctx)}
+        if self._env.uses_workspace:
+            body["workspace"], _ = wire.snapshot(ctx.workspace)
+        try:
+            reply = self._extension("end", body)
+        except BaseException:
+            self.close()
+            raise
+        self._closed = True  # the server dropped it
+        self._stop.set()
+        return _decoded(lambda: wire.final_from_json(wire.field(reply, "final", dict,
+                                                                "end reply")), self._where("end"))
 
     def _ping_loop(self) -> None:
         while not self._stop.wait(self._env.ping_s):

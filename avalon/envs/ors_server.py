@@ -15,8 +15,13 @@ Routes (`{env}` is an environment's name, lower case; a bare route is the first 
   POST /{env}/call {name, input, task_id?} -> SSE: task_id, [chunk...], end (or event: error)
 Splits are `train` and `heldout` (type `test`); a task spec is `{"task_id"}`, with optional
 `seed`, `budget` (hires; default the server's) and `clock_s`.
+The Avalon extension (docs/ors_extension.md; `GET /{env}/avalon` advertises it) adds
+`POST /{env}/avalon/{task,start,brief,end}` and an `avalon` field on `/create` and `/{env}/call`:
+an extended session is the in-process `EnvSession` over the wire (the organisation's budget,
+every agent's brief, the caller and its clock, its own end with the final outcome, and the
+rollout's workspace mirrored into the session's directory). Plain ORS clients never see it.
 
-How Avalon's protocol maps onto ORS (one agent, the CEO, plays an ORS session):
+How an `EnvSession` maps onto plain ORS (one agent, the CEO, plays an ORS session):
   * the prompt is the task's prompt, then the CEO's private brief when the environment deals
     one; `on_start` runs at /create with the session's budget and a server-side workspace
     (files stay on the server, as they do in ORS environments);
@@ -52,6 +57,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import shutil
 import threading
@@ -82,7 +88,8 @@ REPLAYS_KEPT = 64
 FINAL_TOOL = "final_message"
 SPLITS = {"train": Split.TRAIN, "heldout": Split.HELDOUT}
 _SESSION_ROUTES = {"prompt", "task_tools", "call"}
-_ENV_ROUTES = {"splits", "tools", "tasks", "num_tasks", "task"} | _SESSION_ROUTES
+EXTENSION, EXTENSION_VERSION = "avalon", 1  # docs/ors_extension.md
+_ENV_ROUTES = {"splits", "tools", "tasks", "num_tasks", "task", EXTENSION} | _SESSION_ROUTES
 
 
 def tool_json(spec: ToolSpec) -> dict:
@@ -156,6 +163,7 @@ class _Open:
     last_used: float
     jobs: collections.OrderedDict = dataclasses.field(default_factory=collections.OrderedDict)
     clock_s: float = 0.0  # the CEO's derived clock: declared durations so far
+    extended: bool = False  # opened with the Avalon extension (docs/ors_extension.md)
     finished: bool = False
     closed: bool = False
     gate: _Gate = dataclasses.field(default_factory=_Gate)
@@ -222,6 +230,9 @@ class OrsServer(HttpService):
                 return {"status": "ok"}
             self._drop(sid, entry)
             return {"sid": sid}
+        if (len(parts) == 3 and parts[0].lower() in self.envs and parts[1] == EXTENSION
+                and method == "POST"):
+            return self._extension(self.envs[parts[0].lower()], parts[2], body, headers)
         if len(parts) == 1 and parts[0] in _ENV_ROUTES:
             env_key, route = next(iter(self.envs)), parts[0]
         elif len(parts) == 2 and parts[0].lower() in self.envs and parts[1] in _ENV_ROUTES:
@@ -242,6 +253,10 @@ class OrsServer(HttpService):
                         "terminal_tool": TERMINAL_JSON}
             if route == "call" and method == "POST":
                 return SseReply(self._call_stream(entry, body))
+        elif method == "GET" and route == EXTENSION:
+            return {"extension": EXTENSION, "version": EXTENSION_VERSION, "name": env.name,
+                    "uses_workspace": bool(env.uses_workspace),
+                    "vocabulary": list(env.vocabulary())}
         elif method == "GET" and route == "splits":
             return [{"name": "train", "type": "train"}, {"name": "heldout", "type": "test"}]
         elif method == "GET" and route == "tools":
@@ -295,6 +310,10 @@ class OrsServer(HttpService):
             if isinstance(value, bool) or not isinstance(value, kinds):
                 raise HttpError(400, "bad_request", f"task_spec field {key!r} has "
                                 f"{type(value).__name__} {value!r}")
+        extended = body.get("avalon")
+        if extended is not None and (isinstance(extended, bool) or extended != EXTENSION_VERSION):
+            raise HttpError(400, "bad_request", f"create: field 'avalon' must be "
+                            f"{EXTENSION_VERSION} (the extension's version), got {extended!r}")
         self._reap_idle()
         with self._lock:  # the slot is taken here, before the (maybe slow) on_start
             if sid in self._sessions or sid in self._creating:
@@ -309,12 +328,15 @@ class OrsServer(HttpService):
                 session = env.session(task_id, seed, clock)
             root = self.session_dirs.new()
             ws = Workspace(root)
-            session.on_start(budget, ws)
-            brief = session.brief("ceo", 0, "CEO", "")
             task = session.task
-            prompt = task.prompt + (f"\n\n{brief}" if brief else "")
+            if extended is None:  # plain ORS: started here, the CEO's brief in the prompt
+                session.on_start(budget, ws)
+                brief = session.brief("ceo", 0, "CEO", "")
+                prompt = task.prompt + (f"\n\n{brief}" if brief else "")
+            else:  # the extension's client starts it and asks for each brief
+                prompt = task.prompt
             entry = _Open(env, session, task, prompt, ws, root, threading.Lock(),
-                          time.monotonic())
+                          time.monotonic(), extended=extended is not None)
             with self._lock:
                 self._sessions[sid] = entry
                 self._creating.discard(sid)
@@ -324,6 +346,8 @@ class OrsServer(HttpService):
             if root is not None:
                 shutil.rmtree(root, ignore_errors=True)
             raise
+        if extended is not None:
+            return {"sid": sid, EXTENSION: {"task": wire.task_to_json(task)}}
         return {"sid": sid}
 
     def _reap_idle(self) -> None:
@@ -364,6 +388,15 @@ class OrsServer(HttpService):
             with self._lock:
                 job = entry.jobs.get(replay)
             return _job_stream(job, replay)
+        extended = body.get(EXTENSION)
+        if (extended is not None) != entry.extended:
+            raise HttpError(400, "bad_request", "call request: field 'avalon' is required on a "
+                            "session created with the extension, and only there")
+        if extended is not None:  # checked now: a malformed request is a 400, not a result
+            wire.call_ctx_from_json(wire.field(extended, "ctx", dict, "call request avalon"),
+                                    entry.workspace)
+            if entry.env.uses_workspace:
+                wire.field(extended, "workspace", dict, "call request avalon")
         job = _Job(uuid.uuid4().hex)
         with self._lock:
             running = [k for k, j in entry.jobs.items() if not j.done.is_set()]
@@ -374,13 +407,14 @@ class OrsServer(HttpService):
             finished = [k for k, j in entry.jobs.items() if j.done.is_set()]
             for k in finished[:max(0, len(entry.jobs) - REPLAYS_KEPT)]:  # oldest first
                 del entry.jobs[k]
-        self.start_worker(self._run, entry, name, args, job, name=f"ors-call-{name}")
+        self.start_worker(self._run, entry, name, args, job, extended, name=f"ors-call-{name}")
         return _job_stream(job, job.task_id)
 
-    def _run(self, entry: _Open, name: str, args: dict, job: _Job) -> None:
+    def _run(self, entry: _Open, name: str, args: dict, job: _Job,
+             extended: dict | None) -> None:
         try:
             entry.last_used = time.monotonic()
-            result = self._ordered(entry, name, args)
+            result = self._ordered(entry, name, args, extended)
             job.result = json.dumps(result, allow_nan=False, separators=(",", ":"))
         except Exception as e:  # a bug in the environment (or a NaN reward): event: error
             job.error = f"{entry.env.name} tool {name!r}: {type(e).__name__}: {e}"
@@ -388,20 +422,24 @@ class OrsServer(HttpService):
             entry.last_used = time.monotonic()
             job.done.set()
 
-    def _ordered(self, entry: _Open, name: str, args: dict) -> dict:
+    def _ordered(self, entry: _Open, name: str, args: dict, extended: dict | None) -> dict:
         """Runs one call in the SDK's order (module docstring): `_invoke_tool_fn`."""
         if entry.finished:
             return _finished(name)
         spec = next((t for t in entry.task.tools if t.name == name), None)
+        if extended is None:
+            outcome = self._outcome
+        else:
+            outcome = functools.partial(self._extended_outcome, extended=extended)
         if name == FINAL_TOOL or (spec is not None and spec.exclusive):
             with entry.gate.exclusive():
-                return self._outcome(entry, name, args)
+                return outcome(entry, name, args)
         if spec is not None and spec.concurrent:
             with entry.gate.shared():
-                return self._outcome(entry, name, args)
+                return outcome(entry, name, args)
         # The tool lock outside the gate: calls queued on a tool do not hold off an exclusive.
         with entry.tool_lock(name), entry.gate.shared():
-            return self._outcome(entry, name, args)
+            return outcome(entry, name, args)
 
     def _outcome(self, entry: _Open, name: str, args: dict) -> dict:
         if entry.closed:
@@ -438,9 +476,7 @@ class OrsServer(HttpService):
                 if entry.finished:  # the first finished wins: this result is discarded
                     return _finished(name)
                 entry.clock_s += max(0.0, float(out.duration_s))
-            metadata = {"rewards": wire.rewards_to_json(out.rewards),
-                        "duration_s": float(out.duration_s), "measured": out.measured,
-                        "error": out.error}
+            metadata = _call_metadata(out)
             reward = sum(r.value for r in out.rewards) if out.rewards else None
             if out.terminal:
                 final = self._end(entry, EndReason.ENV_TERMINAL, None)
@@ -450,6 +486,113 @@ class OrsServer(HttpService):
                 if final.rewards:
                     reward = (reward or 0.0) + final_reward(final)
         return _ok(out.text, None if reward is None else float(reward), out.terminal, metadata)
+
+    def _extended_outcome(self, entry: _Open, name: str, args: dict, extended: dict) -> dict:
+        """A call of an extended session (docs/ors_extension.md): the caller's context, the
+        client's workspace mirrored first, the environment's own outcome or ToolError message
+        in `metadata.avalon`, and the workspace back when the call changed it. The episode
+        ends only at `avalon/end`, as in-process (a terminal outcome is the client's to act
+        on)."""
+        if entry.closed:
+            return _refused(f"{name!r} was not run: the session was deleted", "not_found")
+        if entry.finished:
+            return _finished(name)
+        spec = next((t for t in entry.task.tools if t.name == name), None)
+        problem = f"{name!r} is not a valid tool" if spec is None else spec.check_args(args)
+        if problem is not None:
+            return _tool_error(problem)
+        mirrors = bool(entry.env.uses_workspace)
+        with entry.lock if mirrors else self._state(entry):  # the mirror is the session's
+            if entry.finished:
+                return _finished(name)
+            before = extended.get("workspace") if mirrors else None
+            if mirrors:  # what the agents left in their workspace is theirs: a tool error
+                try:
+                    wire.restore(entry.workspace, before)
+                except wire.WireError as e:
+                    return _tool_error(str(e))
+            ctx = wire.call_ctx_from_json(extended["ctx"], entry.workspace)
+            try:
+                out = entry.session.call(name, dict(args), ctx)
+                ext = {"outcome": wire.outcome_to_json(out)}
+            except ToolError as e:
+                out, ext = None, {"tool_error": str(e)}
+            if mirrors:
+                after, _ = wire.snapshot(entry.workspace)
+                if after["files"] != before["files"]:
+                    ext["workspace"] = after
+        if out is None:
+            return _ok(ext["tool_error"], None, False, {"error": True, EXTENSION: ext})
+        reward = float(sum(r.value for r in out.rewards)) if out.rewards else None
+        return _ok(out.text, reward, out.terminal, {**_call_metadata(out), EXTENSION: ext})
+
+    def _extension(self, env: Environment, op: str, body: dict, headers) -> dict:
+        """The extension's own routes (docs/ors_extension.md): `avalon/task` for any client,
+        `avalon/start`, `avalon/brief` and `avalon/end` for a session created with it. Each
+        session route waits for the session's calls in flight and holds new ones (the SDK's
+        exclusive gate), as the in-process organisation never overlaps them."""
+        if op == "task":
+            task_id = wire.field(body, "task_id", str, "task request")
+            clock = wire.field(body, "clock_s", (int, float, type(None)), "task request")
+            with self._env_lock:
+                return {"task": wire.task_to_json(env.task(task_id, clock))}
+        if op not in ("start", "brief", "end"):
+            raise HttpError(404, "not_found", f"no extension route {EXTENSION}/{op}")
+        sid = _sid(headers)
+        entry = self._entry(sid)
+        if entry.env is not env:
+            raise HttpError(400, "bad_request", f"session is of environment "
+                            f"{entry.env.name!r}, not {env.name!r}")
+        if not entry.extended:
+            raise HttpError(400, "bad_request", f"session {sid!r} was created without the "
+                            f"{EXTENSION} extension")
+        entry.last_used = time.monotonic()
+        try:
+            with entry.gate.exclusive(), entry.lock:
+                if entry.closed:
+                    raise HttpError(404, "unknown_session", f"no open session {sid!r}")
+                return self._extended_op(sid, entry, op, body)
+        finally:
+            entry.last_used = time.monotonic()
+
+    def _extended_op(self, sid: str, entry: _Open, op: str, body: dict) -> dict:
+        if op == "brief":
+            w = "brief request"
+            return {"text": entry.session.brief(
+                wire.field(body, "agent", str, w), wire.field(body, "index", int, w),
+                wire.field(body, "title", str, w), wire.field(body, "role", str, w))}
+        if op == "start":
+            budget = wire.field(body, "budget", int, "start request")
+            before = self._mirror(entry, body, lenient=False)
+            entry.session.on_start(budget, entry.workspace)
+            reply: dict = {}
+            if before is not None:
+                after, _ = wire.snapshot(entry.workspace)
+                if after["files"] != before["files"]:
+                    reply["workspace"] = after
+            return reply
+        try:  # the end: the session is gone afterwards, whatever happens
+            with entry.latch:
+                entry.finished = True
+            # What the mirror cannot take (a name or size the workspace refuses) is left out,
+            # never the end refused: every episode is graded.
+            self._mirror(entry, body, lenient=True)
+            ctx = wire.end_ctx_from_json(wire.field(body, "ctx", dict, "end request"),
+                                         entry.workspace)
+            final = entry.session.on_end(ctx)
+        finally:
+            self._drop(sid, entry)
+        return {"final": wire.final_to_json(final)}
+
+    @staticmethod
+    def _mirror(entry: _Open, body: dict, lenient: bool) -> dict | None:
+        """Writes the client's workspace snapshot into the session's directory when the
+        environment reads workspaces; returns the snapshot (None when it does not)."""
+        if not entry.env.uses_workspace:
+            return None
+        snap = wire.field(body, "workspace", dict, "request")
+        wire.restore(entry.workspace, snap, lenient=lenient)
+        return snap
 
     @staticmethod
     def _state(entry: _Open):
@@ -475,6 +618,18 @@ def final_reward(final: FinalOutcome) -> float:
 
 def _final_metadata(final: FinalOutcome) -> dict:
     return wire.final_to_json(final)
+
+
+def _call_metadata(out) -> dict:
+    """What ORS has no field for: the labelled rewards, the declared duration, the error flag."""
+    return {"rewards": wire.rewards_to_json(out.rewards), "duration_s": float(out.duration_s),
+            "measured": out.measured, "error": out.error}
+
+
+def _tool_error(message: str) -> dict:
+    """An extended call refused before it ran: an ORS result flagged `error`, the message in
+    `metadata.avalon.tool_error`."""
+    return _ok(message, None, False, {"error": True, EXTENSION: {"tool_error": message}})
 
 
 def _ok(text: str, reward: float | None, finished: bool, metadata: dict) -> dict:

@@ -1,4 +1,5 @@
-"""JSON forms of the environment protocol's values, shared by the HTTP server and client.
+"""JSON forms of the environment protocol's values, shared by the ORS server and client (the
+Avalon extension, docs/ors_extension.md).
 
 Tools travel as `{"name", "description", "grantable", "concurrent", "exclusive", "parameters"}`
 with `parameters` the tool's JSON schema (`ToolSpec.json_schema()`); the client rebuilds
@@ -146,17 +147,19 @@ def outcome_from_json(obj: Any) -> ToolOutcome:
 def final_to_json(final: FinalOutcome) -> dict:
     return {"rewards": rewards_to_json(final.rewards),
             "wealth_ratio": None if final.wealth_ratio is None else float(final.wealth_ratio),
-            "metrics": {k: float(v) for k, v in final.metrics.items()}}
+            "metrics": {k: float(v) for k, v in final.metrics.items()},
+            "record": dict(final.record)}
 
 
 def final_from_json(obj: Any) -> FinalOutcome:
     where = "final outcome"
     ratio = field(obj, "wealth_ratio", (int, float, type(None)), where)
     metrics = field(obj, "metrics", dict, where)
+    record = field(obj, "record", dict, where) if "record" in obj else {}
     return FinalOutcome(rewards=rewards_from_json(field(obj, "rewards", list, where), where),
                         wealth_ratio=None if ratio is None else float(ratio),
                         metrics={k: float(field(metrics, k, (int, float), f"{where} metrics"))
-                                 for k in metrics})
+                                 for k in metrics}, record=record)
 
 
 def call_ctx_to_json(ctx: CallContext) -> dict:

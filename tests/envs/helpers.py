@@ -1,5 +1,6 @@
-"""Shared helpers for environment tests: serve an environment over loopback HTTP, call a
-session directly, run a teacher organisation through the org driver."""
+"""Shared helpers for environment tests: serve an environment over loopback ORS (with the
+Avalon extension, docs/ors_extension.md), call a session directly, run a teacher organisation
+through the org driver."""
 
 from __future__ import annotations
 
@@ -8,26 +9,32 @@ import tempfile
 
 import numpy as np
 
-from avalon.envs.http_client import HttpEnvironment
-from avalon.envs.http_server import EnvServer
+from avalon.envs.ors import OrsEnvironment
+from avalon.envs.ors_server import OrsServer
 from avalon.org import GroupSpec, OrgConfig, PromptStyle, RolloutDriver, RolloutSpec
 from avalon.org.env import CallContext, EndContext, EndReason
 from avalon.org.vocabulary import org_vocabulary
 from avalon.org.workspace import Workspace
 from avalon.tokenizer import ByteTokenizer, ChatFormat, WordTokenizer
 
-MODES = ("inproc", "http")
+MODES = ("inproc", "ors")
 BYTES = ChatFormat(ByteTokenizer())
 
 
 @contextlib.contextmanager
 def environment(local, mode: str):
-    """The environment itself, or an HttpEnvironment served from it on a loopback port."""
+    """The environment itself, or an OrsEnvironment (the extension required) served from it
+    by an OrsServer on a loopback port."""
     if mode == "inproc":
         yield local
         return
-    with EnvServer(local) as server:
-        yield HttpEnvironment(server.url)
+    with OrsServer([local]) as server:
+        yield served(server, local.name)
+
+
+def served(server, name: str, **kwargs) -> OrsEnvironment:
+    """The client of one environment of `server`, with the Avalon extension (required)."""
+    return OrsEnvironment(server.url, name, extension=True, **kwargs)
 
 
 def word_chat(env) -> ChatFormat:

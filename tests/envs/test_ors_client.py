@@ -17,8 +17,7 @@ import pytest
 pytest.importorskip("openreward")
 
 from avalon.envs.base import Split, UnknownTaskError  # noqa: E402
-from avalon.envs.http_client import EnvServerError  # noqa: E402
-from avalon.envs.ors import OrsEnvironment  # noqa: E402
+from avalon.envs.ors import EnvServerError, OrsEnvironment  # noqa: E402
 from avalon.org import OrgConfig  # noqa: E402
 from avalon.org.env import EndReason, ToolError  # noqa: E402
 from tests.envs.helpers import Direct  # noqa: E402
@@ -162,6 +161,24 @@ def test_tasks_prompt_and_tools(sdk_server):
         env.session("counter-train-3", 0)
     with pytest.raises(ValueError, match="has no environment 'nope'"):
         OrsEnvironment(url, "nope")
+
+
+def test_an_sdk_server_has_no_avalon_extension_and_plain_ors_is_spoken(sdk_server):
+    """The extension's probe (`GET /counter/avalon`) is a 404 from the SDK's server: the client
+    speaks plain ORS (no budget, briefs or workspace go out), and requiring the extension is a
+    clear error (docs/ors_extension.md)."""
+    url, _ = sdk_server
+    env = OrsEnvironment(url, "counter")
+    assert env.extension is None and env.uses_workspace is False
+    assert env.name == "counter" and "bump" in env.vocabulary()
+    d = Direct(env, "counter-train-0", budget=3)
+    assert d.session.brief("a1", 1, "Dev", "x") == ""
+    assert not d.call("bump").terminal
+    out = d.call("bump")  # the target (2) reached: rewarded, finished
+    assert [(r.value, r.label) for r in out.rewards] == [(1.0, "ors")] and out.terminal
+    d.end()
+    with pytest.raises(ValueError, match="does not offer the avalon extension"):
+        OrsEnvironment(url, "counter", extension=True)
 
 
 def test_rollouts_of_the_driver_get_rewards_and_terminal_events(sdk_server):

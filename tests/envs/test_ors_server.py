@@ -22,8 +22,7 @@ os.environ["OPENREWARD_DISABLE_UPDATE_CHECK"] = "1"
 from openreward.api.errors import ToolCallError  # noqa: E402
 
 from avalon.envs.base import Split, TaskTable  # noqa: E402
-from avalon.envs.http_client import EnvServerError  # noqa: E402
-from avalon.envs.ors import OrsEnvironment  # noqa: E402
+from avalon.envs.ors import EnvServerError, OrsEnvironment  # noqa: E402
 from avalon.envs.ors_server import OrsServer  # noqa: E402
 from avalon.envs.parallel import ParallelConfig, ParallelSubtasks  # noqa: E402
 from avalon.envs.parallel.tasks import Op  # noqa: E402
@@ -134,7 +133,7 @@ class _CounterSession:
 def test_parallel_calls_run_one_at_a_time_and_replays_do_not_rerun():
     env = SlowCounter()
     with OrsServer([env]) as server:
-        remote = OrsEnvironment(server.url, "slowcounter")
+        remote = OrsEnvironment(server.url, "slowcounter", extension=False)  # plain ORS
         d = Direct(remote, "slowcounter-train-0")
         outs = []
         threads = [threading.Thread(target=lambda: outs.append(d.call("bump").text))
@@ -169,7 +168,8 @@ def test_parallel_calls_run_one_at_a_time_and_replays_do_not_rerun():
 
 def test_orsenvironment_plays_the_parallel_teacher_like_in_process():
     with OrsServer([PAR]) as server:
-        remote = OrsEnvironment(server.url, "parallel", wall_clock_s=PAR.config.clock_s)
+        remote = OrsEnvironment(server.url, "parallel", wall_clock_s=PAR.config.clock_s,
+                                extension=False)  # plain ORS (the extension: helpers.py)
         chat = word_chat(PAR)
         tids = PAR.task_ids(Split.TRAIN)[:2]
         got = run_teacher(PAR.teacher(chat), chat, [remote.session(t, 0) for t in tids], [0, 0])
