@@ -49,7 +49,12 @@ def quiet_libraries() -> None:
     # XLA's C++ log (absl, read when jaxlib loads): FATAL only, so no "Very slow compile?"
     # banners (slow_operation_alarm, E level) on the console. A failure that matters reaches
     # Python as an exception either way; `--verbose` or the user's own setting keeps the log.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # A level set by the user (or an earlier call) stays; importing jax sets "1" when none is
+    # set, so with jax imported that value is taken as jax's default, not the user's.
+    level, jax_loaded = os.environ.get("TF_CPP_MIN_LOG_LEVEL"), "jax" in sys.modules
+    chosen = level is not None and not (jax_loaded and level == "1")
+    if not chosen:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -59,9 +64,12 @@ def quiet_libraries() -> None:
     # the default of `jax_logging_level` and sets XLA's C++ log level from it (ERROR -> the
     # E-level banners are back), over TF_CPP_MIN_LOG_LEVEL.
     names = ("orbax", "absl", "transformers", "huggingface_hub", "etils", "gcsfs", "fsspec",
-             "urllib3", "matplotlib", "PIL") + (("jax",) if "jax" in sys.modules else ())
+             "urllib3", "matplotlib", "PIL") + (("jax",) if jax_loaded else ())
     for name in names:
         logging.getLogger(name).setLevel(logging.ERROR)
+    if not chosen and jax_loaded:  # jaxlib read the level at import: set it through jax
+        import jax
+        jax.config.update("jax_logging_level", "CRITICAL")  # C++ log: FATAL only
     if "absl.logging" in sys.modules:
         from absl import logging as absl_logging
         absl_logging.set_verbosity(absl_logging.ERROR)

@@ -1,7 +1,7 @@
 """XLA's C++ log stays off the console unless `--verbose` (`avalon/command.py`): a compile that
 logs an E-level line (here the dump directory cannot be made; on a long run, "Very slow
-compile?" banners) prints nothing through `command.run`, prints it with `--verbose`, and a
-TF_CPP_MIN_LOG_LEVEL the user set is left alone."""
+compile?" banners) prints nothing through `command.run`, whether jax was imported before it
+or after, prints it with `--verbose`, and a TF_CPP_MIN_LOG_LEVEL the user set is left alone."""
 
 import os
 import subprocess
@@ -10,9 +10,12 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# A program's start-up as every entry point does it: `command.run` first, jax imported after.
+# A program's start-up as the entry points do it: `command.run`, jax imported after (or
+# before, with --jax-first).
 PROGRAM = """
 import sys
+if "--jax-first" in sys.argv:  # as the tools that import jax at module level
+    import jax
 from avalon import command
 def body():
     import jax
@@ -39,6 +42,7 @@ def _run(tmp_path, *args, **env):
 
 @pytest.mark.parametrize("args, env, logged", [
     ((), {}, False),
+    (("--jax-first",), {}, False),
     (("--verbose",), {}, True),
     ((), {"TF_CPP_MIN_LOG_LEVEL": "2"}, True),  # the user's own level wins
 ])
