@@ -8,7 +8,8 @@ Flags: `--config` (a config file, `:arg` passed to its `get_config`), `--config.
 overrides (an unknown key stops at start-up), `--workdir` (checkpoints, metrics, plots; rerun
 the same command to resume: a config that differs from the one the workdir ran with, in more
 than `avalon.train.config_history.RESUME_FIELDS` such as `rollout.steps`, is refused unless
-`--config.allow_config_change` is given, and then recorded in WORKDIR/config_history.jsonl),
+`--config.allow_config_change` is given, and then recorded in WORKDIR/config_history.jsonl,
+which also keeps every start's code: its git commit, for `avalon.analyze`),
 multi-host start-up (`--coordinator`, `--num_processes`, `--process_id`, or `AVALON_*`
 environment variables, or `--distributed_auto` on a TPU pod), `--jax_cache_dir` (the persistent
 compilation cache; default WORKDIR/cache/jax, so a resumed run loads its programs instead of

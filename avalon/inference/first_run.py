@@ -3,9 +3,9 @@
 JAX's compile events (`/jax/core/compile/*_duration`) cover tracing, lowering and the XLA
 compile, not the rest of a fresh program's first call: jit's dispatch bookkeeping, loading the
 executable and its first run, which on XLA:CPU costs more than its later runs. On the toy
-engine, 5 fresh programs' first calls ran 10 s (wall, at load 10) past their 208 s of compile
-events, while their later calls took milliseconds (RESULTS.md, the first-evaluation ETA). A
-progress ETA that counts that time as work overstates every later evaluation.
+engine (configs/toy_org.py, 8 rows, no persistent cache, at load 10), 5 fresh programs' first
+calls ran 10 s of wall past their 208 s of compile events, while their later calls took
+milliseconds. A progress ETA that counts that time as work overstates every later evaluation.
 
 `FirstRuns(on_first_run)(program, *args)` calls `program`; when the call compiled (a
 backend-compile event in this thread: a new shape bucket, or a program dropped by
