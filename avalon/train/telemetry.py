@@ -110,8 +110,11 @@ class Telemetry:
 class CompileClock:
     """Seconds this process has spent compiling: the union of the time spans of JAX's tracing,
     lowering and XLA compile events (a cache hit of the persistent compilation cache counts as
-    its read). Nested spans (a jit traced inside another's trace) count once, and spans from
-    several threads that overlap count once, so the total never exceeds the wall time."""
+    its read), and the spans `add`ed by others: the trainer's engine adds the whole first call
+    of each program it compiles, first run included (`inference/first_run.py`), which the
+    events leave out. Nested spans (a jit traced inside another's trace, an event inside a
+    first call) count once, and spans from several threads that overlap count once, so the
+    total never exceeds the wall time."""
 
     EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
               "/jax/core/compile/jaxpr_to_mlir_module_duration",
