@@ -15,6 +15,7 @@ union (`SPLIT`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -73,6 +74,31 @@ def write_logs(workdir: str, process: int) -> None:
                 entries.append(IndexEntry(name, phase, 0, 0, r.env, arm,
                                           {"seed_index": 10 * process + i}))
         write_index(log_dir, entries, part=f"p{process}" if process else "")
+
+
+def metric_name(measure: str, arm: str | None = None) -> str:
+    """The loop's name of a measure, or evaluation's for `arm` (`eval/<arm>/<measure>`)."""
+    key = "reward/mean" if measure == "reward" else f"org/{measure}"
+    return key if arm is None else f"eval/{arm}/{key.removeprefix('org/')}"
+
+
+def mismatches(record: dict, row: dict, arm: str | None = None) -> list[str]:
+    """The measures on which a metrics record (the loop's, or evaluation's arm `arm`) is not
+    the report's checkpoint `row` (`analysis.report.analyse`) on the same rollouts: a value
+    not within 1e-12 (the processes add their sums in another order), or a value the report
+    says is n/a (or the reverse)."""
+    from avalon.analysis import metrics
+    out = []
+    for m in metrics.MEASURES:
+        key, want = metric_name(m.name, arm), row[m.name]
+        got = record.get(key)
+        if want is None or got is None:
+            if (want is None) != (got is None):
+                out.append(f"{key}: {got} in the record, {want and want['estimate']} in the "
+                           "report")
+        elif not math.isclose(got, want["estimate"], rel_tol=1e-12, abs_tol=1e-15):
+            out.append(f"{key}: {got} in the record, {want['estimate']} in the report")
+    return out
 
 
 def main(argv: list[str]) -> None:

@@ -22,10 +22,8 @@ from tests.train import pooled_worker
 from tests.train.runner import REPO, environment
 
 
-def _key(name: str, arm: str | None = None) -> str:
-    """The loop's name of a measure, or evaluation's for `arm` (`eval/<arm>/<measure>`)."""
-    key = "reward/mean" if name == "reward" else f"org/{name}"
-    return key if arm is None else f"eval/{arm}/{key.removeprefix('org/')}"
+def _key(name: str) -> str:
+    return pooled_worker.metric_name(name)
 
 
 def _report(logs) -> dict:
@@ -42,15 +40,6 @@ def _weighted_mean_of_ratios(phase: str, arm: str) -> dict:
     return host_metrics.combine(parts)
 
 
-def _assert_measures(record: dict, report: dict, arm: str | None = None) -> None:
-    for m in metrics.MEASURES:
-        key = _key(m.name, arm)
-        if report[m.name] is None:  # n/a over the union: n/a in the record
-            assert key not in record, key
-        else:
-            assert record[key] == pytest.approx(report[m.name]["estimate"], rel=1e-12), key
-
-
 def test_measures_over_processes_are_the_measures_over_the_union():
     """Each process's sums through the bytes `reduce_across_hosts` gathers (`payload`), against
     the report's aggregate over every process's rollouts at once."""
@@ -62,7 +51,7 @@ def test_measures_over_processes_are_the_measures_over_the_union():
     union = [r for p in range(pooled_worker.PROCESSES)
              for r in pooled_worker.logged(p, phase, arm)]
     report = _report(union)
-    _assert_measures(record, report)
+    assert pooled_worker.mismatches(record, report) == []
     # End reasons: 1 of 4 and 1 of 2 ended on a final message, so 2 of 6 (not 1/4 and 1/2
     # weighted: 1/3 too here); env_terminal 2 of 4 on process 0 only: 2 of 6, not 2 of 4.
     assert record["org/end_final_message"] == pytest.approx(2 / 6)
@@ -133,13 +122,13 @@ def test_two_processes_of_four_devices_log_the_reports_numbers(tmp_path):
     rows = {(c["phase"], c["arm"]): c for c in report["checkpoints"]}
     assert set(rows) == set(pooled_worker.PHASE_ARMS)
     assert rows[("rl", "train")]["rollouts"] == records["rl"]["rollouts"] == 6
-    _assert_measures(records["rl"], rows[("rl", "train")])
+    assert pooled_worker.mismatches(records["rl"], rows[("rl", "train")]) == []
     for arm in ("org", "single"):
         row = rows[("eval", arm)]
         assert records["eval"][f"eval/{arm}_rollouts"] == row["rollouts"]
         assert records["eval"][f"eval/{arm}_reward"] == pytest.approx(
             row["reward"]["estimate"], rel=1e-12)
-        _assert_measures(records["eval"], row, arm)
+        assert pooled_worker.mismatches(records["eval"], row, arm) == []
     # The evaluation's uneven shares: 2 of 2 teams reviewed in 3 rollouts beside 0 of 1 in 1.
     assert records["eval"]["eval/org/teams_with_review"] == pytest.approx(2 / 3)
     assert _weighted_mean_of_ratios("eval", "org")["org/teams_with_review"] == 0.75
