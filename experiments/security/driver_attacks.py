@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 import textwrap
 
-from avalon.envs.http_client import HttpEnvironment
-from avalon.envs.http_server import EnvServer
+from avalon.envs.ors_server import OrsServer
 from avalon.org.workspace import WorkspaceLimits
-from experiments.security.http_attacks import _FilesEnv
+from experiments.security.ors_attacks import _client, _FilesEnv
 from experiments.security.outcome import Attack, Outcome
 from experiments.security.play import BareEnv, play
 
@@ -96,17 +95,18 @@ def file_names_hidden_characters(tmp: str) -> tuple[Outcome, str]:
     return T, f"{len(bad)} names refused: {_errors(played, 'write_file')[0]}"
 
 
-def _http_episode(tmp: str, program: str, *then: str) -> tuple[Outcome, str]:
-    """The CEO runs `program`, calls `count` (HTTP mode: the workspace travels to the server's
-    mirror), runs `then` programs each followed by `count`, and ends."""
+def _ors_episode(tmp: str, program: str, *then: str) -> tuple[Outcome, str]:
+    """The CEO runs `program`, calls `count` (over ORS, the Avalon extension: the workspace
+    travels to the server's mirror), runs `then` programs each followed by `count`, and
+    ends."""
     turns = [["roster"], [_call("write_file", path="p0.py", text=textwrap.dedent(program))],
              [_call("run_code", path="p0.py")], ["count"]]
     for i, code in enumerate(then, 1):
         turns += [[_call("write_file", path=f"p{i}.py", text=textwrap.dedent(code))],
                   [_call("run_code", path=f"p{i}.py")], ["count"]]
     turns.append([_call("final_message", text="done")])
-    with EnvServer(_FilesEnv()) as server:
-        session = HttpEnvironment(server.url, timeout_s=30).session("files-train-0", 0)
+    with OrsServer([_FilesEnv()]) as server:
+        session = _client(server, "files").session("files-train-0", 0)
         played = play(tmp, session, {"ceo": turns}, limits=WorkspaceLimits(run_timeout_s=10.0))
     if played.crash:
         return C, f"the driver: {played.crash}"
@@ -123,9 +123,9 @@ def _http_episode(tmp: str, program: str, *then: str) -> tuple[Outcome, str]:
         " / ".join(e["result"] for e in played.tool_calls("count"))
 
 
-def http_backslash_names(tmp: str) -> tuple[Outcome, str]:
+def ors_backslash_names(tmp: str) -> tuple[Outcome, str]:
     """`a/b` and `a\\b`: two files, one name to the file tools (which read `\\` as `/`)."""
-    return _http_episode(tmp, r"""
+    return _ors_episode(tmp, r"""
         import os
         os.mkdir('a')
         open('a/b', 'w').write('one')
@@ -133,10 +133,10 @@ def http_backslash_names(tmp: str) -> tuple[Outcome, str]:
         """)
 
 
-def http_moved_folders(tmp: str) -> tuple[Outcome, str]:
+def ors_moved_folders(tmp: str) -> tuple[Outcome, str]:
     """An honest program moves a tree of 150 one-file folders twice: the mirror must not keep
     the emptied folders (they count against its 512 entries)."""
-    return _http_episode(tmp, """
+    return _ors_episode(tmp, """
         import os
         for i in range(150):
             os.makedirs(f'src/m{i}')
@@ -207,7 +207,7 @@ ATTACKS = [
     Attack("driver: titles with newlines, NUL, escapes", title_control_characters),
     Attack("driver: titles with RTL overrides, zero-width characters", title_bidi_and_zero_width),
     Attack("driver: file names with hidden characters", file_names_hidden_characters),
-    Attack("http mode: files 'a/b' and 'a\\b'", http_backslash_names),
-    Attack("http mode: folders moved (the mirror's emptied directories)", http_moved_folders),
+    Attack("ors mirror: files 'a/b' and 'a\\b'", ors_backslash_names),
+    Attack("ors mirror: folders moved (the mirror's emptied directories)", ors_moved_folders),
     Attack("driver: message text holding a non-special <tool_call>", control_token_in_message),
 ]

@@ -17,7 +17,7 @@ from experiments.security.outcome import Attack, Outcome
 
 # What a CRASH of each module's attacks is, for the summary line.
 KINDS = {"sandbox_attacks": "escapes", "kernel_attacks": "escapes",
-         "driver_attacks": "driver crashes", "http_attacks": "server or driver failures",
+         "driver_attacks": "driver crashes", "ors_attacks": "server or driver failures",
          "server_attacks": "broken server limits",
          "checkpoint_attacks": "silent wrong restores or stopped resumes"}
 
@@ -27,12 +27,12 @@ def all_attacks() -> list[tuple[str, Attack]]:
     from experiments.security import (
         checkpoint_attacks,
         driver_attacks,
-        http_attacks,
         kernel_attacks,
+        ors_attacks,
         sandbox_attacks,
         server_attacks,
     )
-    modules = [sandbox_attacks, kernel_attacks, driver_attacks, http_attacks, server_attacks,
+    modules = [sandbox_attacks, kernel_attacks, driver_attacks, ors_attacks, server_attacks,
                checkpoint_attacks]
     return [(KINDS[m.__name__.rsplit(".", 1)[1]], a) for m in modules for a in m.ATTACKS]
 

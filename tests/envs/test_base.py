@@ -1,5 +1,5 @@
 """The environment interface: deterministic, non-overlapping splits, task ids, clocks and
-vocabularies, for every environment, in-process and over HTTP."""
+vocabularies, for every environment, in-process and over ORS (the Avalon extension)."""
 
 import pytest
 

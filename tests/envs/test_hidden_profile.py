@@ -1,5 +1,5 @@
 """Environment 2, hidden profile: the construction, rewards, hardening and the teacher, in-process
-and over HTTP."""
+and over ORS (the Avalon extension)."""
 
 import itertools
 

@@ -1,6 +1,6 @@
 """Environment 1, parallel subtasks under a clock: rewards, hardening, the teacher, and the
 report's central effect (under a short clock the organisation beats the single agent, and the
-derived latencies say why). Every test runs in-process and over HTTP."""
+derived latencies say why). Every test runs in-process and over ORS (the Avalon extension)."""
 
 import dataclasses
 

@@ -1,5 +1,5 @@
 """Environment 3, software build: grading, one test per known reward hack, and the teacher,
-in-process and over HTTP. Submissions are tiny programs; each grading is one sandboxed run."""
+in-process and over ORS. Submissions are tiny programs; each grading is one sandboxed run."""
 
 import json
 import os
@@ -49,7 +49,7 @@ def test_start_lays_out_stubs_and_a_correct_solution_scores_one(env):
     tid = env.task_ids(Split.TRAIN)[0]
     names = LOCAL.spec(tid).functions
     d = Direct(env, tid)
-    stub = d.ws.read("solution.py")  # written by on_start (over HTTP: mirrored back)
+    stub = d.ws.read("solution.py")  # written by on_start (over ORS: mirrored back)
     assert all(f"def {n}(" in stub for n in names) and "NotImplementedError" in stub
     d.end()
     reward, d = submit(env, tid, None)

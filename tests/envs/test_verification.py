@@ -1,5 +1,5 @@
 """Environment 5, collective verification: defects, reviews, shipping, the per-hack hardening,
-and the teacher (a verifier pays; a silent team cannot use one), in-process and over HTTP."""
+and the teacher (a verifier pays; a silent team cannot use one), in-process and over ORS."""
 
 import numpy as np
 import pytest

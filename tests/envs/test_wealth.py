@@ -1,5 +1,5 @@
 """Environment 4, wealth: bet rules, hardening, the GKPO wealth ratio and the Kelly teacher,
-in-process and over HTTP."""
+in-process and over ORS (the Avalon extension)."""
 
 import math
 
@@ -47,7 +47,7 @@ def test_bets_settle_once_and_move_wealth(env):
 
 @pytest.mark.parametrize("fraction", [-0.1, 1.5, float("nan"), float("inf"), True])
 def test_fraction_bounds(fraction):
-    # Over HTTP, NaN and infinity cannot even be sent (JSON refuses them); in-process the
+    # Over ORS, NaN and infinity cannot even be sent (JSON refuses them); in-process the
     # session refuses them itself, and booleans too.
     d = Direct(LOCAL, LOCAL.task_ids(Split.TRAIN)[0])
     with pytest.raises(ToolError, match="fraction must be a number in"):

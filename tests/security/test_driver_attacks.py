@@ -1,8 +1,8 @@
 """Every model-output attack on the driver of issue 44 (`experiments/security/driver_attacks.py`),
 as a test: each crashed the driver or worked on the code before (a title with a newline was
-hired and pinned in role cards; `seq:²` raised out of `RolloutDriver.run`; HTTP mode raised at
-the end; a DM put the real call id into a teammate's prompt), and each must now be a tool error
-or have no effect."""
+hired and pinned in role cards; `seq:²` raised out of `RolloutDriver.run`; a remote
+environment's workspace mirror raised at the end; a DM put the real call id into a teammate's
+prompt), and each must now be a tool error or have no effect."""
 
 import pytest
 
@@ -15,8 +15,8 @@ EXPECTED = {
     "driver: titles with newlines, NUL, escapes": T,
     "driver: titles with RTL overrides, zero-width characters": T,
     "driver: file names with hidden characters": T,
-    "http mode: files 'a/b' and 'a\\b'": B,
-    "http mode: folders moved (the mirror's emptied directories)": B,
+    "ors mirror: files 'a/b' and 'a\\b'": B,
+    "ors mirror: folders moved (the mirror's emptied directories)": B,
     "driver: message text holding a non-special <tool_call>": B,
 }
 

@@ -1,7 +1,7 @@
 """Fuzzing the organisation with what a model could write: generated malformed outputs (raw
 token garbage, call-syntax garbage, bad JSON, wrong types, huge and unicode-junk arguments,
 hostile paths) and hostile sandbox programs, through the real `RolloutDriver` with a scripted
-policy, in-process and over HTTP (loopback), from a fixed seed.
+policy, in-process and over ORS with the Avalon extension (loopback), from a fixed seed.
 
 What must hold: the driver returns (no exception, no hang); every turn's sampled tokens carry
 the flag its outcome deserves (malformed -> MALFORMED, a failed call -> TOOL_ERROR, else
@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from avalon.envs.base import Split
-from avalon.envs.http_client import HttpEnvironment
-from avalon.envs.http_server import EnvServer
+from avalon.envs.ors import OrsEnvironment
+from avalon.envs.ors_server import OrsServer
 from avalon.envs.software import SoftwareBuild, SoftwareConfig
 from avalon.org import GroupSpec, OrgConfig, RolloutDriver, RolloutSpec
 from avalon.org.policy import scripted_output
@@ -296,10 +296,10 @@ def test_fuzz_in_process(tmp_path):
     assert kinds["malformed"] >= 400 and kinds["tool_error"] >= 800, kinds
 
 
-def test_fuzz_over_http(tmp_path):
-    with EnvServer(SOFTWARE) as server:
-        kinds = fuzz(tmp_path, _sessions(HttpEnvironment(server.url), 6), seed=1,
-                     turns_per_agent=40, timeout_s=120)
+def test_fuzz_over_ors(tmp_path):
+    with OrsServer([SOFTWARE]) as server:
+        remote = OrsEnvironment(server.url, SOFTWARE.name, extension=True)
+        kinds = fuzz(tmp_path, _sessions(remote, 6), seed=1, turns_per_agent=40, timeout_s=120)
     assert kinds["outputs"] >= 300 and kinds["program"] >= 5, kinds
 
 

@@ -8,9 +8,9 @@ What must hold:
 - session level (every environment, every tool): a call whose arguments pass the tool's
   `Param` types (what the organisation lets through) returns a `ToolOutcome` or raises
   `ToolError`; nothing else leaves `call`, and `on_end` still returns a `FinalOutcome`;
-- driver level (in-process and over HTTP): a rollout of generated calls, org tools and the
-  environment's, written as raw call text with JSON escapes, never raises out of
-  `RolloutDriver.run` and ends.
+- driver level (in-process and over ORS with the Avalon extension): a rollout of generated
+  calls, org tools and the environment's, written as raw call text with JSON escapes, never
+  raises out of `RolloutDriver.run` and ends.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from avalon.envs import (
     HiddenProfile,
-    HttpEnvironment,
+    OrsEnvironment,
+    OrsServer,
     ParallelConfig,
     ParallelSubtasks,
     ProfileConfig,
@@ -36,7 +37,6 @@ from avalon.envs import (
     Wealth,
 )
 from avalon.envs.escalation import Escalation
-from avalon.envs.http_server import EnvServer
 from avalon.envs.safety import ScenarioEnv, suite
 from avalon.org.env import (
     CallContext,
@@ -76,7 +76,7 @@ texts = st.one_of(st.sampled_from(TRICKY),
                   st.builds(lambda a, b: a + b, st.sampled_from(PREFIXES + TRICKY),
                             st.sampled_from(TRICKY)))
 # Programs an agent might run: names the tools read otherwise, trees moved between folders,
-# links, FIFOs, files past the caps. Each is followed by an environment call (in HTTP mode the
+# links, FIFOs, files past the caps. Each is followed by an environment call (over ORS the
 # workspace then travels to the server's mirror) and ends the rollout's workspace somehow.
 PROGRAMS = [
     "import os\nos.makedirs('a', exist_ok=True)\nopen('a/b', 'w').write('1')\n"
@@ -248,16 +248,16 @@ def test_driver_in_process(name, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["parallel", "software", "verification"])
-def test_driver_over_http(name, tmp_path_factory):
+def test_driver_over_ors(name, tmp_path_factory):
     env = ENVS[name]
-    with EnvServer(env) as server:
-        remote = HttpEnvironment(server.url)
+    with OrsServer([env]) as server:
+        remote = OrsEnvironment(server.url, env.name, extension=True)
 
         @settings(FAST, max_examples=5)
         @given(script(env), st.integers(0, 3))
         @example(KNOWN, 0)
         def check(turns, seed):
-            tmp = tmp_path_factory.mktemp("http")
+            tmp = tmp_path_factory.mktemp("ors")
             played = play(tmp, remote.session(_task_id(env), seed), turns, limits=LIMITS,
                           budget=2, seed=seed, timeout_s=120.0)
             assert played.crash == "", played.crash

@@ -1,6 +1,7 @@
-"""The HTTP server and client against hostile or broken peers (issue 17): strict Content-Length,
-stalled clients, bursts of 200 clients, deep JSON, abandoned sessions, and workspaces that
-sandboxed code left in a state no snapshot can hold. Every wait is bounded by a timeout."""
+"""The ORS server and client (with the Avalon extension, docs/ors_extension.md) against hostile
+or broken peers (issue 17): strict Content-Length, stalled clients, bursts of 200 clients, deep
+JSON, abandoned sessions, and workspaces that sandboxed code left in a state no snapshot can
+hold. Every wait is bounded by a timeout."""
 
 import base64
 import http.client
@@ -16,9 +17,10 @@ import pytest
 
 from avalon.envs import wire
 from avalon.envs.base import Split
-from avalon.envs.http_client import EnvRequestError, EnvServerError, HttpEnvironment
-from avalon.envs.http_server import EnvServer, ServerLimits
+from avalon.envs.ors import EnvRequestError, EnvServerError
+from avalon.envs.ors_server import OrsServer
 from avalon.envs.parallel import ParallelConfig, ParallelSubtasks
+from avalon.envs.transport import ServerLimits
 from avalon.org.env import (
     CallContext,
     EndContext,
@@ -33,12 +35,13 @@ from avalon.org.env import (
 )
 from avalon.org.workspace import Workspace
 from avalon.rl.types import Objective
+from tests.envs.helpers import served
 from tests.org.helpers import call, events_of, run_playbook, step
 
 PAR = ParallelSubtasks(ParallelConfig(n_train=4, n_heldout=2))
 
 
-def _addr(server: EnvServer) -> tuple[str, int]:
+def _addr(server: OrsServer) -> tuple[str, int]:
     host, port = server.url.removeprefix("http://").split(":")
     return host, int(port)
 
@@ -73,7 +76,7 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 
 @pytest.fixture(scope="module")
 def server():
-    with EnvServer(PAR, limits=ServerLimits(read_timeout_s=1.0)) as s:
+    with OrsServer([PAR], limits=ServerLimits(read_timeout_s=1.0, session_ttl_s=900.0)) as s:
         yield s
 
 
@@ -94,7 +97,7 @@ def test_content_length_is_strict_and_the_body_is_never_read(server, headers, st
     The old server read a `-1` body until EOF (70 MiB past its cap) and never answered."""
     with socket.create_connection(_addr(server), timeout=5) as sock:
         extra = f"{headers}\r\n" if headers else ""
-        sock.sendall(f"POST /sessions HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode())
+        sock.sendall(f"POST /create HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode())
         got, reply_headers, body = _raw_reply(sock)
         assert got == status, body
         assert json.loads(body)["kind"] == "bad_request"
@@ -106,7 +109,7 @@ def test_content_length_is_strict_and_the_body_is_never_read(server, headers, st
         except OSError:
             sent_all = False
         assert not sent_all or _closed_by_peer(sock)
-    assert HttpEnvironment(server.url).task_ids(Split.TRAIN)  # still serving
+    assert served(server, "parallel").task_ids(Split.TRAIN)  # still serving
 
 
 def test_clients_that_stall_are_dropped(server):
@@ -116,11 +119,11 @@ def test_clients_that_stall_are_dropped(server):
     stalled = []
     for _ in range(50):
         s = socket.create_connection(_addr(server), timeout=5)
-        s.sendall(b"POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        s.sendall(b"POST /create HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         stalled.append(s)
     drips = [socket.create_connection(_addr(server), timeout=5) for _ in range(5)]
     start = time.monotonic()
-    env = HttpEnvironment(server.url, timeout_s=5)
+    env = served(server, "parallel", read_timeout_s=5)
     assert env.task_ids(Split.TRAIN)  # served while 55 are stalled
     for _ in range(6):  # 1.5 s of dripping, 0.25 s a byte
         for s in drips:
@@ -138,11 +141,11 @@ def test_clients_that_stall_are_dropped(server):
 
 
 def _timed_connect(addr: tuple[str, int]) -> float:
-    """Connects, checks that GET /env is answered, and returns how long the connect took."""
+    """Connects, checks that GET /health is answered, and returns how long the connect took."""
     start = time.monotonic()
     with socket.create_connection(addr, timeout=30) as sock:
         took = time.monotonic() - start
-        sock.sendall(b"GET /env HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         status, _, _ = _raw_reply(sock)
     assert status == 200
     return took
@@ -155,7 +158,7 @@ def test_200_concurrent_clients_without_a_reset():
     over 1 s is a dropped one, however loaded the machine (the kernel answers SYNs, not the
     server's threads). The old server's backlog of 5 dropped most of them."""
     n = 200
-    with EnvServer(PAR) as srv:
+    with OrsServer([PAR]) as srv:
         tid = PAR.task_ids(Split.TRAIN)[0]
         barrier = threading.Barrier(n, timeout=30)
         errors: list[str] = []
@@ -166,7 +169,7 @@ def test_200_concurrent_clients_without_a_reset():
             try:
                 barrier.wait()
                 connects.append(_timed_connect(_addr(srv)))
-                env = HttpEnvironment(srv.url, timeout_s=30)
+                env = served(srv, "parallel", read_timeout_s=30)
                 session = env.session(tid, i)
                 with tempfile.TemporaryDirectory() as tmp:
                     ws = Workspace(tmp)
@@ -198,15 +201,15 @@ def test_deep_and_malformed_json_are_400(server):
     host, port = _addr(server)
     conn = http.client.HTTPConnection(host, port, timeout=5)
     bodies = {
-        "deep": b'{"task_id": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
-        "deep-args": json.dumps({"tool": "solve", "args": {"x": json.loads("[" * 100 + "]" * 100)},
-                                 "ctx": {}}).encode(),
-        "not-utf8": b'{"task_id": "\xff\xfe"}',
-        "truncated": b'{"task_id": "parallel-train-0", "seed": ',
+        "deep": b'{"task_spec": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
+        "deep-args": json.dumps({"name": "solve", "input": {"x": json.loads("[" * 100 + "]" * 100)},
+                                 "avalon": {"ctx": {}}}).encode(),
+        "not-utf8": b'{"task_spec": {"task_id": "\xff\xfe"}, "avalon": 1}',
+        "truncated": b'{"task_spec": {"task_id": "parallel-train-0", "seed": ',
     }
     for name, body in bodies.items():
-        path = "/sessions/0000/call" if name == "deep-args" else "/sessions"
-        conn.request("POST", path, body=body)
+        path = "/parallel/call" if name == "deep-args" else "/create"
+        conn.request("POST", path, body=body, headers={"X-Session-ID": "0000"})
         resp = conn.getresponse()
         reply = json.loads(resp.read())
         assert resp.status == 400 and reply["kind"] == "bad_request", (name, reply)
@@ -217,28 +220,33 @@ def test_deep_and_malformed_json_are_400(server):
 def test_idle_sessions_expire_and_no_longer_lock_out_new_ones():
     """64 abandoned sessions fill the table; once they have been idle for the TTL they are
     reaped and a new session opens. A session in use is never reaped, and a reaped one answers
-    404. (The old server refused every new session forever.)"""
-    limits = ServerLimits(max_sessions=64, session_ttl_s=0.5)
-    with EnvServer(PAR, limits=limits) as srv:
-        env = HttpEnvironment(srv.url)
+    404. (The old server refused every new session forever.) A full table of fresh sessions
+    refuses the next one (checked with a long TTL: how fast a loaded machine opens 64 sessions
+    must not matter)."""
+    with OrsServer([PAR], limits=ServerLimits(max_sessions=64, session_ttl_s=900.0)) as srv:
+        env = served(srv, "parallel")
         tid = env.task_ids(Split.TRAIN)[0]
-        abandoned = [env.session(tid, i) for i in range(63)]
-        kept = env.session(tid, 99)
+        for i in range(64):
+            env.session(tid, i)
         with pytest.raises(EnvRequestError, match="64 sessions are open"):
             env.session(tid, 100)  # all 64 are fresh
-        for _ in range(4):  # `kept` stays in use past the TTL
+    with OrsServer([PAR], limits=ServerLimits(max_sessions=64, session_ttl_s=2.0)) as srv:
+        env = served(srv, "parallel")
+        abandoned = [env.session(tid, i) for i in range(63)]
+        kept = env.session(tid, 99)
+        until = time.monotonic() + 2.5  # every abandoned one is idle past the TTL by then
+        while time.monotonic() < until:  # `kept` stays in use meanwhile
             time.sleep(0.2)
             kept.brief("ceo", 0, "CEO", "")
-        time.sleep(0.05)
-        fresh = env.session(tid, 101)  # reaps the 63 idle ones
+        fresh = env.session(tid, 101)  # reaps the 63 idle ones (some maybe earlier)
         assert srv.open_sessions == 2 and srv.reaped == 63
         kept.brief("ceo", 0, "CEO", "")
-        with pytest.raises(EnvServerError, match="404 unknown_session.*idle over 0.5 s"):
+        with pytest.raises(EnvServerError, match="404 unknown_session.*idle over 2 s"):
             abandoned[0].brief("ceo", 0, "CEO", "")
         fresh.close(), kept.close()
 
 
-# ----- workspaces left by sandboxed code, in HTTP mode -----
+# ----- workspaces left by sandboxed code, mirrored by the extension -----
 
 COUNT = ToolSpec("count", "count the workspace's files", (Param("note", ParamType.STRING,
                                                                 required=False),))
@@ -304,8 +312,8 @@ def _hostile_workspace(root: str, *, over_limits: bool, link: bool) -> None:
 def test_a_workspace_over_the_caps_is_a_tool_error_in_a_call_and_graded_at_the_end():
     """Files past the total cap (left by code that escaped the caps, or put there by hand):
     the old client sent them, the server refused with a 400 and the driver crashed."""
-    with EnvServer(FilesEnv()) as srv, tempfile.TemporaryDirectory() as tmp:
-        env = HttpEnvironment(srv.url, timeout_s=30)
+    with OrsServer([FilesEnv()]) as srv, tempfile.TemporaryDirectory() as tmp:
+        env = served(srv, "files", read_timeout_s=30)
         session = env.session("files-train-0", 0)
         ws = Workspace(tmp)
         session.on_start(0, ws)
@@ -322,8 +330,8 @@ def test_links_and_fifos_never_travel_and_never_crash_the_end():
     """A link that inside the sandbox points at the workspace but in the trainer at its working
     directory, a directory link, a FIFO: the old client raised ToolError out of the driver at
     the end. Now they are not part of the workspace, as for the file tools in-process."""
-    with EnvServer(FilesEnv()) as srv, tempfile.TemporaryDirectory() as tmp:
-        env = HttpEnvironment(srv.url, timeout_s=30)
+    with OrsServer([FilesEnv()]) as srv, tempfile.TemporaryDirectory() as tmp:
+        env = served(srv, "files", read_timeout_s=30)
         session = env.session("files-train-0", 0)
         ws = Workspace(tmp)
         session.on_start(0, ws)
@@ -337,7 +345,7 @@ def test_links_and_fifos_never_travel_and_never_crash_the_end():
 
 
 def test_a_rollout_whose_code_leaves_a_proc_cwd_link_and_too_many_bytes_finishes():
-    """Through the driver in HTTP mode: run_code writes 20 MiB and a /proc/self/cwd link, then
+    """Through the driver over ORS: run_code writes 20 MiB and a /proc/self/cwd link, then
     an environment call, then the end. The old client raised out of the driver at the end."""
     code = ("import os\n"
             "for i in range(20):\n"
@@ -348,8 +356,8 @@ def test_a_rollout_whose_code_leaves_a_proc_cwd_link_and_too_many_bytes_finishes
                      step(call("run_code", path="evil.py")),
                      step(call("count")),
                      step(call("final_message", text="done"))]}
-    with EnvServer(FilesEnv()) as srv:
-        session = HttpEnvironment(srv.url, timeout_s=30).session("files-train-0", 0)
+    with OrsServer([FilesEnv()]) as srv:
+        session = served(srv, "files", read_timeout_s=30).session("files-train-0", 0)
         result, _, events = run_playbook(session, steps, budget=0)
     assert events_of(events, "end")
     count = events_of(events, "tool_call", tool="count")
@@ -402,18 +410,30 @@ def test_restore_never_writes_through_a_link():
 
 
 def test_an_idle_kept_alive_connection_is_closed_and_the_client_reconnects():
-    """The server closes a connection idle past read_timeout_s; the client's next request
-    (a session call, not idempotent) goes out once, on a fresh connection."""
-    with EnvServer(PAR, limits=ServerLimits(read_timeout_s=0.3)) as srv:
-        env = HttpEnvironment(srv.url, timeout_s=5)
+    """The server closes a connection idle past read_timeout_s; the client's next requests
+    (a brief, a call, the end: none idempotent) each run once, on a fresh connection."""
+    briefs = []
+
+    class Counting(ParallelSubtasks):
+        def session(self, task_id, seed, clock_s=None):
+            s = super().session(task_id, seed, clock_s)
+            brief = s.brief
+            s.brief = lambda *a: briefs.append(a) or brief(*a)
+            return s
+
+    limits = ServerLimits(read_timeout_s=0.3, session_ttl_s=900.0)
+    with OrsServer([Counting(ParallelConfig(n_train=4, n_heldout=2))], limits=limits) as srv:
+        env = served(srv, "parallel", read_timeout_s=5)
         tid = env.task_ids(Split.TRAIN)[0]
         session = env.session(tid, 0)
         with tempfile.TemporaryDirectory() as tmp:
             ws = Workspace(tmp)
             session.on_start(0, ws)
             time.sleep(0.8)  # the server drops the idle connection meanwhile
+            session.brief("ceo", 0, "CEO", "")
             ctx = CallContext("ceo", "CEO", 0.0, 0, ws)
             out = session.call("solve", {"id": "s1", "answer": 0}, ctx)
             assert isinstance(out, ToolOutcome)
+            time.sleep(0.8)
             session.on_end(EndContext(EndReason.FINAL_MESSAGE, "x", 0.0, ws))
-        assert srv.open_sessions == 0
+        assert srv.open_sessions == 0 and len(briefs) == 1

@@ -1,4 +1,5 @@
-"""Red-team attacks: the HTTP environment server and client (issue 17).
+"""Red-team attacks: the ORS environment server and client, with the Avalon extension that
+mirrors workspaces (docs/ors_extension.md; issue 17, first against the in-house protocol).
 
 Every server listens on 127.0.0.1 (an ephemeral port) and every wait has a timeout. An attack
 is blocked when the server refuses it cleanly (a 4xx, a dropped connection) and keeps serving,
@@ -6,6 +7,8 @@ a tool error when the agents' doing becomes a tool error, and a crash when it ha
 honest clients, answers 500 or raises out of the driver.
 """
 
+import http.client
+import json
 import select
 import socket
 import tempfile
@@ -13,9 +16,10 @@ import threading
 import time
 
 from avalon.envs.base import Split
-from avalon.envs.http_client import HttpEnvironment
-from avalon.envs.http_server import EnvServer, ServerLimits
+from avalon.envs.ors import OrsEnvironment
+from avalon.envs.ors_server import ORS_LIMITS, OrsServer
 from avalon.envs.parallel import ParallelConfig, ParallelSubtasks
+from avalon.envs.transport import ServerLimits
 from avalon.org import GroupSpec, OrgConfig, RolloutDriver, RolloutSpec
 from avalon.org.env import (
     CallContext,
@@ -35,9 +39,14 @@ from experiments.security.outcome import Attack, Outcome
 _PAR = ParallelSubtasks(ParallelConfig(n_train=4, n_heldout=2))
 
 
-def _addr(server: EnvServer) -> tuple[str, int]:
+def _addr(server: OrsServer) -> tuple[str, int]:
     host, port = server.url.removeprefix("http://").split(":")
     return host, int(port)
+
+
+def _client(server: OrsServer, name: str = "parallel", timeout_s: float = 30.0):
+    """An honest client: `OrsEnvironment` with the Avalon extension."""
+    return OrsEnvironment(server.url, name, extension=True, read_timeout_s=timeout_s)
 
 
 def _status_line(sock: socket.socket) -> tuple[str, bytes]:
@@ -56,8 +65,8 @@ def _status_line(sock: socket.socket) -> tuple[str, bytes]:
 
 def negative_content_length(tmp: str) -> tuple[Outcome, str]:
     """`Content-Length: -1` and a 70 MiB body: the old server read it all, past its cap."""
-    with EnvServer(_PAR) as server, socket.create_connection(_addr(server), timeout=5) as s:
-        s.sendall(b"POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
+    with OrsServer([_PAR]) as server, socket.create_connection(_addr(server), timeout=5) as s:
+        s.sendall(b"POST /create HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
         sent = [0]
 
         def flood():
@@ -74,7 +83,7 @@ def negative_content_length(tmp: str) -> tuple[Outcome, str]:
         line, data = _status_line(s)
         took = time.monotonic() - start
         t.join(timeout=10)
-        alive = bool(HttpEnvironment(server.url, timeout_s=5).task_ids(Split.TRAIN))
+        alive = bool(_client(server, timeout_s=5).task_ids(Split.TRAIN))
     if line.split()[1:2] == ["400"] and b"onnection: close" in data and alive:
         return Outcome.BLOCKED, (f"400 after {took * 1000:.0f} ms with the body unread "
                                  f"({sent[0]} of 70 MiB sent before the close)")
@@ -83,15 +92,15 @@ def negative_content_length(tmp: str) -> tuple[Outcome, str]:
 
 def headers_without_body(tmp: str) -> tuple[Outcome, str]:
     """50 clients send headers and no body; the old server held them open for good."""
-    limits = ServerLimits()
-    with EnvServer(_PAR) as server:
+    limits = ORS_LIMITS
+    with OrsServer([_PAR]) as server:
         held = []
         for _ in range(50):
             s = socket.create_connection(_addr(server), timeout=5)
-            s.sendall(b"POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+            s.sendall(b"POST /create HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
             held.append(s)
         start = time.monotonic()
-        served = bool(HttpEnvironment(server.url, timeout_s=5).task_ids(Split.TRAIN))
+        served = bool(_client(server, timeout_s=5).task_ids(Split.TRAIN))
         open_ = set(held)
         deadline = start + limits.read_timeout_s + 5
         while open_ and time.monotonic() < deadline:  # a dropped one reads as EOF or reset
@@ -113,14 +122,14 @@ def headers_without_body(tmp: str) -> tuple[Outcome, str]:
 
 
 def _connect_and_get(addr: tuple[str, int]) -> float:
-    """Connects (timed), sends GET /env and reads the reply; returns the connect time."""
+    """Connects (timed), sends GET /health and reads the reply; returns the connect time."""
     start = time.monotonic()
     with socket.create_connection(addr, timeout=30) as s:
         took = time.monotonic() - start
-        s.sendall(b"GET /env HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         line, _ = _status_line(s)
     if line.split()[1:2] != ["200"]:
-        raise ConnectionError(f"GET /env answered {line!r}")
+        raise ConnectionError(f"GET /health answered {line!r}")
     return took
 
 
@@ -130,7 +139,7 @@ def _concurrent(n: int) -> tuple[Outcome, str]:
     connect that takes over 1 s on loopback is a dropped connection."""
     errors: list[str] = []
     connects: list[float] = []
-    with EnvServer(_PAR) as server:
+    with OrsServer([_PAR]) as server:
         tid = _PAR.task_ids(Split.TRAIN)[0]
         barrier = threading.Barrier(n, timeout=60)
 
@@ -138,7 +147,7 @@ def _concurrent(n: int) -> tuple[Outcome, str]:
             try:
                 barrier.wait()
                 connects.append(_connect_and_get(_addr(server)))
-                env = HttpEnvironment(server.url, timeout_s=30)
+                env = _client(server)
                 session = env.session(tid, i)
                 with tempfile.TemporaryDirectory() as ws_dir:
                     ws = Workspace(ws_dir)
@@ -163,10 +172,10 @@ def _concurrent(n: int) -> tuple[Outcome, str]:
 
 def deep_json(tmp: str) -> tuple[Outcome, str]:
     """200,000 nested arrays: Python's parser raises RecursionError (the old server: 500)."""
-    body = b'{"task_id": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
-    with EnvServer(_PAR) as server, socket.create_connection(_addr(server), timeout=10) as s:
-        s.sendall(b"POST /sessions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
-                  % len(body) + body)
+    body = b'{"avalon": 1, "task_spec": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    with OrsServer([_PAR]) as server, socket.create_connection(_addr(server), timeout=10) as s:
+        s.sendall(b"POST /create HTTP/1.1\r\nHost: x\r\nX-Session-ID: deep\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
         line, _ = _status_line(s)
     if line.split()[1:2] == ["400"]:
         return Outcome.BLOCKED, f"{line.split(' ', 1)[1]}"
@@ -174,40 +183,47 @@ def deep_json(tmp: str) -> tuple[Outcome, str]:
 
 
 def idle_sessions(tmp: str) -> tuple[Outcome, str]:
-    """4,096 abandoned sessions (the table's size); the old server then refused every new one
-    forever. The TTL is 20 s here to keep the attack short (the default is 3,600 s: until then a
-    full table of fresh sessions is refused, as it must be)."""
+    """4,096 abandoned sessions (the table's size), created with the extension by a client
+    that never pings or deletes them; the old server then refused every new one forever. The
+    TTL is 20 s here to keep the attack short (the default is 900 s: until then a full table of
+    fresh sessions is refused, as it must be)."""
     limits = ServerLimits(session_ttl_s=20.0)
-    with EnvServer(_PAR, limits=limits) as server:
-        env = HttpEnvironment(server.url, timeout_s=30)
-        tid = env.task_ids(Split.TRAIN)[0]
+    with OrsServer([_PAR], limits=limits) as server:
+        tid = _PAR.task_ids(Split.TRAIN)[0]
+        host, port = _addr(server)
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+
+        def create(sid: str) -> int:
+            body = json.dumps({"task_spec": {"task_id": tid, "seed": 0}, "avalon": 1})
+            conn.request("POST", "/create", body, {"X-Session-ID": sid})
+            resp = conn.getresponse()
+            resp.read()
+            return resp.status
+
         start = time.monotonic()
-        for i in range(limits.max_sessions):
-            env.session(tid, i)
+        statuses = [create(f"abandoned-{i}") for i in range(limits.max_sessions)]
         filled = time.monotonic() - start
         opened = server.open_sessions
-        try:
-            env.session(tid, -1)
-            refused_while_fresh = False
-        except ValueError:
-            refused_while_fresh = True
+        refused_while_fresh = create("one-more") == 400
+        conn.close()
         time.sleep(max(0.0, limits.session_ttl_s + 0.2 - filled))
         start = time.monotonic()
         try:
-            env.session(tid, -2).close()
+            _client(server).session(tid, -2).close()
         except Exception as e:  # noqa: BLE001 - a refusal is the finding
             return Outcome.CRASH, f"new session refused after {opened} idle: {e}"
         took = time.monotonic() - start
         reaped = server.reaped
-    if opened < limits.max_sessions:
-        return Outcome.CRASH, f"only {opened} were open at once (filling took {filled:.1f} s)"
+    if opened < limits.max_sessions or set(statuses) != {200}:
+        return Outcome.CRASH, (f"only {opened} were open at once (filling took {filled:.1f} s; "
+                               f"statuses {sorted(set(statuses))})")
     return Outcome.BLOCKED, (f"{opened} sessions open (the next refused while fresh: "
                              f"{refused_while_fresh}); {reaped} reaped after the "
                              f"{limits.session_ttl_s:g} s TTL, the next opened in "
                              f"{took * 1000:.0f} ms")
 
 
-# ----- HTTP mode: a workspace sandboxed code left behind, at the end of an episode -----
+# ----- a workspace sandboxed code left behind, mirrored by the extension at the end -----
 
 _COUNT = ToolSpec("count", "count the workspace's files")
 
@@ -246,7 +262,7 @@ class _FilesEnv:
 
 
 def _episode(code: str) -> tuple[Outcome, str]:
-    """The CEO runs `code`, calls the environment, ends: all through the driver, HTTP mode."""
+    """The CEO runs `code`, calls the environment, ends: all through the driver, over ORS."""
     def step(*calls):
         return Step("", tuple(calls))
     steps = {"ceo": [step(("roster", {})),
@@ -255,8 +271,8 @@ def _episode(code: str) -> tuple[Outcome, str]:
                      step(("count", {})),
                      step(("final_message", {"text": "done"}))]}
     chat = ChatFormat(ByteTokenizer())
-    with EnvServer(_FilesEnv()) as server:
-        session = HttpEnvironment(server.url, timeout_s=30).session("files-train-0", 0)
+    with OrsServer([_FilesEnv()]) as server:
+        session = _client(server, "files").session("files-train-0", 0)
         driver = RolloutDriver(ScriptedPolicy(chat, Playbook(steps)), chat,
                                OrgConfig.scaled(8192))
         try:
@@ -285,12 +301,12 @@ def proc_cwd_link(tmp: str) -> tuple[Outcome, str]:
 
 
 ATTACKS = [
-    Attack("http: Content-Length -1 with a 70 MiB body", negative_content_length),
-    Attack("http: 50 clients send headers and no body", headers_without_body),
-    Attack("http: 50 concurrent clients", lambda tmp: _concurrent(50)),
-    Attack("http: 200 concurrent clients", lambda tmp: _concurrent(200)),
-    Attack("http: JSON nested 200,000 deep", deep_json),
-    Attack("http: 4,096 abandoned sessions, then a new one", idle_sessions),
-    Attack("http mode: workspace over the limits at episode end", workspace_over_limits),
-    Attack("http mode: /proc/self/cwd link at episode end", proc_cwd_link),
+    Attack("ors: Content-Length -1 with a 70 MiB body", negative_content_length),
+    Attack("ors: 50 clients send headers and no body", headers_without_body),
+    Attack("ors: 50 concurrent clients", lambda tmp: _concurrent(50)),
+    Attack("ors: 200 concurrent clients", lambda tmp: _concurrent(200)),
+    Attack("ors: JSON nested 200,000 deep", deep_json),
+    Attack("ors: 4,096 abandoned sessions, then a new one", idle_sessions),
+    Attack("ors: workspace over the limits at episode end", workspace_over_limits),
+    Attack("ors: /proc/self/cwd link at episode end", proc_cwd_link),
 ]
