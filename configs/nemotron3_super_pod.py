@@ -75,7 +75,7 @@ def make_environments(env):
     """The five built-in environments, each under its own clock, the curriculum scaling them
     all by the report's ratio (2 h -> 5.1 h: 1 -> 2.55). The clocks are those of
     configs/gpu_hybrid_2b.py, at which a single agent cannot finish (see there). Add
-    `avalon.envs.http_client` environments to train on an external environment server."""
+    `avalon.envs.ors.OrsEnvironment`s to train on an external environment server."""
     return [ParallelSubtasks(ParallelConfig(n_subtasks=(5, 8), cost_units=(1, 3), dep_prob=0.8,
                                             max_depth=1, unit_s=120.0, clock_s=600.0,
                                             seed=env.seed)),

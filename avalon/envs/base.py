@@ -1,5 +1,6 @@
 """The environment interface: what a training loop needs from an environment, in-process or
-over HTTP (`avalon/envs/http_server.py`, `avalon/envs/http_client.py`).
+over the Open Reward Standard (`avalon/envs/ors_server.py`, `avalon/envs/ors.py`, with the
+Avalon extension of docs/ors_extension.md).
 
 An `Environment` lists its tasks per split, describes a task (`Task`: prompt, tools as
 `ToolSpec`s with JSON schemas, wall-clock cap, objective) and opens one `EnvSession` per
@@ -50,8 +51,8 @@ class Environment(Protocol):
 
     @property
     def uses_workspace(self) -> bool:
-        """Whether sessions read the rollout's workspace (then HTTP sends a snapshot of it with
-        every call and with the end)."""
+        """Whether sessions read the rollout's workspace (then the ORS extension sends a
+        snapshot of it with every call and with the end)."""
         ...
 
     def task_ids(self, split: Split) -> tuple[str, ...]: ...

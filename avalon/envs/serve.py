@@ -7,7 +7,8 @@
 Environment or a list of them; MODULE is a dotted module or a path to a .py file. The server
 listens on 127.0.0.1 unless `--host` says otherwise (a warning is printed: the environments
 then answer anyone who can reach the port). `--budget` is the hire budget each session's
-`on_start` gets (a task spec's `budget` overrides it). Stops on Ctrl-C.
+`on_start` gets (a task spec's `budget` overrides it; an Avalon client, which speaks the
+extension of docs/ors_extension.md, sends each rollout's own). Stops on Ctrl-C.
 """
 
 from __future__ import annotations

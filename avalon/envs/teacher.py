@@ -6,7 +6,7 @@ card `AgentView.system`: task prompt, private brief, roster, tools; and the firs
 sees each turn's `AgentView` (observation, title, role) and a random generator seeded by the
 turn's sampling seed. Information moves between actors only through the simulator (hire roles,
 messages, reports, tool results), so the traces are valid SFT data, and a teacher plays sessions
-served over HTTP exactly as in-process ones.
+served over ORS exactly as in-process ones.
 
 Helpers below parse the simulator's observation lines (`avalon/org/prompts.py`).
 """

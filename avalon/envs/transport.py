@@ -1,5 +1,5 @@
-"""The hardened HTTP transport under both of Avalon's environment servers: its own protocol
-(`http_server.EnvServer`) and the Open Reward Standard (`ors_server.OrsServer`).
+"""The hardened HTTP transport under Avalon's environment server, the Open Reward Standard's
+(`ors_server.OrsServer`, with its Avalon extension: docs/ors_extension.md).
 
 An `HttpService` subclass implements `handle(method, path, query, body, headers)` and returns a
 JSON value (sent with a Content-Length on a kept-alive connection) or an `SseReply` (a
