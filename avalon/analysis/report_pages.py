@@ -190,7 +190,7 @@ def index_html(report: dict, images: dict[str, bytes], episodes: Sequence[tuple[
     """The page; with `embed_images` False it shows NAME.png files beside it instead of
     holding the images (a smaller page, e.g. the example under docs/)."""
     parts = [f"<h1>Run report</h1><p>{html.escape(report['run'])}: {report['rollouts']} logged "
-             f"rollouts{', commit ' + html.escape(report['commit']) if report['commit'] else ''}"
+             f"rollouts, at {html.escape(report.get('code') or 'an unrecorded commit')}"
              f"</p><h2>What it learnt</h2><p>{html.escape(report['learning'])}</p>"]
     comp_rows = []
     for c in report["comparisons"]:

@@ -78,6 +78,9 @@ def _check_outputs(run):
 def test_analyze_a_hand_built_run(tmp_path):
     run = tmp_path / "run"
     _hand_run(run)
+    # The code the run recorded at its start (avalon/train/config_history.py) is named.
+    (run / "config_history.jsonl").write_text(json.dumps(
+        {"step": 0, "changed": {}, "code": {"commit": "ab12" * 10, "dirty": True}}) + "\n")
     other = tmp_path / "single_rl"
     _write(other, 5, [("org", single_agent().events, {}), ("single", single_agent().events, {})])
     _analyze(run, other)
@@ -109,6 +112,9 @@ def test_analyze_a_hand_built_run(tmp_path):
     assert [r["episode"] for r in linked] == report["episodes"]
     assert all(r["step"] == 5 for r in linked)
     assert "Organisation vs single agent" in page
+    code = "commit ab12ab12ab12 with uncommitted changes"
+    assert report["code"] == code and report["learning"].startswith(f"Run `run` at {code} (")
+    assert f"at {code}</p>" in page
 
 
 def test_analyze_rejects_a_directory_without_logs(tmp_path):
