@@ -33,11 +33,12 @@ comments), bounded in size (`max_reply_bytes`) and time (`read_timeout_s` betwee
     tool raised) -> `ToolError`: the agent reads the message;
   * the duration is the declared `duration_s` of the metadata when the server gives one, else
     the measured wall time of the call (`measured=True`);
-  * retries with jittered exponential backoff on 429/5xx replies and dropped connections. A
-    stream that drops after its `task_id` is resumed by re-POSTing that `task_id`, which the
-    server answers by replaying the stored result: a retried call never runs twice. A stream
-    that drops after the server accepted the call but before any `task_id` is not retried
-    (the tool may have started): `EnvServerError`.
+  * retries with jittered exponential backoff on 429/5xx replies (not an Avalon server's 500
+    `env_error`: the environment raised, and a retry would run it again) and dropped
+    connections. A stream that drops after its `task_id` is resumed by re-POSTing that
+    `task_id`, which the server answers by replaying the stored result: a retried call never
+    runs twice. A stream that drops after the server accepted the call but before any
+    `task_id` is not retried (the tool may have started): `EnvServerError`.
 While a session is open a daemon thread pings it (`ping_s`) so the server does not reap it; the
 end calls the server's terminal tool with the CEO's final message when it has one and the
 episode is not finished (its reward is the final reward), then deletes the session.
