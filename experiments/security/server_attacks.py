@@ -198,7 +198,13 @@ def connections_cap(tmp: str) -> tuple[Outcome, str]:
             s = socket.create_connection(addr, timeout=10)
             s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the headers never end
             held.append(s)
-        time.sleep(1.0)  # every accepted connection has its thread by now
+        # Until the server has taken every connection (a thread each, or a 503): a loaded
+        # machine's accept loop lags the clients. Within the 10 s read timeout, which would
+        # start dropping the first ones.
+        deadline = time.monotonic() + 8.0
+        while server.connections + server.refused < n and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.2)  # the last accepted connections' threads start
         threads = threading.active_count() - before
         refused = _answered_503(held)
         for s in held:
