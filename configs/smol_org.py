@@ -8,7 +8,8 @@ then RLCR) and measured, on CPU.
 
 `zero_shot` evaluates the pretrained model as it is (no SFT, no RLCR) on each environment's
 held-out tasks: the organisation (budget 3) against a single agent. The default run is SFT then
-RLCR, sized to finish within an hour on 2 CPU cores (RESULTS.md, "A real language model").
+RLCR (24 SFT steps, 2 RLCR steps; about 1.5 h on 2 CPU cores shared with other runs: RESULTS.md,
+topic 7).
 `smoke` shrinks everything for a quick check.
 
 The model reads the toy's three co-ordination environments (parallel subtasks, hidden profile,
@@ -74,15 +75,18 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.budget, c.clock, c.progress = toy.budget, toy.clock, toy.progress
     c.sft = ml_collections.ConfigDict()
     c.sft.teacher_episodes = 8 if smoke else 64
-    c.sft.steps = 0 if zero else 2 if smoke else 30
+    # 24 steps of 2 packed rows are about one pass over the 64 episodes' rows. At 2e-4 SmolLM2
+    # writes tool calls in 88-100% of its organisation turns afterwards (RESULTS.md, topic 7);
+    # 5 steps at 2e-5 had changed nothing (0 calls in 92 turns).
+    c.sft.steps = 0 if zero else 2 if smoke else 24
     c.sft.batch_seqs = 2
     c.sft.micro_batches = 2  # one 2,048-token row at a time: a few GB at the update's peak
-    c.sft.lr = 2e-5
+    c.sft.lr = 2e-4
     c.sft.skills = ()  # a pretrained model brings its skills
     c.sft.skill_steps = 0
     c.sft.skill_seqs = 0
     c.rollout = ml_collections.ConfigDict()
-    c.rollout.steps = 0 if zero else 1 if smoke else 6
+    c.rollout.steps = 0 if zero else 1 if smoke else 2
     c.rollout.groups_per_step = 1 if smoke else 2
     c.rollout.rollouts_per_group = 2 if smoke else 4  # K
     c.rollout.seq_len = 2048
@@ -113,13 +117,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.engine.decode_dtype = "float32"
     c.engine.continuous = True
     c.eval = ml_collections.ConfigDict()
-    c.eval.every = 6  # after SFT and at the end
-    # Per environment; zero-shot plays 2 (12 rollouts: the README's measured command).
-    c.eval.tasks = 1 if smoke else 2 if zero else 4
+    c.eval.every = 2  # after SFT and at the end
+    # Per environment: 2 x 3 environments x 2 arms = 12 rollouts (the measured commands).
+    c.eval.tasks = 1 if smoke else 2
     c.eval.seeds = 1
     c.eval.budget = 3
     c.eval.clock_s = 300.0
-    c.checkpoint = ml_collections.ConfigDict({"every": 5, "keep": 2})
+    c.checkpoint = ml_collections.ConfigDict({"every": 1, "keep": 2})
     c.plots = True
     c.keep_event_logs = False
     return c
