@@ -167,8 +167,14 @@ class HttpService:
         """Called once the server has stopped: drop the sessions."""
 
     @property
-    def url(self) -> str:
+    def address(self) -> tuple[str, int]:
+        """(host, port) the server listens on (for raw-socket clients)."""
         host, port = self._httpd.server_address[:2]
+        return host, port
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
         return f"http://{host}:{port}"
 
     def start(self):

@@ -39,10 +39,6 @@ from experiments.security.outcome import Attack, Outcome
 _PAR = ParallelSubtasks(ParallelConfig(n_train=4, n_heldout=2))
 
 
-def _addr(server: OrsServer) -> tuple[str, int]:
-    host, port = server.url.removeprefix("http://").split(":")
-    return host, int(port)
-
 
 def _client(server: OrsServer, name: str = "parallel", timeout_s: float = 30.0):
     """An honest client: `OrsEnvironment` with the Avalon extension."""
@@ -65,7 +61,7 @@ def _status_line(sock: socket.socket) -> tuple[str, bytes]:
 
 def negative_content_length(tmp: str) -> tuple[Outcome, str]:
     """`Content-Length: -1` and a 70 MiB body: the old server read it all, past its cap."""
-    with OrsServer([_PAR]) as server, socket.create_connection(_addr(server), timeout=5) as s:
+    with OrsServer([_PAR]) as server, socket.create_connection(server.address, timeout=5) as s:
         s.sendall(b"POST /create HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n")
         sent = [0]
 
@@ -96,7 +92,7 @@ def headers_without_body(tmp: str) -> tuple[Outcome, str]:
     with OrsServer([_PAR]) as server:
         held = []
         for _ in range(50):
-            s = socket.create_connection(_addr(server), timeout=5)
+            s = socket.create_connection(server.address, timeout=5)
             s.sendall(b"POST /create HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
             held.append(s)
         start = time.monotonic()
@@ -146,7 +142,7 @@ def _concurrent(n: int) -> tuple[Outcome, str]:
         def client(i: int) -> None:
             try:
                 barrier.wait()
-                connects.append(_connect_and_get(_addr(server)))
+                connects.append(_connect_and_get(server.address))
                 env = _client(server)
                 session = env.session(tid, i)
                 with tempfile.TemporaryDirectory() as ws_dir:
@@ -173,7 +169,7 @@ def _concurrent(n: int) -> tuple[Outcome, str]:
 def deep_json(tmp: str) -> tuple[Outcome, str]:
     """200,000 nested arrays: Python's parser raises RecursionError (the old server: 500)."""
     body = b'{"avalon": 1, "task_spec": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
-    with OrsServer([_PAR]) as server, socket.create_connection(_addr(server), timeout=10) as s:
+    with OrsServer([_PAR]) as server, socket.create_connection(server.address, timeout=10) as s:
         s.sendall(b"POST /create HTTP/1.1\r\nHost: x\r\nX-Session-ID: deep\r\n"
                   b"Content-Length: %d\r\n\r\n" % len(body) + body)
         line, _ = _status_line(s)
@@ -186,7 +182,7 @@ def _abandon(server: OrsServer, n: int, prefix: str) -> list[int]:
     """Creates `n` sessions with the extension, as a client that never pings or deletes them;
     returns the statuses."""
     tid = _PAR.task_ids(Split.TRAIN)[0]
-    host, port = _addr(server)
+    host, port = server.address
     conn = http.client.HTTPConnection(host, port, timeout=30)
     body = json.dumps({"task_spec": {"task_id": tid, "seed": 0}, "avalon": 1})
     statuses = []

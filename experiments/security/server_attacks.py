@@ -64,10 +64,6 @@ class _SlowStartEnv:
         return ()
 
 
-def _addr(url: str) -> tuple[str, int]:
-    host, port = url.removeprefix("http://").split(":")
-    return host, int(port)
-
 
 def _post(addr, path: str, body: dict, headers: dict | None = None,
           timeout: float = 60) -> tuple[int, bytes]:
@@ -92,7 +88,7 @@ def ors_sessions_race(tmp: str) -> tuple[Outcome, str]:
     n, cap = 120, 20
     with OrsServer([_SlowStartEnv()], limits=ServerLimits(session_ttl_s=900.0,
                                                           max_sessions=cap)) as server:
-        addr = _addr(server.url)
+        addr = server.address
         statuses: list[int] = []
         barrier = threading.Barrier(n, timeout=60)
 
@@ -191,7 +187,7 @@ def connections_cap(tmp: str) -> tuple[Outcome, str]:
     thread, and the server must still serve the next client once they go."""
     n = 700
     with OrsServer([_PAR]) as server:
-        addr = _addr(server.url)
+        addr = server.address
         held, refused = [], 0
         before = threading.active_count()
         for _ in range(n):
@@ -226,7 +222,7 @@ def inflight_bodies(tmp: str) -> tuple[Outcome, str]:
     n, size = 16, 55 << 20
     chunk = b"x" * (1 << 20)
     with OrsServer([_PAR]) as server:
-        addr = _addr(server.url)
+        addr = server.address
         socks, refused, sent = [], 0, 0
         for _ in range(n):
             s = socket.create_connection(addr, timeout=10)
@@ -300,7 +296,7 @@ def worker_threads_cap(tmp: str) -> tuple[Outcome, str]:
     _Slow.gate.clear()
     _Slow.entered = 0
     with OrsServer([_SlowEnv()]) as server:
-        addr = _addr(server.url)
+        addr = server.address
         sids = [uuid.uuid4().hex for _ in range(n)]
         for sid in sids:
             status, _ = _post(addr, "/create", {"split": "train", "index": 0},

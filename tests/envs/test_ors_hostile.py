@@ -41,10 +41,6 @@ from tests.org.helpers import call, events_of, run_playbook, step
 PAR = ParallelSubtasks(ParallelConfig(n_train=4, n_heldout=2))
 
 
-def _addr(server: OrsServer) -> tuple[str, int]:
-    host, port = server.url.removeprefix("http://").split(":")
-    return host, int(port)
-
 
 def _raw_reply(sock: socket.socket) -> tuple[int, dict, bytes]:
     """(status, headers, body) of one reply read from a raw socket (its timeout bounds it)."""
@@ -95,7 +91,7 @@ def test_content_length_is_strict_and_the_body_is_never_read(server, headers, st
     """The reply comes before a byte of the body is sent (the server cannot have read it), is
     a JSON 4xx, and the connection is closed so the unread body is never parsed as a request.
     The old server read a `-1` body until EOF (70 MiB past its cap) and never answered."""
-    with socket.create_connection(_addr(server), timeout=5) as sock:
+    with socket.create_connection(server.address, timeout=5) as sock:
         extra = f"{headers}\r\n" if headers else ""
         sock.sendall(f"POST /create HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode())
         got, reply_headers, body = _raw_reply(sock)
@@ -118,10 +114,10 @@ def test_clients_that_stall_are_dropped(server):
     open for as long as they liked."""
     stalled = []
     for _ in range(50):
-        s = socket.create_connection(_addr(server), timeout=5)
+        s = socket.create_connection(server.address, timeout=5)
         s.sendall(b"POST /create HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
         stalled.append(s)
-    drips = [socket.create_connection(_addr(server), timeout=5) for _ in range(5)]
+    drips = [socket.create_connection(server.address, timeout=5) for _ in range(5)]
     start = time.monotonic()
     env = served(server, "parallel", read_timeout_s=5)
     assert env.task_ids(Split.TRAIN)  # served while 55 are stalled
@@ -168,7 +164,7 @@ def test_200_concurrent_clients_without_a_reset():
         def client(i: int) -> None:
             try:
                 barrier.wait()
-                connects.append(_timed_connect(_addr(srv)))
+                connects.append(_timed_connect(srv.address))
                 env = served(srv, "parallel", read_timeout_s=30)
                 session = env.session(tid, i)
                 with tempfile.TemporaryDirectory() as tmp:
@@ -198,7 +194,7 @@ def test_200_concurrent_clients_without_a_reset():
 def test_deep_and_malformed_json_are_400(server):
     """Python's parser raises RecursionError on deep input: that was a 500; now any malformed
     body is a 400 and the server keeps serving."""
-    host, port = _addr(server)
+    host, port = server.address
     conn = http.client.HTTPConnection(host, port, timeout=5)
     bodies = {
         "deep": b'{"task_spec": ' + b"[" * 200_000 + b"]" * 200_000 + b"}",
