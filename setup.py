@@ -22,8 +22,9 @@ EXTRAS = {
     # gcsfs and gcp-storage-emulator (a loopback GCS server) run a gs:// workdir end to end
     # (tests/train/test_remote_workdir.py). hypothesis generates the tool arguments of the
     # security fuzz (tests/security/test_tool_fuzz.py). import-linter checks the layers of
-    # docs/architecture.md (`lint-imports`, .importlinter).
-    "test": ["pytest", "ruff", "nbclient", "nbformat", "ipykernel", "gcsfs",
+    # docs/architecture.md (`lint-imports`, .importlinter). pytest-xdist runs the suite on
+    # every core (`python -m pytest -n 2`).
+    "test": ["pytest", "pytest-xdist", "ruff", "nbclient", "nbformat", "ipykernel", "gcsfs",
              "gcp-storage-emulator", "hypothesis", "import-linter"],
     # A gs:// workdir (pod runs): etils.epath and TensorBoard reach GCS through gcsfs.
     "gcs": ["gcsfs"],

@@ -4,14 +4,21 @@ XLA's CPU compiler dominates the suite's time. Two remedies: LLVM optimisation l
 the compile of a model gradient, ~25 s -> ~11 s on 2 cores, while the tiny programs run about as
 fast), and the persistent compilation cache (keyed by the lowered program), which turns the
 many tests that compile the same computation through different closures into cache loads.
+The default suite runs as `python -m pytest -n 2` (pytest-xdist, a test file to a worker): both
+workers and the `avalon.main` processes tests start share the one cache. JAX writes an entry in
+place, so a process may read an entry another is still writing; it then warns and compiles the
+program itself (avalon's commands ignore warnings unless `--verbose`).
 """
 
 import os
 import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_backend_optimization_level=0").strip()
+# Once: pytest-xdist's workers inherit the flags their parent set, and a repeated flag is another
+# XLA_FLAGS string, so another key for every program in the compilation cache.
+if "--xla_backend_optimization_level=0" not in os.environ.get("XLA_FLAGS", "").split():
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_backend_optimization_level=0").strip()
 
 import jax  # noqa: E402
 

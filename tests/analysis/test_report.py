@@ -123,6 +123,7 @@ def test_analyze_rejects_a_directory_without_logs(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_analyze_the_toy_smoke_run(toy_smoke_run):
     _analyze(toy_smoke_run)
     report, _ = _check_outputs(toy_smoke_run)

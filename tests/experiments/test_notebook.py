@@ -37,6 +37,7 @@ def test_the_repository_url_is_not_a_placeholder():
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_notebook_runs_as_shipped(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", REPO)  # the kernel imports this checkout's avalon
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")

@@ -69,3 +69,36 @@ def test_llama_family_counts_match_transformers():
         model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
         cfg = hf_config.from_hf(hf_cfg.to_dict())
         assert accounting.param_counts(cfg)["total"] == model.num_parameters(), cls.__name__
+
+
+def test_training_flops_are_the_compiled_steps_matmuls():
+    """The MFU's numerator (`train_flops_per_token` x tokens) against the dot FLOPs of the
+    compiled forward and gradient of a Llama-family model (attention, SwiGLU, tied head; every
+    weight a matmul): XLA computes the whole S x S score and value products where the
+    accounting, by its causal convention, counts the average context S / 2, so the compiled
+    count is the accounting's plus that masked half; the gradient is exactly 3 x the forward."""
+    import jax
+    import jax.numpy as jnp
+
+    from avalon.model import model
+    from avalon.model.params import init_params
+    from experiments.scale import hlo_stats
+
+    cfg = presets.get("tiny_llama")
+    b, s = 2, 64
+    params = init_params(jax.random.key(0), cfg)
+    tokens = jax.random.randint(jax.random.key(1), (b, s), 0, cfg.vocab_size)
+
+    def loss(p, t):
+        logp = jax.nn.log_softmax(model.forward(p, t, cfg).logits)
+        return -jnp.mean(jnp.take_along_axis(logp, jnp.roll(t, -1, 1)[..., None], -1))
+
+    def dot_flops(fn):
+        return hlo_stats.analyse(jax.jit(fn).lower(params, tokens).compile().as_text()).flops
+
+    masked_half = cfg.count("*") * 4 * cfg.num_attention_heads * cfg.head_dim * (s / 2)
+    forward = accounting.forward_flops_per_token(cfg, s)
+    compiled = (forward + masked_half) * b * s
+    assert dot_flops(lambda p, t: model.forward(p, t, cfg).logits) == compiled
+    assert dot_flops(jax.grad(loss)) == 3 * compiled
+    assert accounting.train_flops_per_token(cfg, s) == 3 * forward

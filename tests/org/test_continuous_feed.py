@@ -90,6 +90,8 @@ def params():
     return M.init_params(jax.random.key(0), TINY)
 
 
+@pytest.mark.slow  # ~30 s warm, ~75-110 s cold: the engine three ways (.ci/run runs it)
+@pytest.mark.ci
 def test_engine_fed_continuously_samples_the_same_turns_as_ticks(params):
     tick, tick_stats, _ = _engine_run(params, continuous=False)
     cont, cont_stats, policy = _engine_run(params, continuous=True)

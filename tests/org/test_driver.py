@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from avalon.org import GroupSpec, OrgConfig, PromptStyle, RolloutDriver, RolloutSpec
+from avalon.org.latency import model_call_seconds, replay
 from avalon.org.policy import AgentView, Playbook, ScriptedPolicy, Step
 from avalon.rl.types import Objective, RolloutGroup
 from tests.org.helpers import CHAT, call, events_of, run_playbook, step
@@ -117,6 +118,22 @@ def test_latency_buys_parallelism(run):
     # cost of planning and co-ordinating); past two hires the longest part (40 s) dominates.
     assert lat[0] > 90 and lat[0] > lat[1] > max(lat[2], lat[3]) and lat[3] < 50
     assert share[0] == 1.0 and share[3] < 1.0
+    # The same numbers by hand from each log: alone, the CEO's clock is every part's work plus
+    # every model call's rule-1 time; with hires, the work on the critical path is what the
+    # slowest worker did (the CEO keeps b + c with one hire, c with two; solver c with three).
+    for g, work in zip(result.groups, (90.0, 70.0, 40.0, 40.0)):
+        events = result.logs[g.group_id][0].events
+        report = replay(events)
+        assert report.task_latency_s == g.rollouts[0].metrics["latency_s"]
+        on_path = [events[i] for i in report.critical_path]
+        assert sum(e["duration_s"] for e in on_path if e["kind"] == "tool_call") == work
+        model_s = sum(model_call_seconds(e["n_in_new"], e["n_out"]) for e in on_path
+                      if e["kind"] == "model_call")
+        assert report.task_latency_s == pytest.approx(work + model_s, abs=1e-9)
+        if work == 90.0:  # one agent: every event is on the path
+            assert model_s == pytest.approx(sum(
+                model_call_seconds(e["n_in_new"], e["n_out"]) for e in events
+                if e["kind"] == "model_call"), abs=1e-9)
 
 
 def test_same_seed_same_outputs_byte_identical(run):

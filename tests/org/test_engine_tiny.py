@@ -130,6 +130,8 @@ def _check(result, ticks, engine, budgets):
     assert not engine._allocated.any()  # every slot released
 
 
+@pytest.mark.slow  # ~15 s warm, ~50 s cold (.ci/run runs it)
+@pytest.mark.ci
 def test_tiny_engine_one_call_per_tick(params):
     budgets = (0, 1, 2, 3)
     result, ticks, engine = _run(params, budgets, num_slots=8, first_wave=lambda b: b // 2,

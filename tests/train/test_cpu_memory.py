@@ -42,6 +42,8 @@ def _run(mode: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
+@pytest.mark.ci
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator (Linux)")
 def test_step_memory_is_kept_between_calls():
     default, kept = _run("default"), _run("keep")

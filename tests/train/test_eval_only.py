@@ -2,6 +2,8 @@
 run's params once (the budget sweep's `from=` form), and gives what the trained run's own
 evaluation of the same params gave: the same tasks, seeds and policy."""
 
+import pytest
+
 from tests.train.runner import deterministic, metrics, run_main
 
 
@@ -9,6 +11,8 @@ def _evals(workdir):
     return [r for r in metrics(workdir) if r["phase"] == "eval"]
 
 
+@pytest.mark.slow
+@pytest.mark.ci
 def test_evaluation_only_run_reproduces_the_trained_runs_evaluation(tmp_path):
     src, dst = tmp_path / "trained", tmp_path / "evaluated"
     run_main(src, "--config.rollout.steps=0")  # 2 SFT steps, then the evaluation at step 2

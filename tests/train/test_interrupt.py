@@ -35,6 +35,7 @@ def _steps(workdir):
 
 
 @pytest.mark.slow  # three micro runs (~2 min on 2 idle cores); .ci/run runs it
+@pytest.mark.ci
 def test_ctrl_c_says_where_it_stopped_and_a_changed_config_is_refused_or_recorded(tmp_path):
     work = tmp_path / "run"
     log = open(tmp_path / "stderr", "w+")

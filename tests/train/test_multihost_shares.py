@@ -67,6 +67,7 @@ def test_two_processes_of_four_devices_match_one_of_eight(tmp_path):
     rl = [r for r in b if r["phase"] == "rl"]
     assert [r["batch/groups"] for r in rl] == [1, 2, 3]  # an empty share, then even, uneven
     assert all(r["processes"] == 2 for r in rl)
+    assert any(r["train/loss_tokens"] > 0 for r in rl)  # some update learned (not all skipped)
     for ra, rb in zip(a, b):
         for key in _COUNTS:
             assert ra.get(key) == rb.get(key), (ra["phase"], ra["step"], key)

@@ -13,6 +13,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 from avalon.checkpoint.train_state import TrainCheckpointer
 from tests.train.runner import deterministic, metrics, run_main, start_main
@@ -33,6 +34,8 @@ def _final_state(workdir):
     return jax.tree.map(np.asarray, state), host
 
 
+@pytest.mark.slow
+@pytest.mark.ci
 def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path):
     ref, work = tmp_path / "ref", tmp_path / "killed"
     # The reference run and the run to kill go side by side: a warm-cache run is mostly

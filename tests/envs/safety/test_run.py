@@ -161,6 +161,7 @@ def test_smoke_run_mode_on_a_run_directory(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_smoke_two_tiny_checkpoints_all_scenarios(tmp_path):
     a, b, _ = _save_checkpoints(tmp_path)
     out = tmp_path / "out"
