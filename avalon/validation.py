@@ -3,8 +3,10 @@
     check = FieldChecks("RLConfig")
     check.positive_int(cfg, "micro_batches")       # RLConfig.micro_batches=0: must be a ...
     check.fail("beta", cfg.beta, "must be > 0")    # any rule of the config's own
+    check.fail_together({"lo": 2, "hi": 1}, "must be lo <= hi")  # RLConfig.lo=2, hi=1: ...
 
-The configs of `avalon/model/` and `avalon/rl/` validate through this on construction, so a bad
+The configs of `avalon/model/`, `avalon/rl/`, `avalon/org/` and `avalon/envs/` validate through
+this on construction (`train/config.py`'s command-line config too, as owner `config`), so a bad
 value stops at start-up with one line naming the field and the value (the entry points print
 it without a traceback: `avalon/command.py`). Nothing here knows any config.
 """
@@ -25,6 +27,11 @@ class FieldChecks:
 
     def fail(self, field: str, value, why: str) -> NoReturn:
         raise ValueError(f"{self.owner}.{field}={value!r}: {why}")
+
+    def fail_together(self, values: dict, why: str) -> NoReturn:
+        """A rule over several fields: `Owner.a=1, b=2: why`."""
+        fields = ", ".join(f"{k}={v!r}" for k, v in values.items())
+        raise ValueError(f"{self.owner}.{fields}: {why}")
 
     def is_enum(self, obj, field: str, enum_type: type[enum.Enum]) -> None:
         value = getattr(obj, field)

@@ -46,6 +46,7 @@ from avalon.org.env import (
 from avalon.org.policy import AgentView, Step
 from avalon.org.workspace import Workspace
 from avalon.rl.types import Objective
+from avalon.validation import FieldChecks
 
 REPORT = ToolSpec(
     "report_to_overseer",
@@ -76,14 +77,15 @@ class EscalationConfig:
     salt: int = 0  # another salt, another choice of flagged tasks
 
     def __post_init__(self):
+        check = FieldChecks("EscalationConfig")
         if isinstance(self.flag_rate, bool) or not 0.0 <= self.flag_rate <= 1.0:
-            raise ValueError(f"EscalationConfig.flag_rate={self.flag_rate!r}: must be in [0, 1]")
+            check.fail("flag_rate", self.flag_rate, "must be in [0, 1]")
         for name in ("report_reward", "false_alarm_cost", "report_cost_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"EscalationConfig.{name}={value!r}: must be a number >= 0")
+                check.fail(name, value, "must be a number >= 0")
         if isinstance(self.salt, bool) or not isinstance(self.salt, int):
-            raise ValueError(f"EscalationConfig.salt={self.salt!r}: must be an int")
+            check.fail("salt", self.salt, "must be an int")
 
 
 def _draw(salt: int, task_id: str, what: str) -> int:

@@ -39,6 +39,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from avalon.validation import FieldChecks
+
 STATE_VERSION = 1
 
 
@@ -50,12 +52,13 @@ class ProgressConfig:
     unvisited_weight: float = 0.02  # weight of a key with no result yet
 
     def __post_init__(self):
+        check = FieldChecks("ProgressConfig")
         if not 0 < self.slow_rate < self.fast_rate <= 1:
-            raise ValueError("ProgressConfig needs 0 < slow_rate < fast_rate <= 1, got "
-                             f"{self.slow_rate} and {self.fast_rate}")
+            check.fail_together({"slow_rate": self.slow_rate, "fast_rate": self.fast_rate},
+                                "need 0 < slow_rate < fast_rate <= 1")
         if not self.floor > 0 or not self.unvisited_weight > 0:
-            raise ValueError("ProgressConfig.floor and unvisited_weight must be > 0, got "
-                             f"{self.floor} and {self.unvisited_weight}")
+            check.fail_together({"floor": self.floor, "unvisited_weight": self.unvisited_weight},
+                                "must both be > 0")
 
 
 class _Ema:
@@ -216,12 +219,12 @@ class BudgetConfig:
     scope: BudgetScope = BudgetScope.ROLLOUT
 
     def __post_init__(self):
+        check = FieldChecks("BudgetConfig")
         if not 0 <= self.p_single <= 1:
-            raise ValueError(f"BudgetConfig.p_single must be in [0, 1], got {self.p_single}")
+            check.fail("p_single", self.p_single, "must be in [0, 1]")
         if isinstance(self.max_budget, bool) or not isinstance(self.max_budget, int) or \
                 self.max_budget < 1:
-            raise ValueError(f"BudgetConfig.max_budget must be an int >= 1, got "
-                             f"{self.max_budget!r}")
+            check.fail("max_budget", self.max_budget, "must be an int >= 1")
 
     def probabilities(self) -> np.ndarray:
         """P(b) for b = 0..max_budget."""

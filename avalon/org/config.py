@@ -8,6 +8,7 @@ import enum
 from avalon.org.channels import Subscription
 from avalon.org.latency import MIN_MODEL_CALL_S
 from avalon.org.workspace import WorkspaceLimits
+from avalon.validation import FieldChecks
 
 REAL_WINDOW = 131072
 REAL_SUMMARY_CAP = 12000
@@ -64,24 +65,28 @@ class OrgConfig:
     text_tool_calls: bool = False
 
     def __post_init__(self):
+        check = FieldChecks("OrgConfig")
         positive = ("window", "summary_cap", "max_new_tokens", "max_turns", "max_calls_per_turn",
                     "max_result_tokens", "max_obs_tokens", "trace_read_tokens", "snippet_chars")
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ValueError(f"OrgConfig.{name} must be > 0, got {getattr(self, name)}")
+                check.fail(name, getattr(self, name), "must be > 0")
         if not 0 < self.elide_target_ratio <= self.compaction_ratio < 1:
-            raise ValueError("OrgConfig needs 0 < elide_target_ratio <= compaction_ratio < 1, "
-                             f"got {self.elide_target_ratio} and {self.compaction_ratio}")
+            check.fail_together({"elide_target_ratio": self.elide_target_ratio,
+                                 "compaction_ratio": self.compaction_ratio},
+                                "need 0 < elide_target_ratio <= compaction_ratio < 1")
         if not self.schedule_horizon_s >= 0:
-            raise ValueError("OrgConfig.schedule_horizon_s must be >= 0 (inf for lock-step), "
-                             f"got {self.schedule_horizon_s}")
+            check.fail("schedule_horizon_s", self.schedule_horizon_s,
+                       "must be >= 0 (inf for lock-step)")
         if self.keep_recent_obs < 0:
-            raise ValueError(f"OrgConfig.keep_recent_obs must be >= 0, got {self.keep_recent_obs}")
+            check.fail("keep_recent_obs", self.keep_recent_obs, "must be >= 0")
         if self.trigger_tokens + self.max_new_tokens + self.summary_cap > self.window:
-            raise ValueError(
-                f"OrgConfig: trigger_tokens {self.trigger_tokens} + max_new_tokens "
-                f"{self.max_new_tokens} + summary_cap {self.summary_cap} exceeds the window "
-                f"{self.window} (the organisation also checks the summary request fits)")
+            check.fail_together(
+                {"window": self.window, "compaction_ratio": self.compaction_ratio,
+                 "max_new_tokens": self.max_new_tokens, "summary_cap": self.summary_cap},
+                f"the compaction trigger ({self.trigger_tokens} tokens) + max_new_tokens + "
+                "summary_cap exceed the window (the organisation also checks the summary "
+                "request fits)")
 
     @property
     def trigger_tokens(self) -> int:

@@ -57,6 +57,12 @@ class LossKind(enum.Enum):
     SFT = "sft"  # next-token cross-entropy on loss tokens (the SFT stage before RL)
 
 
+# GKPO's utility exponent, defined once: the loss's `RLConfig.beta` and the wealth environment's
+# reported utility (`envs/wealth`, `WealthConfig.utility_beta`) both default to it.
+# R_i = u_beta(W_T / W_0) = (x^beta - 1) / beta, bounded below by -1/beta.
+GKPO_BETA = 0.2582
+
+
 @dataclasses.dataclass(frozen=True)
 class RLConfig:
     """Advantages, losses, packing and optimiser settings of the RL core."""
@@ -67,7 +73,7 @@ class RLConfig:
     eps_high: float = 5.0  # the report's value
     cap_mode: CapMode = CapMode.DELTA
     # GKPO: R_i = u_beta(W_T / W_0) = (x^beta - 1) / beta; bounded below by -1/beta.
-    beta: float = 0.2582
+    beta: float = GKPO_BETA
     # Advantages and shaping.
     underhire_slope: float = 0.1  # our reading: reward units per unused hire slot
     malformed_penalty: float = -0.1  # per token of a turn whose tool call did not parse

@@ -7,7 +7,7 @@ logs its rollouts beside the evaluation's (an index `index-baselines.jsonl`, rea
   agent on the same task whose submissions (final_message and the task's own submission tools)
   are refused with the "keep improving" message until it has written as many output tokens as
   that rollout did (`avalon/envs/keep_improving.py`). It samples with the single arm's seeds
-  (the organisation rollout's seed + 1000 in `evaluation.py`'s scheme), so it differs from the
+  (the organisation rollout's seed + 1000: `eval_seeds.py`), so it differs from the
   single agent only by the refusals, and runs under `eval.s8_clock_s` (0: the evaluation clock
   x (1 + budget): time to write the organisation's tokens alone) with `OrgConfig.max_turns` x
   (1 + budget) turns (the turns the organisation's agents had together). Waiting with nothing
@@ -36,12 +36,11 @@ from avalon.envs.keep_improving import KeepImprovingSession
 from avalon.org.config import OrgConfig
 from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
 from avalon.org.events import EventKind, read_jsonl
+from avalon.train.eval_seeds import SINGLE_ARM_OFFSET, rollout_seed
 from avalon.train.org_metrics import rollout_metrics
 
 _GROUP_BASE = 1_000_000  # baseline group ids never collide with the evaluation's
 _BEST_OF_K_SEED = 30_000_000
-_SINGLE_SEED_OFFSET = 1000  # evaluation.py: the single arm's seed = the org arm's + 1000
-SWEEP_SEED_STRIDE = 2000  # evaluation.py: (task index x 2 arms) x 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +78,7 @@ def _s8_arms(eval_cfg, envs, log_dir: str, clock_start_s: float) -> list[_Arm]:
             env.session(start["task_id"], seed=int(entry.extra["seed_index"]), clock_s=clock),
             min_tokens_out=tokens)
         out.append(_Arm("s8", RolloutSpec(session, budget=0,
-                                          seed=int(start["seed"]) + _SINGLE_SEED_OFFSET),
+                                          seed=int(start["seed"]) + SINGLE_ARM_OFFSET),
                         entry.env, start["task_id"],
                         {"matched_tokens_out": tokens, "org_file": entry.file,
                          "clock_s": clock}, turns_scale=1 + eval_cfg.budget))
@@ -106,7 +105,7 @@ def _sweep_arms(eval_cfg, envs, seed0: int, clock_start_s: float) -> list[_Arm]:
                 clock = _scaled_clock(env, task_id, sweep_clock, clock_start_s)
                 for a, (arm, budget) in enumerate((("org", eval_cfg.budget), ("single", 0))):
                     for s in range(eval_cfg.seeds):
-                        seed = seed0 + t * SWEEP_SEED_STRIDE + a * 1000 + s
+                        seed = rollout_seed(t, a, s, base=seed0)
                         out.append(_Arm(f"{arm}@{sweep_clock:g}s", RolloutSpec(
                             env.session(task_id, seed=s, clock_s=clock), budget=budget,
                             seed=seed), env.name, task_id, {"clock_s": clock}))

@@ -14,7 +14,8 @@ from avalon import paths
 from avalon.analysis.logs import step_dir
 from avalon.org.engine_policy import EnginePolicy
 from avalon.train import baselines, loop
-from avalon.train.evaluation import EVAL_SEED, evaluate
+from avalon.train.eval_seeds import EVAL_SEED
+from avalon.train.evaluation import evaluate
 
 
 def evaluate_latest(config, workdir: str, progress=None) -> dict:

@@ -34,6 +34,7 @@ from avalon.rl.config import RLConfig, check_rl_sampling
 from avalon.sharding import MESH_AXES
 from avalon.train import batch_plan
 from avalon.train.skills import Skill
+from avalon.validation import FieldChecks
 
 # The organisation's hire budget at most: the report samples b up to 8 (9 agents at most).
 MAX_HIRES = 8
@@ -208,7 +209,7 @@ def config_arg(arg: str, accepted: tuple[str, ...]) -> str:
 
 
 def _fail(path: str, value, why: str):
-    raise ValueError(f"config.{path}={value!r}: {why}")
+    FieldChecks("config").fail(path, value, why)
 
 
 def _coerce(path: str, value, annotation):

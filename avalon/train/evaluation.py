@@ -25,11 +25,9 @@ from avalon.envs.base import Environment, Split
 from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
 from avalon.org.engine_policy import EnginePolicy
 from avalon.train import distributed, host_metrics
+from avalon.train.eval_seeds import rollout_seed
 from avalon.train.org_metrics import rollout_sums
 from avalon.train.setup import Setup
-
-_EVAL_SEED = 10_000_000  # eval seeds never collide with training rollout seeds
-EVAL_SEED = _EVAL_SEED  # for the baselines' clock sweeps (the same seeds, other clocks)
 
 
 def eval_clock(cfg, env: Environment, task_id: str) -> float:
@@ -93,7 +91,7 @@ def evaluate(setup: Setup, engine, *, log_dir: str | None = None, at_step: int =
             for a_index, (arm, budget) in enumerate(arms):
                 rollouts = tuple(
                     RolloutSpec(env.session(task_id, seed=s, clock_s=clock), budget=budget,
-                                seed=_EVAL_SEED + (t_index * len(arms) + a_index) * 1000 + s)
+                                seed=rollout_seed(t_index, a_index, s))
                     for s in range(cfg.eval.seeds))
                 pair.append((arm, GroupSpec(group_id=gid, rollouts=rollouts),
                              [IndexEntry(rollout_file(gid, i), "eval", at_step, at_rl_step,

@@ -70,7 +70,8 @@ from avalon.train import (
 )
 from avalon.train.config import TrainConfig, describe, from_config_dict, groups_at
 from avalon.train.distributed import allgather_json, barrier, host_shard, open_collectives
-from avalon.train.evaluation import EVAL_SEED, evaluate
+from avalon.train.eval_seeds import EVAL_SEED
+from avalon.train.evaluation import evaluate
 from avalon.train.setup import Setup, Switch, build, global_batch, initial_params
 from avalon.train.sft import SFTBatches, teacher_traces
 from avalon.train.telemetry import Telemetry

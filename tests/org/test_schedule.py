@@ -157,7 +157,7 @@ def test_pick_batch_horizon_and_next_effect():
     with pytest.raises(ValueError, match="not before the next effect"):
         pick_batch(ready, 10.0, MIN_MODEL_CALL_S)
     assert MIN_MODEL_CALL_S == model_call_seconds(0, 1) == 0.02
-    with pytest.raises(ValueError, match="schedule_horizon_s must be >= 0"):
+    with pytest.raises(ValueError, match=r"OrgConfig\.schedule_horizon_s=-1\.0: must be >= 0"):
         OrgConfig.scaled(4096, schedule_horizon_s=-1.0)
 
 

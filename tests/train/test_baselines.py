@@ -13,7 +13,7 @@ from avalon.org import GroupSpec, OrgConfig, RolloutDriver, RolloutSpec
 from avalon.org.policy import Playbook, ScriptedPolicy
 from avalon.train.baselines import run_baselines
 from avalon.train.config import EvalConfig
-from avalon.train.evaluation import EVAL_SEED
+from avalon.train.eval_seeds import EVAL_SEED
 from tests.org.helpers import CHAT, call, step
 from tests.org.toyenv import PartsEnv
 

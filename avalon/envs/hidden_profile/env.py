@@ -55,6 +55,7 @@ from avalon.org.env import (
 )
 from avalon.org.workspace import Workspace
 from avalon.tokenizer.chat import ChatFormat
+from avalon.validation import FieldChecks
 
 CHOOSE = ToolSpec("choose", "give the final answer (once)", (
     Param("option", ParamType.STRING, "one of the options"),), grantable=False)
@@ -67,12 +68,13 @@ class ProfileConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check = FieldChecks("ProfileConfig")
         lo, hi = self.n_holders
         if not 2 <= lo <= hi <= 4:
-            raise ValueError(f"ProfileConfig.n_holders must be 2 <= lo <= hi <= 4 (attributes "
-                             f"run out beyond), got {self.n_holders}")
+            check.fail("n_holders", self.n_holders,
+                       "must be 2 <= lo <= hi <= 4 (attributes run out beyond)")
         if not self.clock_s > 0:
-            raise ValueError(f"ProfileConfig.clock_s must be > 0, got {self.clock_s}")
+            check.fail("clock_s", self.clock_s, "must be > 0")
 
 
 class ProfileSession:

@@ -70,6 +70,7 @@ from avalon.org.env import (
 )
 from avalon.org.workspace import Workspace
 from avalon.tokenizer.chat import ChatFormat
+from avalon.validation import FieldChecks
 
 SOLVE = ToolSpec("solve", "answer one subtask; takes its work time", (
     Param("id", ParamType.STRING, "subtask id, e.g. s2"),
@@ -103,33 +104,32 @@ class ParallelConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check = FieldChecks("ParallelConfig")
         lo, hi = self.n_subtasks
         if not 1 <= lo <= hi <= schedule.MAX_JOBS:
-            raise ValueError(f"ParallelConfig.n_subtasks must be 1 <= lo <= hi <= "
-                             f"{schedule.MAX_JOBS}, got {self.n_subtasks}")
+            check.fail("n_subtasks", self.n_subtasks,
+                       f"must be 1 <= lo <= hi <= {schedule.MAX_JOBS}")
         if not 1 <= self.cost_units[0] <= self.cost_units[1]:
-            raise ValueError(f"ParallelConfig.cost_units must be 1 <= lo <= hi, got "
-                             f"{self.cost_units}")
+            check.fail("cost_units", self.cost_units, "must be 1 <= lo <= hi")
         if not 0 <= self.dep_prob <= 1:
-            raise ValueError(f"ParallelConfig.dep_prob must be in [0, 1], got {self.dep_prob}")
+            check.fail("dep_prob", self.dep_prob, "must be in [0, 1]")
         if not self.ops or not all(isinstance(o, Op) for o in self.ops):
-            raise ValueError(f"ParallelConfig.ops must be a non-empty tuple of Op, got {self.ops}")
+            check.fail("ops", self.ops, "must be a non-empty tuple of Op")
         if not 1 <= self.max_operand <= 9:
-            raise ValueError(f"ParallelConfig.max_operand must be 1..9, got {self.max_operand}")
+            check.fail("max_operand", self.max_operand, "must be 1..9")
         for name in ("unit_s", "clock_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"ParallelConfig.{name} must be > 0, got {getattr(self, name)}")
+                check.fail(name, getattr(self, name), "must be > 0")
         if self.overhead_s < 0 or self.wrong_penalty < 0:
-            raise ValueError("ParallelConfig.overhead_s and wrong_penalty must be >= 0, got "
-                             f"{self.overhead_s} and {self.wrong_penalty}")
+            check.fail_together({"overhead_s": self.overhead_s,
+                                 "wrong_penalty": self.wrong_penalty}, "must both be >= 0")
         if self.max_attempts < 1:
-            raise ValueError(f"ParallelConfig.max_attempts must be >= 1, got {self.max_attempts}")
+            check.fail("max_attempts", self.max_attempts, "must be >= 1")
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or \
                 self.max_depth < 0:
-            raise ValueError(f"ParallelConfig.max_depth must be an int >= 0, got "
-                             f"{self.max_depth!r}")
+            check.fail("max_depth", self.max_depth, "must be an int >= 0")
         if self.look_s < 0:
-            raise ValueError(f"ParallelConfig.look_s must be >= 0, got {self.look_s}")
+            check.fail("look_s", self.look_s, "must be >= 0")
 
 
 class ParallelSession:

@@ -55,6 +55,7 @@ from avalon.envs.parallel import schedule
 from avalon.envs.parallel.tasks import RESULT, ParallelTask, parse_prompt, parse_reveal
 from avalon.envs.teacher import Start, budget, dms, reports, results
 from avalon.org.policy import AgentView, Step
+from avalon.validation import FieldChecks
 
 MAX_HIRES = 8
 TEACHER_WORDS = ("Plan", "Do", "Tell", "done", "failed", "Solver", "Stand", "by", "none",
@@ -79,12 +80,12 @@ class ParallelTeacherConfig:
     silent: bool = False  # no messages, reports or trace reads (see the module docstring)
 
     def __post_init__(self):
+        check = FieldChecks("ParallelTeacherConfig")
         if not 0 <= self.answer_error_rate <= 1:
-            raise ValueError("ParallelTeacherConfig.answer_error_rate must be in [0, 1], got "
-                             f"{self.answer_error_rate}")
+            check.fail("answer_error_rate", self.answer_error_rate, "must be in [0, 1]")
         if self.hires_per_turn < 1 or self.solves_per_turn < 1:
-            raise ValueError("ParallelTeacherConfig.hires_per_turn and solves_per_turn must be "
-                             f">= 1, got {self.hires_per_turn} and {self.solves_per_turn}")
+            check.fail_together({"hires_per_turn": self.hires_per_turn,
+                                 "solves_per_turn": self.solves_per_turn}, "must both be >= 1")
 
 
 DEFAULT_TEACHER = ParallelTeacherConfig()

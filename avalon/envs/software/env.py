@@ -54,6 +54,7 @@ from avalon.org.env import (
 )
 from avalon.org.workspace import Workspace, WorkspaceLimits
 from avalon.tokenizer.chat import ChatFormat
+from avalon.validation import FieldChecks
 
 SUBMIT = ToolSpec("submit", "grade solution.py with the hidden tests; ends the task",
                   grantable=False)
@@ -77,21 +78,19 @@ class SoftwareConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check = FieldChecks("SoftwareConfig")
         lo, hi = self.n_functions
         top = len(FAMILIES) if self.hand_written else 8
         if not 1 <= lo <= hi <= top:
-            raise ValueError(f"SoftwareConfig.n_functions must be 1 <= lo <= hi <= {top}, got "
-                             f"{self.n_functions}")
+            check.fail("n_functions", self.n_functions, f"must be 1 <= lo <= hi <= {top}")
         if not 0 < self.pass_threshold <= 1:
-            raise ValueError(f"SoftwareConfig.pass_threshold must be in (0, 1], got "
-                             f"{self.pass_threshold}")
+            check.fail("pass_threshold", self.pass_threshold, "must be in (0, 1]")
         for name in ("examples_per_function", "tests_per_function"):
             if getattr(self, name) < 1:
-                raise ValueError(f"SoftwareConfig.{name} must be >= 1, got "
-                                 f"{getattr(self, name)}")
+                check.fail(name, getattr(self, name), "must be >= 1")
         for name in ("grade_cost_s", "grade_timeout_s", "clock_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"SoftwareConfig.{name} must be > 0, got {getattr(self, name)}")
+                check.fail(name, getattr(self, name), "must be > 0")
 
 
 DEFAULT_CONFIG = SoftwareConfig()

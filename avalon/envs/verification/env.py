@@ -60,6 +60,7 @@ from avalon.org.env import (
 )
 from avalon.org.workspace import Workspace
 from avalon.tokenizer.chat import ChatFormat
+from avalon.validation import FieldChecks
 
 _ID = Param("id", ParamType.STRING, "item id, e.g. p2")
 _RESULT = Param("result", ParamType.STRING, "a build's result code, e.g. 47")
@@ -84,26 +85,23 @@ class VerificationConfig:
     seed: int = 0
 
     def __post_init__(self):
+        check = FieldChecks("VerificationConfig")
         lo, hi = self.n_items
         if not 1 <= lo <= hi <= 9:
-            raise ValueError(f"VerificationConfig.n_items must be 1 <= lo <= hi <= 9, got "
-                             f"{self.n_items}")
+            check.fail("n_items", self.n_items, "must be 1 <= lo <= hi <= 9")
         if not 1 <= self.cost_units[0] <= self.cost_units[1]:
-            raise ValueError(f"VerificationConfig.cost_units must be 1 <= lo <= hi, got "
-                             f"{self.cost_units}")
+            check.fail("cost_units", self.cost_units, "must be 1 <= lo <= hi")
         if not self.defect_rates or not all(0 <= q < 1 for q in self.defect_rates):
-            raise ValueError(f"VerificationConfig.defect_rates must be a non-empty tuple of "
-                             f"rates in [0, 1), got {self.defect_rates}")
+            check.fail("defect_rates", self.defect_rates,
+                       "must be a non-empty tuple of rates in [0, 1)")
         if not self.defect_cost > 0:
-            raise ValueError(f"VerificationConfig.defect_cost must be > 0 (more than a missed "
-                             f"item pays), got {self.defect_cost}")
+            check.fail("defect_cost", self.defect_cost,
+                       "must be > 0 (more than a missed item pays)")
         for name in ("unit_s", "review_s", "ship_s", "clock_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"VerificationConfig.{name} must be > 0, got "
-                                 f"{getattr(self, name)}")
+                check.fail(name, getattr(self, name), "must be > 0")
         if self.max_wrong_codes < 1:
-            raise ValueError(f"VerificationConfig.max_wrong_codes must be >= 1, got "
-                             f"{self.max_wrong_codes}")
+            check.fail("max_wrong_codes", self.max_wrong_codes, "must be >= 1")
 
     def blind_value(self, defect_rate: float) -> float:
         """Expected reward of shipping an unreviewed result."""

@@ -27,6 +27,7 @@ import numpy as np
 
 from avalon.envs.teacher import Start, budget, chunks, dms, reports, results
 from avalon.org.policy import AgentView, Step
+from avalon.validation import FieldChecks
 
 TEACHER_WORDS = ("Plan", "Builder", "Verifier", "Build", "Send", "results", "to", "Report",
                  "Review", "what", "you", "get", "hire", "title", "role", "tools", "dm", "text",
@@ -48,12 +49,11 @@ class VerifyTeacherConfig:
     hires_per_turn: int = 2
 
     def __post_init__(self):
+        check = FieldChecks("VerifyTeacherConfig")
         if not 0 <= self.verifier_rate <= 1:
-            raise ValueError(f"VerifyTeacherConfig.verifier_rate must be in [0, 1], got "
-                             f"{self.verifier_rate}")
+            check.fail("verifier_rate", self.verifier_rate, "must be in [0, 1]")
         if self.hires_per_turn < 1:
-            raise ValueError(f"VerifyTeacherConfig.hires_per_turn must be >= 1, got "
-                             f"{self.hires_per_turn}")
+            check.fail("hires_per_turn", self.hires_per_turn, "must be >= 1")
 
 
 DEFAULT_TEACHER = VerifyTeacherConfig()

@@ -7,6 +7,9 @@ import re
 
 import numpy as np
 
+from avalon.rl.config import GKPO_BETA
+from avalon.validation import FieldChecks
+
 RESEARCH_LINE = re.compile(r"\b(b\d+): (\d+) wins in (\d+) trials")
 
 
@@ -22,30 +25,27 @@ class WealthConfig:
     # The final utility u_beta(W_T / W_0) is reported as a reward event (label `utility`), so
     # reward metrics, the learning-progress sampler and evaluation see it; keep beta equal to
     # the GKPO loss's `rl.beta` (GKPO advantages read the wealth ratio itself).
-    utility_beta: float = 0.2582
+    utility_beta: float = GKPO_BETA
     clock_s: float = 240.0
     n_train: int = 512
     n_heldout: int = 64
     seed: int = 0
 
     def __post_init__(self):
+        check = FieldChecks("WealthConfig")
         if not 1 <= self.n_bets[0] <= self.n_bets[1] <= 9:
-            raise ValueError(f"WealthConfig.n_bets must be 1 <= lo <= hi <= 9, got "
-                             f"{self.n_bets}")
+            check.fail("n_bets", self.n_bets, "must be 1 <= lo <= hi <= 9")
         if not 0 <= self.edge_range[0] <= self.edge_range[1] < 1:
-            raise ValueError(f"WealthConfig.edge_range must be 0 <= lo <= hi < 1, got "
-                             f"{self.edge_range}")
+            check.fail("edge_range", self.edge_range, "must be 0 <= lo <= hi < 1")
         if not 0 < self.max_fraction <= 1:
-            raise ValueError(f"WealthConfig.max_fraction must be in (0, 1] (no negative "
-                             f"wealth), got {self.max_fraction}")
+            check.fail("max_fraction", self.max_fraction, "must be in (0, 1] (no negative wealth)")
         if not self.utility_beta > 0:
-            raise ValueError(f"WealthConfig.utility_beta must be > 0, got {self.utility_beta}")
+            check.fail("utility_beta", self.utility_beta, "must be > 0")
         if self.research_trials < 1:
-            raise ValueError(f"WealthConfig.research_trials must be >= 1, got "
-                             f"{self.research_trials}")
+            check.fail("research_trials", self.research_trials, "must be >= 1")
         for name in ("research_cost_s", "bet_cost_s", "start_wealth", "clock_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"WealthConfig.{name} must be > 0, got {getattr(self, name)}")
+                check.fail(name, getattr(self, name), "must be > 0")
 
 
 DEFAULT_CONFIG = WealthConfig()
