@@ -42,7 +42,12 @@ def test_ctrl_c_says_where_it_stopped_and_a_changed_config_is_refused_or_recorde
     proc = start_main(work, stderr=log)
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
-        if any(s > SFT_STEPS for s in _steps(work)):  # in RLCR, a checkpoint written
+        # In RLCR with a checkpoint written or being written: the second RL step has started
+        # (Ctrl-C lets the checkpoint in flight land). On a busy machine an asynchronous
+        # checkpoint's directory can appear only near the end of this short run, so the
+        # progress line is the signal, not the directory alone.
+        started = f"RL 2/{RL_STEPS}" in (tmp_path / "stderr").read_text(errors="replace")
+        if started or any(s > SFT_STEPS for s in _steps(work)):
             proc.send_signal(signal.SIGINT)
             break
         time.sleep(0.05)
