@@ -208,8 +208,7 @@ def config_arg(arg: str, accepted: tuple[str, ...]) -> str:
     return arg
 
 
-def _fail(path: str, value, why: str):
-    FieldChecks("config").fail(path, value, why)
+_fail = FieldChecks("config").fail  # config.PATH=value: why
 
 
 def _coerce(path: str, value, annotation):
