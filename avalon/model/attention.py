@@ -35,6 +35,7 @@ from flax import struct
 from jax.sharding import PartitionSpec
 
 from avalon import sharding
+from avalon.model import bits
 from avalon.model.attention_scan import causal_scan_attention
 from avalon.model.config import AttentionImpl, ModelConfig
 from avalon.model.dense import dense
@@ -77,7 +78,10 @@ FLASH_BLOCK = 64
 
 def init_paged_kv(cfg: ModelConfig, num_pages: int, page_size: int) -> PagedKV:
     shape = (num_pages, cfg.num_key_value_heads, page_size, cfg.head_dim)
-    return PagedKV(k=jnp.zeros(shape, cfg.jnp_dtype), v=jnp.zeros(shape, cfg.jnp_dtype))
+    # Stored as bits when 16-bit (`bits`: XLA:CPU widened a whole bf16 pool around every
+    # write); zero bits are +0.0.
+    stored = bits.storage_dtype(cfg.jnp_dtype)
+    return PagedKV(k=jnp.zeros(shape, stored), v=jnp.zeros(shape, stored))
 
 
 def init_kv_cache(cfg: ModelConfig, batch: int, capacity: int) -> KVCache:
@@ -279,9 +283,10 @@ def _write_cache(cache_arr, new, start, num_new):
     return jax.vmap(one)(cache_arr, new, pos)
 
 
-def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new):
-    """pool [n, h, s, d]; new [b, t, h, d] written at position start[b] + i (i < num_new[b])
-    through the page table pages [b, w]; positions past the row's pages are dropped.
+def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtype):
+    """pool [n, h, s, d] (stored as `bits.storage_dtype(kv_dtype)`); new [b, t, h, d] written
+    at position start[b] + i (i < num_new[b]) through the page table pages [b, w]; positions
+    past the row's pages are dropped.
 
     Whole pages are read, updated and written back (the m <= (t + s - 2) // s + 1 pages the
     row's new tokens fall in), never single [h, d] windows: a scatter into one page offset
@@ -303,7 +308,7 @@ def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new):
     src = src.reshape(b, m, size, *new.shape[2:]).swapaxes(2, 3)  # [b, m, h, s, d]
     pid = jnp.where(hit.any(axis=-1), pid, n)  # pages without a new token: not written
     cur = jnp.take(pool, pid, axis=0, mode="fill", fill_value=0)  # [b, m, h, s, d]
-    upd = jnp.where(hit[:, :, None, :, None], src.astype(pool.dtype), cur)
+    upd = jnp.where(hit[:, :, None, :, None], bits.to_storage(src, kv_dtype), cur)
     # The updated pages are made before the scatter, not fused into it: a scatter whose
     # updates read its own operand cannot run in place, and XLA:GPU copied the whole pool
     # before every write (one pool-sized temporary per layer; RESULTS.md, issue 43).
@@ -311,10 +316,11 @@ def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new):
     return pool.at[pid].set(upd, mode="drop")
 
 
-def _paged_partial(q, pool: PagedKV, pages, page_index, q_pos, scale):
+def _paged_partial(q, pool: PagedKV, pages, page_index, q_pos, scale, kv_dtype):
     """The unnormalised online softmax of q over the pages in `pages` [b, w] (column i holds
-    the row's page number page_index[i], i.e. positions page_index[i] * page_size + o):
-    returns (m, l, acc) [b, h, g, Q] x2 and [b, h, g, Q, d], fp32.
+    the row's page number page_index[i], i.e. positions page_index[i] * page_size + o; the
+    pool holds `kv_dtype` values as `bits.storage_dtype` stores them): returns (m, l, acc)
+    [b, h, g, Q] x2 and [b, h, g, Q, d], fp32.
 
     Blocks of PAGE_BLOCK pages (a running max m, normaliser l and unnormalised output acc,
     rescaled as each block raises the max): memory is one block's scores, whatever the
@@ -335,7 +341,7 @@ def _paged_partial(q, pool: PagedKV, pages, page_index, q_pos, scale):
         idx, start = xs
 
         def gather(a):  # [b, per, h, s, d] -> [b, h, per * s, d]
-            a = jnp.take(a, idx, axis=0, mode="fill", fill_value=0)
+            a = bits.from_storage(jnp.take(a, idx, axis=0, mode="fill", fill_value=0), kv_dtype)
             return a.swapaxes(1, 2).reshape(b, h, per * size, d)
 
         k, v = gather(pool.k), gather(pool.v)
@@ -362,10 +368,11 @@ def _normalise(l, acc, dtype):
     return out.transpose(0, 3, 1, 2, 4).astype(dtype)
 
 
-def _paged_attention(q, pool: PagedKV, pages, q_pos, scale):
+def _paged_attention(q, pool: PagedKV, pages, q_pos, scale, kv_dtype):
     """q [b, Q, h, g, d]; pages [b, w]; q_pos [b, Q]: query i of row b sees positions <= q_pos.
     Online softmax over blocks of pages (`_paged_partial`). Returns [b, Q, h, g, d]."""
-    _, l, acc = _paged_partial(q, pool, pages, jnp.arange(pages.shape[1]), q_pos, scale)
+    _, l, acc = _paged_partial(q, pool, pages, jnp.arange(pages.shape[1]), q_pos, scale,
+                               kv_dtype)
     return _normalise(l, acc, q.dtype)
 
 
@@ -383,7 +390,8 @@ def pool_split(num_pages: int):
     return mesh, axes
 
 
-def _paged_sharded(q, k_new, v_new, pool: PagedKV, pages, lengths, num_new, scale, mesh, axes):
+def _paged_sharded(q, k_new, v_new, pool: PagedKV, pages, lengths, num_new, scale, kv_dtype,
+                   mesh, axes):
     """Paged attention with the pool split by pages over mesh `axes` in blocks (chip c holds
     pages [c n / P, (c + 1) n / P)), as the engine lays it out: page j of every row lives on
     chip j % P (`inference/pages.py`). Each chip writes the new K/V that fall in its pages and
@@ -405,12 +413,13 @@ def _paged_sharded(q, k_new, v_new, pool: PagedKV, pages, lengths, num_new, scal
         c = jax.lax.axis_index(axes)
         local = pages - c * per_chip
         local = jnp.where((local >= 0) & (local < per_chip), local, per_chip)  # else: dropped
-        pk = _write_pages(pk, k_new, local, lengths, nn)
-        pv = _write_pages(pv, v_new, local, lengths, nn)
+        pk = _write_pages(pk, k_new, local, lengths, nn, kv_dtype)
+        pv = _write_pages(pv, v_new, local, lengths, nn, kv_dtype)
         mine = jnp.take(local.reshape(b, w // shards, shards), c, axis=2)
         page_index = jnp.arange(w // shards) * shards + c
         q_pos = lengths[:, None] + jnp.arange(t)[None, :]
-        m, l, acc = _paged_partial(q, PagedKV(k=pk, v=pv), mine, page_index, q_pos, scale)
+        m, l, acc = _paged_partial(q, PagedKV(k=pk, v=pv), mine, page_index, q_pos, scale,
+                                   kv_dtype)
         m_all = jax.lax.pmax(m, axes)
         corr = jnp.exp(m - m_all)
         l = jax.lax.psum(l * corr, axes)
@@ -460,12 +469,13 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
         split = pool_split(cache.k.shape[0])
         if split is not None:
             new_cache, out = _paged_sharded(q, k, v, cache, pages, lengths, num_new, scale,
-                                            *split)
+                                            cfg.jnp_dtype, *split)
         else:
-            new_cache = PagedKV(k=_write_pages(cache.k, k, pages, lengths, num_new),
-                                v=_write_pages(cache.v, v, pages, lengths, num_new))
+            new_cache = PagedKV(
+                k=_write_pages(cache.k, k, pages, lengths, num_new, cfg.jnp_dtype),
+                v=_write_pages(cache.v, v, pages, lengths, num_new, cfg.jnp_dtype))
             q_pos = lengths[:, None] + jnp.arange(t)[None, :]
-            out = _paged_attention(q, new_cache, pages, q_pos, scale)
+            out = _paged_attention(q, new_cache, pages, q_pos, scale, cfg.jnp_dtype)
     else:
         new_cache = KVCache(k=_write_cache(cache.k, k, lengths, num_new),
                             v=_write_cache(cache.v, v, lengths, num_new))

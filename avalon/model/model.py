@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from avalon.model.attention import attention
+from avalon.model.bits import take_rows
 from avalon.model.cache import Cache
 from avalon.model.config import LETTERS, ModelConfig, Remat
 from avalon.model.dense import dense_head
@@ -204,7 +205,7 @@ def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=No
     if cache is None and num_new is not None:
         raise ValueError("forward: num_new only applies when continuing from a cache")
     b, t = tokens.shape
-    h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.jnp_dtype)
+    h = take_rows(params["embed"], tokens).astype(cfg.jnp_dtype)
     h = constrain(h, ("batch", "act_seq", "act_embed"))
     lengths = None if cache is None else cache.lengths
     pages = None if cache is None else cache.pages
@@ -261,7 +262,7 @@ def mtp_logits(params: dict, hidden: jax.Array, next_tokens: jax.Array, cfg: Mod
 def _mtp_logits(params: dict, hidden: jax.Array, next_tokens: jax.Array, cfg: ModelConfig):
     mp = params["mtp"]
     eps = cfg.layer_norm_epsilon
-    e = jnp.take(params["embed"], next_tokens, axis=0).astype(cfg.jnp_dtype)
+    e = take_rows(params["embed"], next_tokens).astype(cfg.jnp_dtype)
     x = jnp.concatenate([rms_norm(e, mp["enorm"], eps), rms_norm(hidden, mp["hnorm"], eps)], -1)
     h = x @ mp["eh_proj"].astype(x.dtype)
     for ch, lp in zip(cfg.mtp_pattern, mp["layers"]):

@@ -11,9 +11,11 @@ greedy tokens must be equal.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from avalon import model as M
 from avalon.model import attention as A
+from avalon.model import bits
 from avalon.model.cache import Cache, init_cache, init_paged_cache
 
 CFG = M.presets.get("tiny", time_step_min=0.0)
@@ -143,7 +145,7 @@ def test_paged_attention_blocks_equal_one_block():
     old = A.PAGE_BLOCK
     try:
         A.PAGE_BLOCK = 2  # 4 blocks of 2 pages
-        out = A._paged_attention(q, pool, pages, q_pos, d ** -0.5)
+        out = A._paged_attention(q, pool, pages, q_pos, d ** -0.5, jnp.float32)
     finally:
         A.PAGE_BLOCK = old
     k = jnp.take(pool.k, pages, axis=0).swapaxes(1, 2).reshape(b, h, w * size, d)
@@ -151,3 +153,58 @@ def test_paged_attention_blocks_equal_one_block():
     mask = (jnp.arange(w * size)[None, None, :] <= q_pos[:, :, None])[:, None, None]
     ref = A._scores_to_out(q, k, v, mask, d ** -0.5)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5, rtol=0)
+
+
+def test_bf16_pool_is_stored_as_bits_and_reads_as_its_values():
+    """A bf16 pool is stored as its bit patterns (uint16, `model.bits`: XLA:CPU widened a whole
+    bf16 pool around every scatter). A write puts each new token's bf16 bits at its position
+    and leaves every other entry as it was; attention over the bits equals attention over the
+    same pool held as bf16 values, exactly."""
+    rng = np.random.default_rng(4)
+    b, t, h, g, d, size, w, n = 2, 3, 2, 2, 8, 4, 4, 12
+    bf16 = jnp.bfloat16
+    assert bits.storage_dtype(bf16) == jnp.uint16
+    assert bits.storage_dtype(jnp.float16) == jnp.uint16
+    assert bits.storage_dtype(jnp.float32) == jnp.float32
+    before = jnp.asarray(rng.normal(size=(n, h, size, d)), bf16)
+    pool = bits.to_storage(before, bf16)
+    assert pool.dtype == jnp.uint16
+    pages = jnp.asarray(rng.permutation(n)[:b * w].reshape(b, w), jnp.int32)
+    start = jnp.asarray([2, 7], jnp.int32)
+    new = jnp.asarray(rng.normal(size=(b, t, h, d)), jnp.float32)
+    written = A._write_pages(pool, new, pages, start, None, bf16)
+    assert written.dtype == jnp.uint16
+    got = np.asarray(bits.from_storage(written, bf16), np.float32)
+    want = np.asarray(before, np.float32).copy()
+    for r in range(b):
+        for i in range(t):
+            pos = int(start[r]) + i
+            want[int(pages[r, pos // size]), :, pos % size] = np.asarray(new[r, i].astype(bf16),
+                                                                          np.float32)
+    np.testing.assert_array_equal(got, want)
+
+    q = jnp.asarray(rng.normal(size=(b, t, h, g, d)), bf16)
+    q_pos = start[:, None] + jnp.arange(t)[None, :]
+    as_bits = A.PagedKV(k=written, v=written)
+    as_values = A.PagedKV(k=bits.from_storage(written, bf16), v=bits.from_storage(written, bf16))
+    out_bits = A._paged_attention(q, as_bits, pages, q_pos, d ** -0.5, bf16)
+    out_values = A._paged_attention(q, as_values, pages, q_pos, d ** -0.5, bf16)
+    np.testing.assert_array_equal(np.asarray(out_bits, np.float32),
+                                  np.asarray(out_values, np.float32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_take_rows_equals_take_and_its_gradient(dtype):
+    """The embedding lookup through bit patterns gives jnp.take's rows and jnp.take's gradient
+    (repeated ids add up)."""
+    rng = np.random.default_rng(5)
+    table = jnp.asarray(rng.normal(size=(11, 6)), dtype)
+    idx = jnp.asarray([[3, 0, 3], [10, 7, 3]], jnp.int32)
+    np.testing.assert_array_equal(np.asarray(bits.take_rows(table, idx), np.float32),
+                                  np.asarray(jnp.take(table, idx, axis=0), np.float32))
+    cot = jnp.asarray(rng.normal(size=(2, 3, 6)), dtype)
+    loss = lambda f: lambda tb: jnp.sum(f(tb).astype(jnp.float32) * cot.astype(jnp.float32))
+    got = jax.grad(loss(lambda tb: bits.take_rows(tb, idx)))(table)
+    want = jax.grad(loss(lambda tb: jnp.take(tb, idx, axis=0)))(table)
+    assert got.dtype == want.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
