@@ -87,6 +87,13 @@ class Setup:
         return routing_dtype(self.cfg.n_routed_experts)
 
     @property
+    def platform(self) -> str:
+        """Where the programs run: the mesh's devices' platform, else the default backend's
+        (the KV pool's storage follows it: `model.bits`)."""
+        return self.mesh.devices.flat[0].platform if self.mesh is not None \
+            else jax.default_backend()
+
+    @property
     def pool_shards(self) -> int:
         """Chips the KV pool's pages are split over (DECODE_RULES' `kv_pages` axes); the
         engine keeps its pool a multiple of it (`pages.py`)."""
@@ -165,7 +172,8 @@ def init_state(setup: Setup, slots: int, num_pages: int) -> SlotState:
     """Empty state for `slots` slots and a pool of `num_pages` pages, placed on the mesh by
     DECODE_RULES when there is one."""
     cfg = setup.cfg
-    state = SlotState(cache=C.init_paged_cache(cfg, slots, num_pages, setup.page_size),
+    cache = C.init_paged_cache(cfg, slots, num_pages, setup.page_size, setup.platform)
+    state = SlotState(cache=cache,
                       hidden=jnp.zeros((slots, cfg.hidden_size), cfg.jnp_dtype),
                       live=jnp.zeros((slots,), bool), remaining=jnp.zeros((slots,), jnp.int32))
     if setup.mesh is not None:
@@ -177,7 +185,7 @@ def abstract_state(setup: Setup, slots: int, num_pages: int) -> SlotState:
     """`init_state`'s shapes and dtypes, without allocating (for AOT lowering)."""
     cfg = setup.cfg
     return jax.eval_shape(lambda: SlotState(
-        cache=C.init_paged_cache(cfg, slots, num_pages, setup.page_size),
+        cache=C.init_paged_cache(cfg, slots, num_pages, setup.page_size, setup.platform),
         hidden=jnp.zeros((slots, cfg.hidden_size), cfg.jnp_dtype),
         live=jnp.zeros((slots,), bool), remaining=jnp.zeros((slots,), jnp.int32)))
 

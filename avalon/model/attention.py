@@ -76,11 +76,13 @@ PAGE_BLOCK = 16
 FLASH_BLOCK = 64
 
 
-def init_paged_kv(cfg: ModelConfig, num_pages: int, page_size: int) -> PagedKV:
+def init_paged_kv(cfg: ModelConfig, num_pages: int, page_size: int,
+                  platform: str | None = None) -> PagedKV:
+    """A zero pool, stored for `platform` (None: the default backend's): on CPU a 16-bit pool
+    as its bit patterns (`bits`: XLA:CPU widened a whole bf16 pool around every write); zero
+    bits are +0.0."""
     shape = (num_pages, cfg.num_key_value_heads, page_size, cfg.head_dim)
-    # Stored as bits when 16-bit (`bits`: XLA:CPU widened a whole bf16 pool around every
-    # write); zero bits are +0.0.
-    stored = bits.storage_dtype(cfg.jnp_dtype)
+    stored = bits.storage_dtype(cfg.jnp_dtype, platform or jax.default_backend())
     return PagedKV(k=jnp.zeros(shape, stored), v=jnp.zeros(shape, stored))
 
 
@@ -284,9 +286,9 @@ def _write_cache(cache_arr, new, start, num_new):
 
 
 def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtype):
-    """pool [n, h, s, d] (stored as `bits.storage_dtype(kv_dtype)`); new [b, t, h, d] written
-    at position start[b] + i (i < num_new[b]) through the page table pages [b, w]; positions
-    past the row's pages are dropped.
+    """pool [n, h, s, d] (`kv_dtype` values, or their bits: `init_paged_kv`); new [b, t, h, d]
+    written at position start[b] + i (i < num_new[b]) through the page table pages [b, w];
+    positions past the row's pages are dropped.
 
     Whole pages are read, updated and written back (the m <= (t + s - 2) // s + 1 pages the
     row's new tokens fall in), never single [h, d] windows: a scatter into one page offset
@@ -308,7 +310,7 @@ def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtyp
     src = src.reshape(b, m, size, *new.shape[2:]).swapaxes(2, 3)  # [b, m, h, s, d]
     pid = jnp.where(hit.any(axis=-1), pid, n)  # pages without a new token: not written
     cur = jnp.take(pool, pid, axis=0, mode="fill", fill_value=0)  # [b, m, h, s, d]
-    upd = jnp.where(hit[:, :, None, :, None], bits.to_storage(src, kv_dtype), cur)
+    upd = jnp.where(hit[:, :, None, :, None], bits.to_storage(src, kv_dtype, pool.dtype), cur)
     # The updated pages are made before the scatter, not fused into it: a scatter whose
     # updates read its own operand cannot run in place, and XLA:GPU copied the whole pool
     # before every write (one pool-sized temporary per layer; RESULTS.md, issue 43).
@@ -319,7 +321,7 @@ def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtyp
 def _paged_partial(q, pool: PagedKV, pages, page_index, q_pos, scale, kv_dtype):
     """The unnormalised online softmax of q over the pages in `pages` [b, w] (column i holds
     the row's page number page_index[i], i.e. positions page_index[i] * page_size + o; the
-    pool holds `kv_dtype` values as `bits.storage_dtype` stores them): returns (m, l, acc)
+    pool holds `kv_dtype` values or their bits): returns (m, l, acc)
     [b, h, g, Q] x2 and [b, h, g, Q, d], fp32.
 
     Blocks of PAGE_BLOCK pages (a running max m, normaliser l and unnormalised output acc,

@@ -1,12 +1,16 @@
-"""Moving 16-bit floats as their bit patterns.
+"""Moving 16-bit floats as their bit patterns, on CPU.
 
 Why: XLA:CPU has no bf16 gather or scatter. It lowers one by widening the whole operand to fp32
 and narrowing the result back, so a gather of a few rows of a bf16 table, or a write into a bf16
 page pool, costs passes over the whole array: SmolLM2's bf16 decode at batch 32 spent more time
 widening and narrowing its KV pools and embedding table than in its products (88 tokens/s;
 experiments/bench/RESULTS.md, topic 7). A gather or scatter only copies values, so doing it on
-the uint16 bit patterns gives the same values, and a bitcast between types of one width is exact
-on every platform.
+the uint16 bit patterns gives the same values (a bitcast between types of one width is exact).
+Other platforms gather and scatter bf16 natively, and there the bitcasts cost: the pod's TPU
+decode compiled with a bits pool took 268 MB more temporary memory per chip. So the moves go
+through bits where the platform is CPU only: a pool is stored as bits when the engine's
+platform is CPU (`storage_dtype`, chosen by `inference/device.py`; reads and writes follow the
+pool's own dtype), and `take_rows` gathers bits when the platform being traced for is CPU.
 """
 
 from __future__ import annotations
@@ -14,20 +18,23 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from avalon import sharding
 
-def storage_dtype(dtype) -> jnp.dtype:
-    """How an array of `dtype` values that is only moved (a page pool) is stored: a 16-bit float
-    as its bit patterns (uint16), any other type as itself."""
+
+def storage_dtype(dtype, platform: str) -> jnp.dtype:
+    """How a page pool of `dtype` values is stored on `platform`: on CPU a 16-bit float as its
+    bit patterns (uint16), otherwise as itself."""
     dtype = jnp.dtype(dtype)
-    if dtype.itemsize == 2 and jnp.issubdtype(dtype, jnp.floating):
+    if platform == "cpu" and dtype.itemsize == 2 and jnp.issubdtype(dtype, jnp.floating):
         return jnp.dtype(jnp.uint16)
     return dtype
 
 
-def to_storage(values: jax.Array, dtype) -> jax.Array:
-    """`values` cast to `dtype`, as `storage_dtype(dtype)` holds them."""
+def to_storage(values: jax.Array, dtype, stored) -> jax.Array:
+    """`values` cast to `dtype`, as an array of dtype `stored` (dtype itself, or uint16 for a
+    16-bit `dtype`) holds them."""
     values = values.astype(dtype)
-    stored = storage_dtype(dtype)
+    stored = jnp.dtype(stored)
     return values if stored == values.dtype else jax.lax.bitcast_convert_type(values, stored)
 
 
@@ -37,17 +44,30 @@ def from_storage(stored: jax.Array, dtype) -> jax.Array:
     return stored if stored.dtype == dtype else jax.lax.bitcast_convert_type(stored, dtype)
 
 
-@jax.custom_vjp
+def traced_platform() -> str:
+    """The platform of the mesh being traced for (a one-device mesh's too: compiling for a TPU
+    from a CPU host must not pick the host's), else the default backend."""
+    active = sharding.active()
+    return active[0].devices.flat[0].platform if active is not None else jax.default_backend()
+
+
 def take_rows(table: jax.Array, idx: jax.Array) -> jax.Array:
-    """jnp.take(table, idx, axis=0), gathered through the bit patterns of a 16-bit table; the
-    gradient is jnp.take's (the cotangent added into the rows taken)."""
-    got = jnp.take(to_storage(table, table.dtype), idx, axis=0)
-    return from_storage(got, table.dtype)
+    """jnp.take(table, idx, axis=0): on CPU, a 16-bit table's rows are gathered as bits (the
+    gradient is jnp.take's either way)."""
+    if storage_dtype(table.dtype, traced_platform()) == table.dtype:
+        return jnp.take(table, idx, axis=0)
+    return _take_rows_as_bits(table, idx)
+
+
+@jax.custom_vjp
+def _take_rows_as_bits(table: jax.Array, idx: jax.Array) -> jax.Array:
+    got = jnp.take(jax.lax.bitcast_convert_type(table, jnp.uint16), idx, axis=0)
+    return jax.lax.bitcast_convert_type(got, table.dtype)
 
 
 def _take_rows_fwd(table, idx):
-    return take_rows(table, idx), (idx, jnp.zeros((0,) + table.shape[1:], table.dtype),
-                                   table.shape[0])
+    return _take_rows_as_bits(table, idx), (idx, jnp.zeros((0,) + table.shape[1:], table.dtype),
+                                            table.shape[0])
 
 
 def _take_rows_bwd(res, g):
@@ -56,4 +76,4 @@ def _take_rows_bwd(res, g):
     return grad, None
 
 
-take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
+_take_rows_as_bits.defvjp(_take_rows_fwd, _take_rows_bwd)

@@ -86,8 +86,10 @@ def init_cache(cfg: ModelConfig, batch: int, capacity: int) -> Cache:
     return Cache(blocks=blocks, lengths=jnp.zeros((batch,), jnp.int32))
 
 
-def init_paged_cache(cfg: ModelConfig, batch: int, num_pages: int, page_size: int) -> Cache:
-    """Zero paged cache: Mamba state for `batch` slots, a pool of `num_pages` KV pages."""
+def init_paged_cache(cfg: ModelConfig, batch: int, num_pages: int, page_size: int,
+                     platform: str | None = None) -> Cache:
+    """Zero paged cache: Mamba state for `batch` slots, a pool of `num_pages` KV pages stored
+    for `platform` (`init_paged_kv`; None: the default backend's)."""
     blocks = []
     for unit, reps in cfg.blocks:
         entries = {}
@@ -96,8 +98,8 @@ def init_paged_cache(cfg: ModelConfig, batch: int, num_pages: int, page_size: in
             if kind == "mamba":
                 entries[layer_key(j, ch)] = _stack(init_mamba_cache(cfg, batch), reps)
             elif kind == "attention":
-                entries[layer_key(j, ch)] = _stack(init_paged_kv(cfg, num_pages, page_size),
-                                                   reps)
+                entries[layer_key(j, ch)] = _stack(
+                    init_paged_kv(cfg, num_pages, page_size, platform), reps)
         blocks.append(entries)
     return Cache(blocks=blocks, lengths=jnp.zeros((batch,), jnp.int32))
 

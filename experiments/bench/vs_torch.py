@@ -82,6 +82,9 @@ def _define_flags():
     flags.DEFINE_integer("train_seq", None, "update step: tokens per sequence (default: the "
                          "model's)")
     flags.DEFINE_integer("agree_steps", 7, "AdamW steps whose losses must agree")
+    flags.DEFINE_integer("logprob_chunk", None, "Avalon: positions per LM-head chunk of the "
+                         "update step (default: RLConfig's; a row's length or more: the head "
+                         "runs once, its logits kept for the backward as transformers keeps them)")
     flags.DEFINE_float("lr", None, "AdamW learning rate, agreement and timing (default: the "
                        "model's)")
     flags.DEFINE_string("moe_backend", None, "Avalon: override the MoE backend (default: auto)")
@@ -156,6 +159,7 @@ class Shapes:
     lr: float = 1e-3
     repeats: int = 5
     loss: str = "sft"  # the update step's: "sft" or "cispo"
+    logprob_chunk: int | None = None  # Avalon's LM-head chunk in positions (None: RLConfig's)
     decode_backend: str = "auto"  # the engine's (auto: its platform default)
 
 
@@ -313,11 +317,12 @@ def torch_train_step(model, opt, params, clip: float, batch: dict, loss: str = "
     return float(value.detach())
 
 
-def avalon_update(cfg, lr: float, loss: str = "sft"):
+def avalon_update(cfg, lr: float, loss: str = "sft", logprob_chunk: int | None = None):
     from avalon.rl.config import LossKind, RLConfig
     from avalon.rl.update import make_update_step
 
-    return make_update_step(cfg, RLConfig(loss=LossKind(loss), lr=lr))
+    chunk = {} if logprob_chunk is None else {"logprob_chunk": logprob_chunk}
+    return make_update_step(cfg, RLConfig(loss=LossKind(loss), lr=lr, **chunk))
 
 
 def avalon_batch(arrays: dict):
@@ -391,7 +396,7 @@ def agreement(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict
     tbatch = torch_batch(train)
     t_losses = [torch_train_step(model, opt, tparams, clip, tbatch, shapes.loss)
                 for _ in range(shapes.agree_steps)]
-    step = avalon_update(cfg, shapes.lr, shapes.loss)
+    step = avalon_update(cfg, shapes.lr, shapes.loss, shapes.logprob_chunk)
     state = step.init_state(params)
     batch = step.put_batch(avalon_batch(train))
     a_losses = []
@@ -468,7 +473,8 @@ def time_avalon(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> di
         out["decode_backend"] = engine.backend.value
     arrays = train_arrays(rng, cfg.vocab_size, (shapes.train_batch, shapes.train_seq),
                           shapes.loss)
-    s = _median_time(avalon_update_once(cfg, params, arrays, shapes.lr, shapes.loss),
+    s = _median_time(avalon_update_once(cfg, params, arrays, shapes.lr, shapes.loss,
+                                          shapes.logprob_chunk),
                      shapes.repeats)
     out["update_tokens_per_s"], out["update_tokens_per_cpu_s"] = _rates(
         shapes.train_batch * shapes.train_seq, s)
@@ -476,12 +482,13 @@ def time_avalon(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> di
     return out
 
 
-def avalon_update_once(cfg, params, arrays: dict, lr: float, loss: str = "sft"):
+def avalon_update_once(cfg, params, arrays: dict, lr: float, loss: str = "sft",
+                       logprob_chunk: int | None = None):
     """A callable that runs one Avalon update step on the batch `arrays` (its state carried
     from call to call) and waits for it."""
     import jax
 
-    step = avalon_update(cfg, lr, loss)
+    step = avalon_update(cfg, lr, loss, logprob_chunk)
     holder = {"state": step.init_state(params)}
     batch = step.put_batch(avalon_batch(arrays))
 
@@ -505,7 +512,8 @@ def time_update_paired(path: str, shapes: Shapes, overrides: dict, seed: int = 0
     tbatch = torch_batch(arrays)
     runs = {"transformers": lambda: torch_train_step(model, opt, tparams, clip, tbatch,
                                                      shapes.loss),
-            "avalon": avalon_update_once(cfg, params, arrays, shapes.lr, shapes.loss)}
+            "avalon": avalon_update_once(cfg, params, arrays, shapes.lr, shapes.loss,
+                                          shapes.logprob_chunk)}
     times = {k: [] for k in runs}
     cpu = {k: [] for k in runs}
     faults = {k: [] for k in runs}
@@ -547,7 +555,7 @@ def _shapes() -> Shapes:
     picked = {k: MODEL_DEFAULTS[FLAGS.model][k] if v is None else v for k, v in given.items()}
     return Shapes(batches=tuple(int(b) for b in FLAGS.batches), prompt=FLAGS.prompt,
                   new_tokens=FLAGS.new_tokens, agree_steps=FLAGS.agree_steps,
-                  repeats=FLAGS.repeats, **picked,
+                  repeats=FLAGS.repeats, logprob_chunk=FLAGS.logprob_chunk, **picked,
                   decode_backend=FLAGS.decode_backend)
 
 

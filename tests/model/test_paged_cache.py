@@ -8,6 +8,9 @@ pages of released rows are reused with stale contents). Logits must agree at eve
 greedy tokens must be equal.
 """
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -156,24 +159,31 @@ def test_paged_attention_blocks_equal_one_block():
 
 
 def test_bf16_pool_is_stored_as_bits_and_reads_as_its_values():
-    """A bf16 pool is stored as its bit patterns (uint16, `model.bits`: XLA:CPU widened a whole
-    bf16 pool around every scatter). A write puts each new token's bf16 bits at its position
-    and leaves every other entry as it was; attention over the bits equals attention over the
-    same pool held as bf16 values, exactly."""
+    """On CPU a bf16 pool is stored as its bit patterns (uint16, `model.bits`: XLA:CPU widened a
+    whole bf16 pool around every scatter; elsewhere as bf16). A write puts each new token's bf16
+    bits at its position and leaves every other entry as it was, in either storage; attention
+    over the bits equals attention over the same pool held as bf16 values, exactly."""
     rng = np.random.default_rng(4)
     b, t, h, g, d, size, w, n = 2, 3, 2, 2, 8, 4, 4, 12
     bf16 = jnp.bfloat16
-    assert bits.storage_dtype(bf16) == jnp.uint16
-    assert bits.storage_dtype(jnp.float16) == jnp.uint16
-    assert bits.storage_dtype(jnp.float32) == jnp.float32
+    assert bits.storage_dtype(bf16, "cpu") == jnp.uint16
+    assert bits.storage_dtype(jnp.float16, "cpu") == jnp.uint16
+    assert bits.storage_dtype(jnp.float32, "cpu") == jnp.float32
+    assert bits.storage_dtype(bf16, "tpu") == bf16 and bits.storage_dtype(bf16, "gpu") == bf16
+    cfg = dataclasses.replace(CFG, dtype="bfloat16")
+    assert A.init_paged_kv(cfg, 3, size, "cpu").k.dtype == jnp.uint16
+    assert A.init_paged_kv(cfg, 3, size, "tpu").k.dtype == bf16
     before = jnp.asarray(rng.normal(size=(n, h, size, d)), bf16)
-    pool = bits.to_storage(before, bf16)
-    assert pool.dtype == jnp.uint16
+    pool = bits.to_storage(before, bf16, jnp.uint16)
     pages = jnp.asarray(rng.permutation(n)[:b * w].reshape(b, w), jnp.int32)
     start = jnp.asarray([2, 7], jnp.int32)
     new = jnp.asarray(rng.normal(size=(b, t, h, d)), jnp.float32)
     written = A._write_pages(pool, new, pages, start, None, bf16)
     assert written.dtype == jnp.uint16
+    as_values = A._write_pages(before, new, pages, start, None, bf16)  # another platform's
+    assert as_values.dtype == bf16
+    np.testing.assert_array_equal(np.asarray(bits.from_storage(written, bf16), np.float32),
+                                  np.asarray(as_values, np.float32))
     got = np.asarray(bits.from_storage(written, bf16), np.float32)
     want = np.asarray(before, np.float32).copy()
     for r in range(b):
@@ -195,8 +205,8 @@ def test_bf16_pool_is_stored_as_bits_and_reads_as_its_values():
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_take_rows_equals_take_and_its_gradient(dtype):
-    """The embedding lookup through bit patterns gives jnp.take's rows and jnp.take's gradient
-    (repeated ids add up)."""
+    """The embedding lookup through bit patterns (the CPU path, and `take_rows` here) gives
+    jnp.take's rows and jnp.take's gradient (repeated ids add up)."""
     rng = np.random.default_rng(5)
     table = jnp.asarray(rng.normal(size=(11, 6)), dtype)
     idx = jnp.asarray([[3, 0, 3], [10, 7, 3]], jnp.int32)
@@ -204,7 +214,10 @@ def test_take_rows_equals_take_and_its_gradient(dtype):
                                   np.asarray(jnp.take(table, idx, axis=0), np.float32))
     cot = jnp.asarray(rng.normal(size=(2, 3, 6)), dtype)
     loss = lambda f: lambda tb: jnp.sum(f(tb).astype(jnp.float32) * cot.astype(jnp.float32))
-    got = jax.grad(loss(lambda tb: bits.take_rows(tb, idx)))(table)
     want = jax.grad(loss(lambda tb: jnp.take(tb, idx, axis=0)))(table)
-    assert got.dtype == want.dtype == dtype
-    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    takes = [bits.take_rows] + ([bits._take_rows_as_bits] if dtype == jnp.bfloat16 else [])
+    for take in takes:
+        got = jax.grad(loss(functools.partial(take, idx=idx)))(table)
+        assert got.dtype == want.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                      np.asarray(want, np.float32))
