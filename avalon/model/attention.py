@@ -293,7 +293,15 @@ def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtyp
     Whole pages are read, updated and written back (the m <= (t + s - 2) // s + 1 pages the
     row's new tokens fall in), never single [h, d] windows: a scatter into one page offset
     made the TPU compiler lay the pool out offset-major inside the decode loop and copy the
-    whole pool in and out of it (a pool-sized temporary; RESULTS.md, helper i16d)."""
+    whole pool in and out of it (a pool-sized temporary; RESULTS.md, helper i16d). On CPU
+    each token's [h, d] window is written in place instead (`_write_windows`)."""
+    if bits.traced_platform() == "cpu":
+        return _write_windows(pool, new, pages, start, num_new, kv_dtype)
+    return _write_whole_pages(pool, new, pages, start, num_new, kv_dtype)
+
+
+def _write_whole_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtype):
+    """`_write_pages` by whole pages (see there)."""
     n, _, size, _ = pool.shape
     b, t = new.shape[:2]
     w = pages.shape[1]
@@ -316,6 +324,25 @@ def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtyp
     # before every write (one pool-sized temporary per layer; RESULTS.md, issue 43).
     upd = jax.lax.optimization_barrier(upd)
     return pool.at[pid].set(upd, mode="drop")
+
+
+def _write_windows(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtype):
+    """`_write_pages` as one scatter of each new token's [h, d] window to its (page, offset):
+    XLA:CPU updates the pool in place and touches only those windows, where the whole-page
+    merge gathered, merged and wrote back every page a token falls in (12% of SmolLM2's bf16
+    decode step at batch 32; experiments/bench/RESULTS.md, topic 7)."""
+    n, _, size, _ = pool.shape
+    b, t = new.shape[:2]
+    w = pages.shape[1]
+    nn = jnp.full((b,), t, jnp.int32) if num_new is None else num_new
+    pos = start[:, None] + jnp.arange(t)[None, :]  # [b, t]
+    col = pos // size
+    pid = jnp.take_along_axis(pages, jnp.clip(col, 0, w - 1), axis=1)
+    keep = (jnp.arange(t)[None, :] < nn[:, None]) & (col < w)
+    pid = jnp.where(keep, pid, n)  # not written (dropped)
+    # pool[pid, :, offset] is [b, t, h, d]: the advanced indices' axes lead.
+    return pool.at[pid, :, pos % size].set(bits.to_storage(new, kv_dtype, pool.dtype),
+                                           mode="drop")
 
 
 def _paged_partial(q, pool: PagedKV, pages, page_index, q_pos, scale, kv_dtype):

@@ -221,3 +221,26 @@ def test_take_rows_equals_take_and_its_gradient(dtype):
         assert got.dtype == want.dtype == dtype
         np.testing.assert_array_equal(np.asarray(got, np.float32),
                                       np.asarray(want, np.float32))
+
+
+@pytest.mark.parametrize("t,num_new", [(1, None), (1, [1, 0, 1]), (5, [5, 2, 0]), (9, None)])
+def test_window_writes_equal_whole_page_writes(t, num_new):
+    """CPU's KV write (each token's [h, d] window scattered in place) leaves the pool exactly
+    as the whole-page merge other platforms run: tokens across page boundaries, rows writing
+    fewer tokens than they carry (num_new) or none, and positions past a row's page table
+    (dropped)."""
+    rng = np.random.default_rng(6)
+    b, h, d, size, w, n = 3, 2, 4, 4, 3, 16
+    pool = jnp.asarray(rng.normal(size=(n, h, size, d)), jnp.float32)
+    pages = jnp.asarray(rng.permutation(n)[:b * w].reshape(b, w), jnp.int32)
+    start = jnp.asarray([0, 3, 7], jnp.int32)  # row 2 with t = 9 runs past its 12 positions
+    new = jnp.asarray(rng.normal(size=(b, t, h, d)), jnp.float32)
+    nn = None if num_new is None else jnp.asarray(num_new, jnp.int32)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        stored = bits.storage_dtype(dtype, "cpu")
+        p0 = bits.to_storage(pool, dtype, stored)
+        windows = A._write_windows(p0, new, pages, start, nn, dtype)
+        whole = A._write_whole_pages(p0, new, pages, start, nn, dtype)
+        assert windows.dtype == whole.dtype == stored
+        np.testing.assert_array_equal(np.asarray(windows), np.asarray(whole))
+        assert not np.array_equal(np.asarray(windows), np.asarray(p0))  # tokens landed
