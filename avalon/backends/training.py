@@ -11,8 +11,9 @@ compile with their defaults.
 
 from __future__ import annotations
 
-import jax
 from jax.sharding import Mesh
+
+from avalon import sharding
 
 CPU_COMPILER_OPTIONS = {
     "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
@@ -21,5 +22,4 @@ CPU_COMPILER_OPTIONS = {
 def compiler_options(mesh: Mesh | None) -> dict | None:
     """The XLA options the update step's jits compile with on this mesh's platform (no mesh:
     the default backend's)."""
-    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
-    return dict(CPU_COMPILER_OPTIONS) if platform == "cpu" else None
+    return dict(CPU_COMPILER_OPTIONS) if sharding.platform(mesh) == "cpu" else None

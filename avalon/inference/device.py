@@ -57,6 +57,7 @@ from avalon.sharding import (
     batch_axes,
     constrain,
     logical_to_spec,
+    platform,
     tree_shardings,
     use_rules,
 )
@@ -90,8 +91,7 @@ class Setup:
     def platform(self) -> str:
         """Where the programs run: the mesh's devices' platform, else the default backend's
         (the KV pool's storage follows it: `model.bits`)."""
-        return self.mesh.devices.flat[0].platform if self.mesh is not None \
-            else jax.default_backend()
+        return platform(self.mesh)
 
     @property
     def pool_shards(self) -> int:

@@ -295,7 +295,7 @@ def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtyp
     made the TPU compiler lay the pool out offset-major inside the decode loop and copy the
     whole pool in and out of it (a pool-sized temporary; RESULTS.md, helper i16d). On CPU
     each token's [h, d] window is written in place instead (`_write_windows`)."""
-    if bits.traced_platform() == "cpu":
+    if sharding.traced_platform() == "cpu":
         return _write_windows(pool, new, pages, start, num_new, kv_dtype)
     return _write_whole_pages(pool, new, pages, start, num_new, kv_dtype)
 

@@ -44,17 +44,10 @@ def from_storage(stored: jax.Array, dtype) -> jax.Array:
     return stored if stored.dtype == dtype else jax.lax.bitcast_convert_type(stored, dtype)
 
 
-def traced_platform() -> str:
-    """The platform of the mesh being traced for (a one-device mesh's too: compiling for a TPU
-    from a CPU host must not pick the host's), else the default backend."""
-    active = sharding.active()
-    return active[0].devices.flat[0].platform if active is not None else jax.default_backend()
-
-
 def take_rows(table: jax.Array, idx: jax.Array) -> jax.Array:
     """jnp.take(table, idx, axis=0): on CPU, a 16-bit table's rows are gathered as bits (the
     gradient is jnp.take's either way)."""
-    if storage_dtype(table.dtype, traced_platform()) == table.dtype:
+    if storage_dtype(table.dtype, sharding.traced_platform()) == table.dtype:
         return jnp.take(table, idx, axis=0)
     return _take_rows_as_bits(table, idx)
 

@@ -478,11 +478,7 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
             xl = xl + p["latent_in_bias"].astype(dtype)
     act = cfg.mlp_activation
     up, down = fused_up(p).astype(dtype), p["experts_down"].astype(dtype)
-    # The platform of the mesh the layer is traced for, a one-device mesh's too (compiling for
-    # a GPU or TPU from a CPU host must not pick the host's backend); no rules: the default.
-    platform = (active[0].devices.flat[0].platform if active is not None
-                else jax.default_backend())
-    chosen = resolve_backend(backend or cfg.moe_backend, platform)
+    chosen = resolve_backend(backend or cfg.moe_backend, sharding.traced_platform())
     if mesh is not None:
         routed, dropped = moe_ep.expert_parallel(
             xl, idx, weights, up, down, mesh=mesh, batch_axes=axes, backend=chosen, act=act,
