@@ -11,6 +11,10 @@ judge cannot tell). A `Judge` labels a batch of texts under one rubric:
   prompt (the rubric as a system segment, the text as an observation), all of a batch decoded
   together greedily, and the first allowed label in the answer is the label; an answer naming
   none gets the fallback label and is counted in `invalid`.
+- `ScoringJudge`: the same prompt, but the model answers only in labels: each label's answer
+  (the label, then the end of the turn) is scored by its log-likelihood after the prompt, and
+  the likeliest is the label. A small model that does not follow the "answer with one word"
+  instruction (SmolLM2-135M writes "p4 66 ok" back) still ranks the labels.
 - `cohen_kappa(a, b)`: agreement of two judges' labels beyond chance, for audit.
 """
 
@@ -21,9 +25,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from avalon import model as M
 from avalon.inference.api import SamplingParams, TurnRequest
+from avalon.rl.logprobs import token_logprobs
 from avalon.tokenizer.chat import ChatFormat
 
 
@@ -116,7 +124,28 @@ class RuleJudge:
         return out
 
 
-# Model judge -----------------------------------------------------------------------------------
+# Model judges ----------------------------------------------------------------------------------
+
+def judge_prompt(who: str, chat: ChatFormat, rubric: Rubric, text: str, room: int) -> list[int]:
+    """The rubric as a system segment, the text as an observation, then the answer's header:
+    at most `room` tokens (the text is cut to fit)."""
+    system = chat.system(f"You are a judge. {rubric.instruction} Answer with one word: "
+                         + ", ".join(rubric.labels) + ".")
+    frame = len(system) + len(chat.turn_prompt("Text: "))
+    if room - frame < 1:
+        raise ValueError(f"{who}: rubric {rubric.name!r} takes {frame} tokens; a context of "
+                         f"{room} tokens for the prompt leaves no room for the text")
+    keep = room - frame
+    while True:
+        ids = chat.tok.encode(text)
+        if len(ids) > keep:
+            text = chat.tok.decode(ids[:max(keep, 0)])
+        prompt = system + chat.turn_prompt(f"Text: {text}")
+        if len(prompt) <= room:
+            return prompt
+        # "Text: " and the cut text can tokenise longer than apart (BPE merges across them).
+        keep -= len(prompt) - room
+
 
 class ModelJudge:
     """A model as a judge, through the engine (see the module docstring).
@@ -137,17 +166,8 @@ class ModelJudge:
         self.answered = 0
 
     def prompt(self, rubric: Rubric, text: str) -> list[int]:
-        system = self.chat.system(f"You are a judge. {rubric.instruction} Answer with one word: "
-                                  + ", ".join(rubric.labels) + ".")
-        frame = len(system) + len(self.chat.turn_prompt("Text: "))
-        room = self.engine.max_context - frame - self.max_answer_tokens
-        if room < 1:
-            raise ValueError(f"ModelJudge: rubric {rubric.name!r} takes {frame} tokens; the "
-                             f"engine's max_context {self.engine.max_context} leaves no room")
-        ids = self.chat.tok.encode(text)
-        if len(ids) > room:
-            text = self.chat.tok.decode(ids[:room])
-        return system + self.chat.turn_prompt(f"Text: {text}")
+        return judge_prompt("ModelJudge", self.chat, rubric, text,
+                            self.engine.max_context - self.max_answer_tokens)
 
     def parse(self, rubric: Rubric, answer: str) -> str | None:
         """The allowed label named first in `answer`, or None."""
@@ -182,12 +202,119 @@ class ModelJudge:
         return out
 
 
+CONTENT_FREE = "N/A"  # a text with nothing to judge: its label scores are the model's prior
+
+
+class ScoringJudge:
+    """A model as a judge that answers in labels only (see the module docstring).
+
+    For each text and label the row is the prompt (`judge_prompt`, ModelJudge's) then the
+    label's answer as the model would write it (`chat.output(label)`: the label's tokens and the
+    end of the turn); the label's score is the sum of the answer tokens' log-probabilities, and
+    the label with the highest score is the answer (the first label on a tie). Rows go through
+    the model's forward `rows` at a time, padded on the right to a multiple of `length_step`
+    tokens (each length compiles once), the LM head only where an answer token is predicted
+    (SmolLM2's 49,152-word head is about a fifth of its forward's products per position).
+    `cfg`/`params`: any loaded checkpoint in the model's own layout (not an engine's decode
+    layout).
+
+    `calibrate`: a small model's label scores lean to the labels it likes whatever the text
+    (SmolLM2-135M: "none" for every review); calibrated, each score is less the same label's score
+    for a content-free text (`CONTENT_FREE`), so a label wins where the text makes it likelier
+    than it is a priori (Zhao et al. 2021, "Calibrate before use", in log space).
+    """
+
+    def __init__(self, cfg, params: dict, chat: ChatFormat, *, max_context: int | None = None,
+                 rows: int = 8, length_step: int = 64, calibrate: bool = False):
+        for name, value in (("rows", rows), ("length_step", length_step)):
+            if value < 1:
+                raise ValueError(f"ScoringJudge {name} must be >= 1, got {value}")
+        self.cfg, self.params, self.chat = cfg, params, chat
+        self.max_context = cfg.max_context if max_context is None else max_context
+        if not 1 <= self.max_context <= cfg.max_context:
+            raise ValueError(f"ScoringJudge max_context must be in [1, {cfg.max_context}], got "
+                             f"{max_context}")
+        self.rows, self.length_step = rows, length_step
+        self.calibrate = calibrate
+        self._prior: dict[str, np.ndarray] = {}  # rubric name -> its content-free scores
+        self.invalid = 0  # never: every answer is a label (kept for ModelJudge's callers)
+        self.answered = 0
+
+        def score(params, tokens, at, targets, mask):  # tokens [r, s]; at, targets, mask [r, a]
+            hidden = M.forward(params, tokens, cfg, return_logits=False).hidden
+            # The LM head only where an answer token is predicted (a few positions a row).
+            picked = jnp.take_along_axis(hidden, at[..., None], axis=1)
+            logp = token_logprobs(params, picked, targets, cfg, chunk=at.shape[1])[0]
+            return jnp.sum(jnp.where(mask, logp, 0.0), axis=1)
+        self._score = jax.jit(score)
+
+    def answers(self, rubric: Rubric) -> list[list[int]]:
+        return [self.chat.output(lab) for lab in rubric.labels]
+
+    def prompt(self, rubric: Rubric, text: str) -> list[int]:
+        longest = max(len(a) for a in self.answers(rubric))
+        return judge_prompt("ScoringJudge", self.chat, rubric, text, self.max_context - longest)
+
+    def scores(self, rubric: Rubric, texts: Sequence[str]) -> np.ndarray:
+        """[len(texts), len(rubric.labels)]: log p(label's answer | prompt) per text and label;
+        calibrated, less the same for the content-free text ("N/A")."""
+        raw = self.raw_scores(rubric, texts)
+        if not self.calibrate:
+            return raw
+        if rubric.name not in self._prior:
+            self._prior[rubric.name] = self.raw_scores(rubric, [CONTENT_FREE])[0]
+        return raw - self._prior[rubric.name]
+
+    def raw_scores(self, rubric: Rubric, texts: Sequence[str]) -> np.ndarray:
+        answers = self.answers(rubric)
+        rows = [(self.prompt(rubric, t), a) for t in texts for a in answers]
+        width = max(len(a) for a in answers)
+        out = np.zeros(len(rows), np.float64)
+        for start in range(0, len(rows), self.rows):
+            batch = rows[start:start + self.rows]
+            longest = max(len(p) + len(a) for p, a in batch) - 1  # inputs: all but the last
+            length = min(-(-longest // self.length_step) * self.length_step, self.max_context)
+            tokens = np.zeros((self.rows, length), np.int32)
+            at = np.zeros((self.rows, width), np.int32)  # where each answer token is predicted
+            targets = np.zeros((self.rows, width), np.int32)
+            mask = np.zeros((self.rows, width), bool)
+            for r, (p, a) in enumerate(batch):
+                row = p + a
+                tokens[r, :len(row) - 1] = row[:-1]
+                at[r, :len(a)] = np.arange(len(p) - 1, len(row) - 1)
+                targets[r, :len(a)] = a
+                mask[r, :len(a)] = True
+            got = np.asarray(self._score(self.params, tokens, at, targets, mask))
+            out[start:start + len(batch)] = got[:len(batch)]
+        return out.reshape(len(texts), len(answers))
+
+    def label(self, rubric: Rubric, texts: Sequence[str]) -> list[str]:
+        if not texts:
+            return []
+        best = np.argmax(self.scores(rubric, texts), axis=1)
+        self.answered += len(texts)
+        return [rubric.labels[i] for i in best]
+
+
+JUDGE_ANSWERS = ("generate", "score")
+
+
 def load_model_judge(path: str, *, chat: ChatFormat | None = None, slots: int = 64,
-                     max_context: int = 4096, max_answer_tokens: int = 8) -> ModelJudge:
-    """A `ModelJudge` over a checkpoint: Avalon's own format (`save_avalon`), a Hugging Face
+                     max_context: int = 4096, max_answer_tokens: int = 8,
+                     answer: str = "generate", calibrate: bool = False
+                     ) -> ModelJudge | ScoringJudge:
+    """A model judge over a checkpoint: Avalon's own format (`save_avalon`), a Hugging Face
     directory or a GGUF file (`hf.load`); `chat` defaults to the checkpoint's own tokenizer
-    (`tokenizer.json` or the GGUF file's vocabulary), rendered through its chat template."""
+    (`tokenizer.json` or the GGUF file's vocabulary), rendered through its chat template.
+    `answer`: "generate" (a `ModelJudge`: decoded answers, `slots` at a time) or "score" (a
+    `ScoringJudge`: the labels' likelihoods, `slots` rows at a time, `calibrate` as it says)."""
     import os
+
+    if answer not in JUDGE_ANSWERS:
+        raise ValueError(f"load_model_judge answer must be one of {JUDGE_ANSWERS}, got "
+                         f"{answer!r}")
+    if calibrate and answer != "score":
+        raise ValueError(f"load_model_judge calibrate applies to answer='score', not {answer!r}")
 
     from avalon.checkpoint import hf
     from avalon.checkpoint.avalon_format import is_avalon_checkpoint, load_avalon
@@ -205,6 +332,9 @@ def load_model_judge(path: str, *, chat: ChatFormat | None = None, slots: int = 
         else:
             tok = HFTokenizer.from_dir(path)
         chat = ChatFormat(tok, tok.rendering)
+    if answer == "score":
+        return ScoringJudge(cfg, params, chat, max_context=min(max_context, cfg.max_context),
+                            rows=slots, calibrate=calibrate)
     engine = Engine(cfg, params, num_slots=slots, max_context=min(max_context, cfg.max_context))
     return ModelJudge(engine, chat, max_answer_tokens=max_answer_tokens)
 

@@ -2,15 +2,19 @@
 and opening plans under the report's rubrics, against the rule judge on the same texts.
 
     python -m experiments.real_model.judge_agreement --run=runs/toy \
-        --judge=SmolLM2-135M-Instruct.Q4_1.gguf [--phase=eval] [--step=-1] [--max_items=400] \
-        [--json=OUT.json]
+        --judge=SmolLM2-135M-Instruct.Q4_1.gguf [--answer=score|generate] [--calibrate] \
+        [--phase=eval] [--step=-1] [--max_items=400] [--json=OUT.json]
 
 For each rubric (review, help offer, help plan, opening plan): the items labelled, Cohen's kappa
 of the model judge against the rule judge, the confusion matrix (rule label -> model label),
 how often the model named no allowed label (given the fallback), and examples of each kind of
-disagreement, as markdown (and JSON with --json). `--step=-1` is the newest evaluation. The
-rule judge is the reference here, not the truth: kappa says how far the two agree beyond
-chance, the examples say which of them is wrong.
+disagreement, as markdown (and JSON with --json). `--answer=score` (the default) has the model
+answer in labels only (`ScoringJudge`: the likeliest label's answer after the prompt; with
+`--calibrate`, likeliest against the label's score for a content-free text);
+`--answer=generate` decodes a free answer and takes the first label named in it (`ModelJudge`;
+an answer naming none gets the fallback label and is counted). `--step=-1` is the newest
+evaluation. The rule judge is the reference here, not the truth: kappa says how far the two
+agree beyond chance, the examples say which of them is wrong.
 """
 
 from __future__ import annotations
@@ -34,11 +38,16 @@ def _define_flags():
     flags.DEFINE_string("run", None, "a training run directory (its events/)", required=True)
     flags.DEFINE_string("judge", None, "the model judge's checkpoint: a GGUF file, an HF "
                         "directory or an avalon checkpoint", required=True)
+    flags.DEFINE_enum("answer", "score", ["score", "generate"], "score: the likeliest label; "
+                      "generate: the first label named in a greedy answer")
+    flags.DEFINE_bool("calibrate", False, "--answer=score: each label's score less its score "
+                      "for a content-free text (the model's prior)")
     flags.DEFINE_string("phase", "eval", "events phase")
     flags.DEFINE_integer("step", -1, "the evaluation step (-1: the newest)")
     flags.DEFINE_integer("max_items", 400, "at most this many texts per rubric (the first "
                          "ones, in the run's file order)")
-    flags.DEFINE_integer("slots", 32, "texts the model judge decodes together")
+    flags.DEFINE_integer("slots", 32, "texts the model judge decodes together (generate), "
+                         "or rows it scores together (score)")
     flags.DEFINE_string("json", "", "also write the results as JSON to this file")
 
 
@@ -135,14 +144,20 @@ def main(argv):
     for name, value in (("max_items", FLAGS.max_items), ("slots", FLAGS.slots)):
         if value < 1:
             raise command.Stop(f"--{name} must be >= 1, got {value}")
-    model = load_model_judge(FLAGS.judge, slots=FLAGS.slots, max_context=1024)
+    if FLAGS.calibrate and FLAGS.answer != "score":
+        raise command.Stop(f"--calibrate applies to --answer=score, not --answer={FLAGS.answer}")
+    model = load_model_judge(FLAGS.judge, slots=FLAGS.slots, max_context=1024,
+                             answer=FLAGS.answer, calibrate=FLAGS.calibrate)
+    answer = FLAGS.answer + (", calibrated" if FLAGS.calibrate else "")
     results = agreement(logs, model, max_items=FLAGS.max_items)
-    sys.stdout.write(markdown(results, f"Judge {FLAGS.judge} against the rule judge on "
+    sys.stdout.write(markdown(results, f"Judge {FLAGS.judge} ({answer}) against the "
+                                       f"rule judge on "
                                        f"{FLAGS.run} ({FLAGS.phase} step {step}, {len(logs)} "
                                        "rollouts)"))
     if FLAGS.json:
         with open(FLAGS.json, "w") as f:
-            json.dump({"run": FLAGS.run, "judge": FLAGS.judge, "phase": FLAGS.phase,
+            json.dump({"run": FLAGS.run, "judge": FLAGS.judge, "answer": answer,
+                       "phase": FLAGS.phase,
                        "step": step, "rollouts": len(logs), "results": results}, f, indent=1)
 
 

@@ -4,11 +4,13 @@ the model judge through the real engine with the tiny random model, Cohen's kapp
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from avalon import model as M
 from avalon.analysis.judges import (
+    CONTENT_FREE,
     HELP_OFFER,
     HELP_PLAN,
     OPENING_PLAN,
@@ -16,6 +18,7 @@ from avalon.analysis.judges import (
     RUBRICS,
     ModelJudge,
     RuleJudge,
+    ScoringJudge,
     cohen_kappa,
     load_model_judge,
 )
@@ -102,6 +105,75 @@ def test_model_judge_through_the_engine_with_a_random_model(tmp_path):
         labels = j.label(rubric, texts)
         assert len(labels) == len(texts) and set(labels) <= set(rubric.labels)
     assert j.answered == len(texts) * len(RUBRICS)
+
+
+def _word_chat():
+    # A word vocabulary keeps the rubric prompts short (about 110 tokens).
+    words = sorted({w for r in RUBRICS for w in re.findall(r"[A-Za-z]{2,}", r.instruction)}
+                   | {"You", "are", "judge", "Answer", "with", "one", "word", "Text", "LGTM",
+                      "fix", "bug", "happy", "help", "plan", "split", "part", "hi"})
+    return ChatFormat(WordTokenizer(words))
+
+
+def _reference_scores(j, params, cfg, chat, rubric, texts):
+    """log p(label's answer | prompt), one unpadded row at a time, logits in full."""
+    want = np.zeros((len(texts), len(rubric.labels)))
+    for i, t in enumerate(texts):
+        p = j.prompt(rubric, t)
+        for k, lab in enumerate(rubric.labels):
+            row = p + chat.output(lab)
+            logits = M.forward(params, jnp.asarray([row[:-1]], jnp.int32), cfg).logits[0]
+            logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+            want[i, k] = sum(float(logp[pos, row[pos + 1]])
+                             for pos in range(len(p) - 1, len(row) - 1))
+    return want
+
+
+def test_scoring_judge_against_the_full_forward():
+    chat = _word_chat()
+    cfg = M.presets.get("tiny", vocab_size=512, max_context=256)
+    params = M.init_params(jax.random.key(1), cfg)
+    # 3 rows a batch and 16-token length steps: padded rows, padded tails, two lengths.
+    j = ScoringJudge(cfg, params, chat, rows=3, length_step=16)
+    calibrated = ScoringJudge(cfg, params, chat, rows=3, length_step=16, calibrate=True)
+    texts = ["LGTM", "please fix the bug " * 6, "happy to help", "hi"]
+    for rubric in (REVIEW, HELP_OFFER):
+        got = j.scores(rubric, texts)
+        want = _reference_scores(j, params, cfg, chat, rubric, texts)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert j.label(rubric, texts) == [rubric.labels[k] for k in np.argmax(want, axis=1)]
+        # Calibrated: less the content-free text's scores, label by label.
+        prior = _reference_scores(j, params, cfg, chat, rubric, [CONTENT_FREE])[0]
+        np.testing.assert_allclose(calibrated.scores(rubric, texts), want - prior, rtol=1e-5,
+                                   atol=1e-5)
+    assert (j.answered, j.invalid) == (2 * len(texts), 0)
+
+
+def test_scoring_judge_cuts_long_texts_to_the_context():
+    chat = _word_chat()
+    cfg = M.presets.get("tiny", vocab_size=512, max_context=256)
+    j = ScoringJudge(cfg, {}, chat, max_context=160)
+    for rubric in RUBRICS:
+        prompt = j.prompt(rubric, "fix the bug " * 400)
+        assert len(prompt) + max(len(a) for a in j.answers(rubric)) <= 160
+        assert prompt[-len(chat.turn_prompt("")):][-1] == chat.turn_prompt("")[-1]  # the header
+    with pytest.raises(ValueError, match="leaves no room"):
+        ScoringJudge(cfg, {}, chat, max_context=40).prompt(REVIEW, "hi")
+    with pytest.raises(ValueError, match="rows must be >= 1, got 0"):
+        ScoringJudge(cfg, {}, chat, rows=0)
+
+
+def test_load_model_judge_that_scores(tmp_path):
+    chat = _word_chat()
+    cfg = M.presets.get("tiny", vocab_size=512, max_context=256)
+    save_avalon(tmp_path / "judge", cfg, M.init_params(jax.random.key(0), cfg))
+    j = load_model_judge(str(tmp_path / "judge"), chat=chat, slots=4, max_context=256,
+                         answer="score")
+    assert isinstance(j, ScoringJudge) and (j.rows, j.max_context) == (4, 256)
+    texts = ["LGTM", "please fix the bug", "hi"]
+    assert set(j.label(OPENING_PLAN, texts)) <= set(OPENING_PLAN.labels)
+    with pytest.raises(ValueError, match="answer must be one of .* got 'vote'"):
+        load_model_judge(str(tmp_path / "judge"), chat=chat, answer="vote")
 
 
 def test_cohen_kappa_by_hand():
