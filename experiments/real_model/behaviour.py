@@ -2,17 +2,22 @@
 hires and titles, rewards (`avalon/analysis/tool_use.py`), as markdown tables and JSON.
 
     python -m experiments.real_model.behaviour --run=RUN [--phase=eval] [--json=OUT.json]
+    python -m experiments.real_model.behaviour --run=RUN --training
 
 RUN is a training run directory (its `events/`); each held-out evaluation is one block: for the
 organisation and the single agent on each environment, well-formed turns (share and 95% Wilson
 interval), turns that ran a call, hires per organisation rollout and the titles hired, the
 mean reward with its standard error, and per tool the share of attempted calls that were
-well-formed and that ran without a tool error.
+well-formed and that ran without a tool error. `--training`: one row per RLCR step instead,
+from RUN/metrics.jsonl (training rollouts are not logged as events by default): the rollouts'
+mean reward and the shaped one its advantages use (less the underhire penalty), turns per
+rollout that did not parse and whose call failed, hires, and the step's time.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from absl import app, flags
@@ -28,6 +33,7 @@ def _define_flags():
     flags.DEFINE_string("run", None, "a training run directory (its events/)", required=True)
     flags.DEFINE_string("phase", "eval", "events phase: eval or rl")
     flags.DEFINE_string("json", "", "also write the summaries as JSON to this file")
+    flags.DEFINE_bool("training", False, "one row per RLCR step, from RUN/metrics.jsonl")
 
 
 FLAGS = flags.FLAGS
@@ -69,8 +75,48 @@ def tables(summaries: dict) -> str:
     return "\n".join(lines)
 
 
+# (metrics.jsonl key, column, format) of the --training table.
+TRAINING_COLUMNS = (
+    ("rollouts", "rollouts", "{:.0f}"),
+    ("reward/mean", "reward", "{:.3f}"),
+    ("batch/reward_mean", "reward less the underhire penalty", "{:.3f}"),
+    ("org/malformed_turns", "turns not parsed (a rollout)", "{:.2f}"),
+    ("org/tool_error_turns", "turns whose call failed (a rollout)", "{:.2f}"),
+    ("org/hires_per_rollout", "hires (a rollout)", "{:.2f}"),
+    ("time/step_s", "step s", "{:.0f}"),
+)
+
+
+def training_table(metrics_path: str) -> str:
+    """Markdown: one row per RLCR step of a run's metrics.jsonl (the last line of a step, if a
+    resume wrote it twice)."""
+    rows: dict[int, dict] = {}
+    with open(metrics_path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            m = json.loads(line)
+            if m.get("phase") == "rl":
+                rows[int(m["rl_step"])] = m
+    if not rows:
+        raise command.Stop(f"{metrics_path}: no RLCR steps (phase 'rl') in it")
+    lines = ["| RLCR step | " + " | ".join(c for _, c, _ in TRAINING_COLUMNS) + " |",
+             "|---" * (len(TRAINING_COLUMNS) + 1) + "|"]
+    for step, m in sorted(rows.items()):
+        cells = [fmt.format(m[k]) if isinstance(m.get(k), (int, float)) else "-"
+                 for k, _, fmt in TRAINING_COLUMNS]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv):
     del argv
+    if FLAGS.training:
+        path = os.path.join(FLAGS.run, "metrics.jsonl")
+        if not os.path.isfile(path):
+            raise command.Stop(f"--run={FLAGS.run}: no metrics.jsonl in it")
+        sys.stdout.write(training_table(path))
+        return
     groups = tool_use_by_group(read_run(FLAGS.run, phase=FLAGS.phase))
     if not groups:
         raise command.Stop(f"--run={FLAGS.run}: no {FLAGS.phase} event logs under events/")
