@@ -266,6 +266,7 @@ class ScoringJudge:
         return raw - self._prior[rubric.name]
 
     def raw_scores(self, rubric: Rubric, texts: Sequence[str]) -> np.ndarray:
+        """`scores` uncalibrated."""
         answers = self.answers(rubric)
         rows = [(self.prompt(rubric, t), a) for t in texts for a in answers]
         width = max(len(a) for a in answers)
