@@ -46,6 +46,8 @@ CASES = [
      "the following arguments are required: runs (see --help)"),
     ("analyze: negative episodes", "avalon.analyze", ["{tmp}/empty_dir", "--episodes=-1"],
      "--episodes=-1: must be >= 0"),
+    ("analyze: calibrating a generating judge", "avalon.analyze",
+     ["{tmp}/empty_dir", "--judge_calibrate"], "--judge_calibrate needs --judge_answer=score"),
     ("view: missing events file", "avalon.tools.view",
      ["{tmp}/nope.jsonl", "--out={tmp}/out/e.html"],
      "{tmp}/nope.jsonl: no such file or directory"),
