@@ -252,7 +252,10 @@ class ScoringJudge:
         return [self.chat.output(lab) for lab in rubric.labels]
 
     def prompt(self, rubric: Rubric, text: str) -> list[int]:
-        longest = max(len(a) for a in self.answers(rubric))
+        return self._prompt(rubric, text, self.answers(rubric))
+
+    def _prompt(self, rubric: Rubric, text: str, answers: list[list[int]]) -> list[int]:
+        longest = max(len(a) for a in answers)  # room left for the longest answer
         return judge_prompt("ScoringJudge", self.chat, rubric, text, self.max_context - longest)
 
     def scores(self, rubric: Rubric, texts: Sequence[str]) -> np.ndarray:
@@ -268,7 +271,8 @@ class ScoringJudge:
     def raw_scores(self, rubric: Rubric, texts: Sequence[str]) -> np.ndarray:
         """`scores` uncalibrated."""
         answers = self.answers(rubric)
-        rows = [(self.prompt(rubric, t), a) for t in texts for a in answers]
+        prompts = [self._prompt(rubric, t, answers) for t in texts]  # one per text
+        rows = [(p, a) for p in prompts for a in answers]
         width = max(len(a) for a in answers)
         out = np.zeros(len(rows), np.float64)
         for start in range(0, len(rows), self.rows):

@@ -25,6 +25,7 @@ from absl import app, flags
 from avalon import command
 from avalon.analysis.logs import read_run
 from avalon.analysis.tool_use import tool_use_by_group
+from avalon.train.telemetry import read_metrics
 
 
 def _define_flags():
@@ -90,14 +91,7 @@ TRAINING_COLUMNS = (
 def training_table(metrics_path: str) -> str:
     """Markdown: one row per RLCR step of a run's metrics.jsonl (the last line of a step, if a
     resume wrote it twice)."""
-    rows: dict[int, dict] = {}
-    with open(metrics_path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            m = json.loads(line)
-            if m.get("phase") == "rl":
-                rows[int(m["rl_step"])] = m
+    rows = {int(m["rl_step"]): m for m in read_metrics(metrics_path) if m.get("phase") == "rl"}
     if not rows:
         raise command.Stop(f"{metrics_path}: no RLCR steps (phase 'rl') in it")
     lines = ["| RLCR step | " + " | ".join(c for _, c, _ in TRAINING_COLUMNS) + " |",
