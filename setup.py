@@ -58,9 +58,9 @@ setuptools.setup(
     version="0.1.0",
     description="RLCR: training one model to work as an organisation of copies of itself",
     packages=setuptools.find_packages(include=["avalon", "avalon.*"]),
-    # The engine's CPU product kernel, compiled on the user's machine at first use
-    # (avalon/backends/cpu_gemm.py).
-    package_data={"avalon": ["backends/*.cc", "data/toy_smoke_seed/*"]},
+    # The CPU kernels (the engine's products, the update step's attention) and their shared
+    # header, compiled on the user's machine at first use (avalon/backends/cpu_build.py).
+    package_data={"avalon": ["backends/*.cc", "backends/*.h", "data/toy_smoke_seed/*"]},
     python_requires=">=3.11",  # the pinned jax needs 3.11
     install_requires=RUNTIME,
     extras_require=EXTRAS,

@@ -35,6 +35,35 @@ import warnings  # noqa: E402
 import pytest  # noqa: E402
 
 
+def _require_kernel(ready, what: str) -> None:
+    """Build and register a CPU kernel (`ready()`); fail in CI (AVALON_REQUIRE_CPU_KERNEL=1) if
+    it does not build, skip elsewhere."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ok = ready()
+    if not ok:
+        if os.environ.get("AVALON_REQUIRE_CPU_KERNEL") == "1":
+            pytest.fail(f"AVALON_REQUIRE_CPU_KERNEL=1 but the CPU {what} kernel did not build")
+        pytest.skip(f"the CPU {what} kernel did not build here (no C++ compiler?)")
+
+
+@pytest.fixture(scope="session")
+def cpu_attention_kernel():
+    """The update step's CPU attention kernel (`avalon/backends/cpu_attention.py`), registered
+    as the CPU's AttentionImpl.KERNEL core."""
+    from avalon.backends import cpu_attention
+
+    _require_kernel(cpu_attention.ready, "attention")
+
+
+@pytest.fixture(scope="session")
+def cpu_log_softmax_kernel():
+    """The update step's CPU log-prob kernel (`avalon/backends/cpu_log_softmax.py`)."""
+    from avalon.backends import cpu_log_softmax
+
+    _require_kernel(cpu_log_softmax.ready, "log-prob")
+
+
 @pytest.fixture(scope="session")
 def cpu_kernel():
     """The engine's CPU product kernel (`avalon/backends/cpu_gemm.py`), built and registered.
@@ -42,10 +71,4 @@ def cpu_kernel():
     tests that use this; elsewhere (no C++ compiler) they skip."""
     from avalon.backends import cpu_gemm
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ok = cpu_gemm.ready()
-    if not ok:
-        if os.environ.get("AVALON_REQUIRE_CPU_KERNEL") == "1":
-            pytest.fail("AVALON_REQUIRE_CPU_KERNEL=1 but the CPU kernel did not build")
-        pytest.skip("the CPU kernel did not build here (no C++ compiler?)")
+    _require_kernel(cpu_gemm.ready, "product")

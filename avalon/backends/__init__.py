@@ -12,7 +12,11 @@ that reads as its own shape and dtype and computes its own product and routed ex
   grouped experts' forward in that layout.
 - `cpu_gemm.py` + `cpu_gemm.cc`: the C++ product kernel behind XLA's FFI (built at first use),
   `Packed` weights and the packed experts' forward.
-- `training.py`: what the update step compiles with per platform (`compiler_options`).
+- `cpu_attention.py` + `cpu_attention.cc`: causal attention for the update step on CPU, forward
+  and backward fused in C++ behind XLA's FFI, registered as the model's AttentionImpl.KERNEL.
+- `cpu_build.py` (+ `cpu_parallel.h`): building, caching and registering the C++ kernels.
+- `training.py`: what the update step runs with per platform (`compiler_options`,
+  `model_config`: the fused attention on a one-device CPU).
 
 What stays in the model: every MoE dispatch the update step differentiates (DENSE, RAGGED_DOT,
 CAPACITY_BUCKETS, GROUPED, and MEGABLOX under expert parallelism, `model/moe*.py`), each equal

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
+#include "cpu_parallel.h"
 
 namespace ffi = xla::ffi;
 
@@ -179,32 +180,6 @@ void RowsProduct(const float* x, int64_t rows, const W* packed, int64_t nb, int6
   }
 }
 
-// Runs fn(part) for every part in [0, parts) on the calling thread and on the workers of XLA's
-// intra-op pool, and returns when all are done. The caller takes parts too, so it finishes
-// alone if no worker is free (no deadlock when the pool is busy); a task that starts after
-// every part is taken returns at once (its state is shared, not on this stack).
-template <typename F>
-void ParallelFor(ffi::ThreadPool& pool, int64_t parts, const F& fn) {
-  if (parts <= 1) {
-    if (parts == 1) fn(0);
-    return;
-  }
-  struct Shared {
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> done{0};
-  };
-  auto shared = std::make_shared<Shared>();
-  auto work = [shared, parts, fn]() {
-    for (int64_t p = shared->next.fetch_add(1); p < parts; p = shared->next.fetch_add(1)) {
-      fn(p);
-      shared->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t t = 1; t < parts; ++t) pool.Schedule([work]() { work(); });
-  work();
-  while (shared->done.load(std::memory_order_acquire) < parts) std::this_thread::yield();
-}
-
 // How many parts (threads) a product of this size is split into: XLA's intra-op threads, at
 // most one per block, and one unless the weight is large enough that handing work over
 // (microseconds) is a small share of streaming it.
@@ -246,7 +221,7 @@ ffi::Error RowsProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::B
   const auto* pp = packed.typed_data();
   float* yp = y->typed_data();
   const int64_t parts = Parts(pool, nb, K, 1, sizeof(*pp));
-  ParallelFor(pool, parts, [=](int64_t p) {
+  avalon::ParallelFor(pool, parts, [=](int64_t p) {
     int64_t b0, b1;
     PartBlocks(p, parts, nb, &b0, &b1);
     std::vector<float> acc(rows * kBlock);
@@ -276,7 +251,7 @@ ffi::Error GroupedRowsProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   float* yp = y->typed_data();
   // Each part takes the same blocks of every expert's weight, for each run of rows.
   const int64_t parts = Parts(pool, nb, K, E, sizeof(*pp));
-  ParallelFor(pool, parts, [=](int64_t p) {
+  avalon::ParallelFor(pool, parts, [=](int64_t p) {
     int64_t b0, b1;
     PartBlocks(p, parts, nb, &b0, &b1);
     std::vector<float> acc;

@@ -8,9 +8,9 @@ same product reading the weight once, in the order it is stored (`Packed`): 2.3-
 at 8 rows, 1.3-1.9x at 1, 1.1x at 64, level at 512 (compute bound; `experiments/bench/
 cpu_gemm.py`), so the engine uses it for prefill too.
 
-The kernel is compiled once per machine, at first use, with the system's C++ compiler and
-jaxlib's FFI headers (`-O3 -march=native`), into a cache directory keyed by the source, jaxlib's
-version and the CPU; `ready()` builds and registers it and says whether it can be used. Without a
+The kernel is compiled once per machine, at first use (`cpu_build`: the system's C++ compiler,
+`-O3 -march=native`, a cache keyed by the source, jaxlib and the CPU); `ready()` builds and
+registers it and says whether it can be used. Without a
 compiler (or on a failed build) it warns once and the engine keeps XLA's products
 (`cpu_out_in.OutIn`).
 
@@ -23,20 +23,13 @@ experts in this layout run sorted by expert, each expert's rows one run (`expert
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import warnings
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import jaxlib
 
+from avalon.backends import cpu_build
 from avalon.model.activations import activate
 from avalon.model.config import Activation
 from avalon.model.dense import BackendWeight
@@ -53,9 +46,7 @@ _SYMBOLS = {ROWS_TARGET: "AvalonRowsProduct", GROUPED_TARGET: "AvalonGroupedRows
             ROWS_TARGET + "_bf16": "AvalonRowsProductBf16",
             GROUPED_TARGET + "_bf16": "AvalonGroupedRowsProductBf16"}
 STORED_DTYPES = tuple(_TARGETS)
-# Where built kernels are kept (one file per source / jaxlib / CPU); the env var moves it.
-CACHE_ENV = "AVALON_KERNEL_CACHE"
-BUILD_TIMEOUT_S = 300
+CACHE_ENV = cpu_build.CACHE_ENV
 
 
 @jax.tree_util.register_pytree_node_class
@@ -181,72 +172,8 @@ def experts_packed(xl, idx, up: Packed, down: Packed, act=Activation.RELU2):
     return jnp.take(y, inverse, axis=0).reshape(n, k, -1)
 
 
-# ---- building and registering the kernel ------------------------------------------------------
-def _cpu_identity() -> str:
-    """What the `-march=native` build depends on: the CPU's model and feature flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags", "Features"))]
-        return "".join(sorted(set(lines)))
-    except OSError:
-        return platform.processor() + platform.machine()
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get(CACHE_ENV)
-    return Path(root) if root else Path.home() / ".cache" / "avalon" / "kernels"
-
-
-def library_path() -> Path:
-    """Where this machine's build of the kernel lives (built or not)."""
-    key = hashlib.sha256(SOURCE.read_bytes() + jaxlib.__version__.encode()
-                         + jax.__version__.encode() + _cpu_identity().encode()).hexdigest()[:16]
-    return _cache_dir() / f"cpu_gemm-{key}.so"
-
-
-def _compile(out: Path) -> None:
-    """Compile SOURCE into `out` (atomically); raises RuntimeError with the compiler's message."""
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") \
-        or shutil.which("clang++")
-    if cxx is None:
-        raise RuntimeError("no C++ compiler (c++, g++ or clang++) on PATH")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    base = [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-I", jax.ffi.include_dir(),
-            str(SOURCE)]
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
-    try:
-        err = ""
-        # -march=native where the compiler takes it (GCC, clang on x86); plain -O3 otherwise.
-        for extra in (["-march=native"], []):
-            run = subprocess.run(base + extra + ["-o", tmp], capture_output=True, text=True,
-                                 timeout=BUILD_TIMEOUT_S)
-            if run.returncode == 0:
-                os.replace(tmp, out)
-                return
-            err = run.stderr.strip().splitlines()[-1:] or ["(no message)"]
-        raise RuntimeError(f"{cxx} failed: {err[0]}")
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 @functools.cache
 def ready() -> bool:
     """Build (once per machine) and register the kernel; True when the engine can use it. On a
     failure, one warning and False: the engine then keeps XLA's products."""
-    try:
-        import ctypes
-
-        path = library_path()
-        if not path.exists():
-            _compile(path)
-        lib = ctypes.cdll.LoadLibrary(str(path))
-        for target, symbol in _SYMBOLS.items():
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
-                                        platform="cpu")
-        return True
-    except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
-        warnings.warn(f"avalon: the CPU product kernel ({SOURCE.name}) is not available ({e}); "
-                      "the engine uses XLA's products", stacklevel=2)
-        return False
+    return cpu_build.ready(SOURCE, _SYMBOLS, "product", "the engine uses XLA's products")

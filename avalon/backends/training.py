@@ -1,4 +1,11 @@
-"""What the update step compiles with on each platform (`rl/update.py` asks `compiler_options`).
+"""What the update step runs with on each platform (`rl/update.py` asks `compiler_options` and
+`model_config`).
+
+On a CPU with one device, FLASH attention is computed by the fused kernel
+(`cpu_attention.py`) where it fits and builds (2.2x the model's own at SmolLM2's shapes), and
+the log-probs' row reductions by another (`cpu_log_softmax.py`): the same functions (issue 49,
+experiments/bench/RESULTS.md). With several devices the model's own stay (XLA would run an
+opaque kernel replicated on every device, the whole batch on each).
 
 XLA:CPU compiles the update step's programs with YNNPACK for single dots only: reductions and
 elementwise passes run on XLA's own emitters. YNNPACK's reduce fusions (norms, softmax, the
@@ -14,6 +21,8 @@ from __future__ import annotations
 from jax.sharding import Mesh
 
 from avalon import sharding
+from avalon.backends import cpu_attention, cpu_log_softmax
+from avalon.model.config import ModelConfig
 
 CPU_COMPILER_OPTIONS = {
     "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
@@ -23,3 +32,21 @@ def compiler_options(mesh: Mesh | None) -> dict | None:
     """The XLA options the update step's jits compile with on this mesh's platform (no mesh:
     the default backend's)."""
     return dict(CPU_COMPILER_OPTIONS) if sharding.platform(mesh) == "cpu" else None
+
+
+def _one_cpu(mesh: Mesh | None) -> bool:
+    return sharding.platform(mesh) == "cpu" and (mesh is None or mesh.size == 1)
+
+
+def model_config(cfg: ModelConfig, mesh: Mesh | None) -> ModelConfig:
+    """The model config the update step traces on this mesh's platform: on a one-device CPU,
+    FLASH attention on the fused kernel (`cpu_attention.select`); elsewhere cfg itself."""
+    return cpu_attention.select(cfg) if _one_cpu(mesh) else cfg
+
+
+def log_softmax(mesh: Mesh | None):
+    """The update step's log-prob kernel on this mesh (`rl.logprobs.token_logprobs(stats=)`):
+    on a one-device CPU where it builds, `cpu_log_softmax.log_softmax_stats`; else None (XLA)."""
+    if _one_cpu(mesh) and cpu_log_softmax.ready():
+        return cpu_log_softmax.log_softmax_stats
+    return None

@@ -75,6 +75,16 @@ PAGE_BLOCK = 16
 # more of the masked upper triangle and keep each block's fp32 scores in cache.
 FLASH_BLOCK = 64
 
+# AttentionImpl.KERNEL's fused cores, one per platform, registered by a platform backend:
+# fn(q [b, h, t*g, d], k, v [b, h, t, d], seg [b, t] int32, scale, g) -> out [b, h, t*g, d],
+# differentiable, equal to `_flash_core` (the backend's tests hold it to that).
+_KERNELS: dict = {}
+
+
+def register_kernel(platform: str, fn) -> None:
+    """Make `fn` AttentionImpl.KERNEL's core on `platform` ('cpu', 'gpu', 'tpu')."""
+    _KERNELS[platform] = fn
+
 
 def init_paged_kv(cfg: ModelConfig, num_pages: int, page_size: int,
                   platform: str | None = None) -> PagedKV:
@@ -163,6 +173,8 @@ def _full_attention(q, k, v, segment_ids, cfg: ModelConfig, scale):
     chunk = cfg.attention_query_chunk
     if cfg.attention_impl == AttentionImpl.FLASH:
         return _flash_attention(q, k, v, seg, scale, FLASH_BLOCK)
+    if cfg.attention_impl == AttentionImpl.KERNEL:
+        return _kernel_attention(q, k, v, seg, scale)
     if cfg.attention_impl == AttentionImpl.CAUSAL_SCAN:
         return causal_scan_attention(q, k, v, seg, scale, chunk)
     if cfg.attention_impl == AttentionImpl.NAIVE or t <= chunk:
@@ -220,6 +232,20 @@ def _flash_attention(q, k, v, seg, scale, block: int):
     qh = q.transpose(0, 2, 1, 3, 4).reshape(b, h, t * g, d)
     out = _flash_core(qh, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), seg, scale, g,
                       block)
+    return out.reshape(b, h, t, g, d).transpose(0, 2, 1, 3, 4)
+
+
+def _kernel_attention(q, k, v, seg, scale):
+    """`_flash_attention` on the platform's registered fused core (AttentionImpl.KERNEL)."""
+    where = sharding.traced_platform()
+    if where not in _KERNELS:
+        raise ValueError(f"ModelConfig.attention_impl='kernel': no fused attention kernel is "
+                         f"registered for {where!r} (the update step selects it where one is "
+                         "ready: backends.training.model_config); use 'flash'")
+    b, t, h, g, d = q.shape
+    qh = q.transpose(0, 2, 1, 3, 4).reshape(b, h, t * g, d)
+    out = _KERNELS[where](qh, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
+                          seg.astype(jnp.int32), scale, g)
     return out.reshape(b, h, t, g, d).transpose(0, 2, 1, 3, 4)
 
 

@@ -107,6 +107,10 @@ class AttentionImpl(enum.Enum):
     # `attention_query_chunk`, FlashAttention backward: causal FLOPs at fixed shapes per step,
     # for rows too long to unroll (attention_scan.py).
     CAUSAL_SCAN = "causal_scan"
+    # FLASH's function computed by a platform backend's fused kernel (forward and backward),
+    # which the backend registers (`attention.register_kernel`; the model never imports one).
+    # The update step picks it where one is ready (`backends.training.model_config`).
+    KERNEL = "kernel"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,13 +27,37 @@ from avalon import sharding
 from avalon.model.config import ModelConfig
 
 
+def log_softmax_stats(logits: jax.Array, targets: jax.Array, *, on_mesh: bool = False
+                      ) -> tuple[jax.Array, jax.Array]:
+    """(log-prob of each target, entropy of each row) from fp32 logits [..., v] and targets
+    [...]: the reference a platform's kernel replaces (`token_logprobs(stats=...)`). The entropy
+    is a diagnostic and carries no gradient."""
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    if on_mesh:
+        # A one-hot select instead of a gather: elementwise on the vocab-sharded logits, so
+        # no cross-shard gather is needed.
+        hit = jnp.arange(logits.shape[-1], dtype=jnp.int32) == targets[..., None].astype(jnp.int32)
+        picked = jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)
+    else:
+        # On one device a gather: the select writes, and its gradient reads, a full
+        # [b, c, v] array (~135 ms of the toy's 7 s update step on one core).
+        picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    logp = picked - lse
+    lg, lse_sg = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(lse)
+    entropy = lse_sg - jnp.sum(jnp.exp(lg - lse_sg[..., None]) * lg, axis=-1)
+    return logp, entropy
+
+
 def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: ModelConfig, *,
-                   chunk: int, temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+                   chunk: int, temperature: float = 1.0, stats=None
+                   ) -> tuple[jax.Array, jax.Array]:
     """log π(targets[b, s] | prefix) and the policy entropy at every position.
 
     hidden [b, s, d] is the pre-final-norm residual stream (`ForwardResult.hidden`); targets
     [b, s] int. The distribution is softmax(logits / temperature), the sampler's. Returns
     (logp [b, s] fp32, entropy [b, s] fp32); the entropy is a diagnostic and carries no gradient.
+    `stats`: a platform kernel with `log_softmax_stats`'s function (logits, targets) -> (logp,
+    entropy), used on one device (the update step's on CPU: `backends.training.log_softmax`).
     """
     b, s, d = hidden.shape
     if targets.shape != (b, s):
@@ -51,20 +75,9 @@ def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: Mod
     def _pick(logits, tgt):
         if temperature != 1.0:
             logits = logits / temperature
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        if on_mesh:
-            # A one-hot select instead of a gather: elementwise on the vocab-sharded logits, so
-            # no cross-shard gather is needed.
-            hit = jnp.arange(logits.shape[-1], dtype=jnp.int32) == tgt[..., None].astype(jnp.int32)
-            picked = jnp.sum(jnp.where(hit, logits, 0.0), axis=-1)
-        else:
-            # On one device a gather: the select writes, and its gradient reads, a full
-            # [b, c, v] array (~135 ms of the toy's 7 s update step on one core).
-            picked = jnp.take_along_axis(logits, tgt[..., None].astype(jnp.int32), axis=-1)[..., 0]
-        logp = picked - lse
-        lg, lse_sg = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(lse)
-        entropy = lse_sg - jnp.sum(jnp.exp(lg - lse_sg[..., None]) * lg, axis=-1)
-        return logp, entropy
+        if stats is not None and not on_mesh:
+            return stats(logits, tgt)
+        return log_softmax_stats(logits, tgt, on_mesh=on_mesh)
 
     # Under sequence parallelism each row's positions are split over m chips (m = 1 without
     # it): chunk j then takes positions [j c, (j + 1) c) of *every* chip's part, so each chip
@@ -99,7 +112,8 @@ def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: Mod
 
 
 def sequence_logprobs(params: dict, tokens: jax.Array, targets: jax.Array, cfg: ModelConfig, *,
-                      segment_ids=None, routing=None, chunk: int, temperature: float = 1.0
+                      segment_ids=None, routing=None, chunk: int, temperature: float = 1.0,
+                      stats=None
                       ) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None]:
     """Forward (with routing replay when `routing` [m, b, s, k] is given) then chunked token
     log-probs. Returns (logp [b, s], entropy [b, s], routing used [m, b, s, k] or None, choices
@@ -107,5 +121,5 @@ def sequence_logprobs(params: dict, tokens: jax.Array, targets: jax.Array, cfg: 
     r = M.forward(params, tokens, cfg, segment_ids=segment_ids, routing=routing,
                   return_logits=False)
     logp, entropy = token_logprobs(params, r.hidden, targets, cfg, chunk=chunk,
-                                   temperature=temperature)
+                                   temperature=temperature, stats=stats)
     return logp, entropy, r.routing, r.moe_dropped

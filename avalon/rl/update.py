@@ -35,7 +35,7 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from avalon import model as M
-from avalon.backends.training import compiler_options
+from avalon.backends import training as platform_training
 from avalon.model import config as model_config
 from avalon.model.config import ModelConfig
 from avalon.rl.batch import TrainBatch, routing_dtype
@@ -171,11 +171,12 @@ def _micro_batch(x, j, n: int):
 def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | None = None
                      ) -> UpdateStep:
     """Build the jitted update step (and a jitted log-prob pass) for these configs."""
-    cfg = training_model_config(model_cfg, rl_cfg)
+    cfg = platform_training.model_config(training_model_config(model_cfg, rl_cfg), mesh)
     opt = make_optimizer(rl_cfg)
     n_micro = rl_cfg.micro_batches
     table = train_rules(rl_cfg)
     rules = (lambda: use_rules(mesh, table)) if mesh is not None else None
+    stats = platform_training.log_softmax(mesh)  # a platform kernel for the log-probs, or None
     # Params lay out the same under both tables (they differ only in activation axes).
     p_shard = M.param_shardings(cfg, mesh, TRAIN_RULES) if mesh is not None else None
 
@@ -184,7 +185,7 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
         logp, entropy, _, dropped = sequence_logprobs(
             params, mb.tokens, mb.targets, cfg, segment_ids=mb.segment_ids,
             routing=mb.model_routing(), chunk=rl_cfg.logprob_chunk,
-            temperature=rl_cfg.temperature)
+            temperature=rl_cfg.temperature, stats=stats)
         return logp, entropy, (jnp.zeros((), jnp.int32) if dropped is None else jnp.sum(dropped))
 
     def policy_logprobs(params, mb: TrainBatch):
@@ -269,7 +270,7 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
             grads, _ = grads_and_metrics(params, part, num_tokens)
         return optax.tree.norm(grads)
 
-    options = compiler_options(mesh)
+    options = platform_training.compiler_options(mesh)
     if mesh is None:
         return UpdateStep(cfg, rl_cfg, None, opt,
                           jax.jit(step, donate_argnames="state", compiler_options=options),

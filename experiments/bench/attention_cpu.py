@@ -1,11 +1,16 @@
 """Causal attention forward + backward on CPU: Avalon's kernels against torch's fused SDPA.
 
     taskset -c 1 python -m experiments.bench.attention_cpu --batch=8 --seq=512 --repeats=5
+    # SmolLM2-135M's attention at the update step's 1,024-token row:
+    taskset -c 1 python -m experiments.bench.attention_cpu --batch=1 --seq=1024 --heads=9 \
+        --kv_heads=3 --head_dim=64 --repeats=7
 
 The core of one attention layer of the issue-22 model (8 query / 4 kv heads of 32, fp32),
 projections left out: `_full_attention` with each `AttentionImpl` (jitted value and gradient
-of sum(out * probe)) against `torch.nn.functional.scaled_dot_product_attention(is_causal=True,
-enable_gqa=True)` with `backward`. Medians of `--repeats` after one warm-up; one JSON object.
+of sum(out * probe); KERNEL is the update step's fused C++ kernel on CPU,
+`avalon/backends/cpu_attention.py`, when it builds) against
+`torch.nn.functional.scaled_dot_product_attention(is_causal=True, enable_gqa=True)` with
+`backward`. Medians of `--repeats` after one warm-up; one JSON object.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from avalon.backends import cpu_attention
 from avalon.model import AttentionImpl, presets
 from avalon.model.attention import _full_attention
 
@@ -86,7 +92,10 @@ def main(argv):
     probe = jax.random.normal(keys[3], q.shape)
     out = {"shape": [b, t, nh, nkv, d], "cpu_threads": len(os.sched_getaffinity(0)),
            "load_avg_1m": os.getloadavg()[0], "fwd_bwd_ms": {}}
-    for impl in (AttentionImpl.NAIVE, AttentionImpl.BLOCK_CAUSAL, AttentionImpl.FLASH):
+    impls = [AttentionImpl.NAIVE, AttentionImpl.BLOCK_CAUSAL, AttentionImpl.FLASH]
+    if cpu_attention.ready():
+        impls.append(AttentionImpl.KERNEL)
+    for impl in impls:
         out["fwd_bwd_ms"][impl.value] = 1e3 * time_avalon(impl, q, k, v, probe, FLAGS.repeats)
     out["fwd_bwd_ms"]["torch_sdpa"] = 1e3 * time_torch(q, k, v, probe, FLAGS.repeats)
     print(json.dumps(out, indent=1))

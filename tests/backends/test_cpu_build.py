@@ -1,0 +1,27 @@
+"""Building the CPU kernels (`backends/cpu_build.py`): without a working compiler each kernel is
+reported unavailable with one warning naming it and what is used instead, nothing half-written
+is left in the cache, and the process's own registered kernels are untouched."""
+
+import pytest
+
+from avalon.backends import cpu_attention, cpu_build, cpu_gemm, cpu_log_softmax
+
+
+@pytest.mark.parametrize("module,what", [(cpu_gemm, "product"), (cpu_attention, "attention"),
+                                         (cpu_log_softmax, "log-prob")])
+def test_no_compiler_warns_and_reports_unavailable(module, what, tmp_path, monkeypatch):
+    monkeypatch.setenv(cpu_build.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with pytest.warns(UserWarning, match=f"CPU {what} kernel .* not available"):
+        assert module.ready.__wrapped__() is False
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_header_change_is_a_new_build(tmp_path, monkeypatch):
+    """Every kernel's cache key covers the headers it includes."""
+    monkeypatch.setenv(cpu_build.CACHE_ENV, str(tmp_path))
+    before = cpu_build.library_path(cpu_attention.SOURCE)
+    header = tmp_path / "extra.h"
+    header.write_text("// changed\n")
+    monkeypatch.setattr(cpu_build, "HEADERS", (*cpu_build.HEADERS, header))
+    assert cpu_build.library_path(cpu_attention.SOURCE) != before
