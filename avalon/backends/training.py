@@ -2,7 +2,7 @@
 `model_config`).
 
 On a CPU with one device, FLASH attention is computed by the fused kernel
-(`cpu_attention.py`) where it fits and builds (2.2x the model's own at SmolLM2's shapes), and
+(`cpu_attention.py`) where it fits and builds (2.4x the model's own at SmolLM2's shapes), and
 the log-probs' row reductions by another (`cpu_log_softmax.py`): the same functions (issue 49,
 experiments/bench/RESULTS.md). With several devices the model's own stay (XLA would run an
 opaque kernel replicated on every device, the whole batch on each).
