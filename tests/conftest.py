@@ -65,6 +65,18 @@ def cpu_log_softmax_kernel():
 
 
 @pytest.fixture(scope="session")
+def cpu_blas_kernel():
+    """The update step's products on MKL (`avalon/backends/cpu_blas.py`, the `cpu` extra): skip
+    where MKL is not installed (an optional library), fail in CI (AVALON_REQUIRE_CPU_KERNEL=1,
+    which installs it) if it is missing or the kernel does not build."""
+    from avalon.backends import cpu_blas
+
+    if cpu_blas.find_library() is None and os.environ.get("AVALON_REQUIRE_CPU_KERNEL") != "1":
+        pytest.skip("MKL is not installed here (pip install -e '.[cpu]')")
+    _require_kernel(cpu_blas.ready, "BLAS")
+
+
+@pytest.fixture(scope="session")
 def cpu_kernel():
     """The engine's CPU product kernel (`avalon/backends/cpu_gemm.py`), built and registered.
     `.ci/run` sets AVALON_REQUIRE_CPU_KERNEL=1, so in CI a kernel that does not build fails the

@@ -14,9 +14,13 @@ that reads as its own shape and dtype and computes its own product and routed ex
   `Packed` weights and the packed experts' forward.
 - `cpu_attention.py` + `cpu_attention.cc`: causal attention for the update step on CPU, forward
   and backward fused in C++ behind XLA's FFI, registered as the model's AttentionImpl.KERNEL.
-- `cpu_build.py` (+ `cpu_parallel.h`): building, caching and registering the C++ kernels.
+- `cpu_log_softmax.py` + `.cc`: the update step's log-probs' row reductions on CPU.
+- `cpu_blas.py` + `.cc`: the update step's fp32 products on Intel MKL (the optional `cpu` extra),
+  used through `model.dense.platform_product`.
+- `cpu_build.py` (+ `cpu_parallel.h`, `cpu_vector.h`): building, caching and registering the C++
+  kernels.
 - `training.py`: what the update step runs with per platform (`compiler_options`,
-  `model_config`: the fused attention on a one-device CPU).
+  `model_config`: the fused attention, `log_softmax`, `products`: MKL's, on a one-device CPU).
 
 What stays in the model: every MoE dispatch the update step differentiates (DENSE, RAGGED_DOT,
 CAPACITY_BUCKETS, GROUPED, and MEGABLOX under expert parallelism, `model/moe*.py`), each equal

@@ -83,9 +83,10 @@ def _compile(source: Path, out: Path) -> None:
             os.unlink(tmp)
 
 
-def register(source: Path, symbols: dict[str, str]) -> None:
+def register(source: Path, symbols: dict[str, str]) -> ctypes.CDLL:
     """Build `source` (once per machine), load it and register each FFI target in `symbols`
-    (target name -> the handler's exported symbol) for the CPU. Raises one of `FAILURES`."""
+    (target name -> the handler's exported symbol) for the CPU; returns the loaded library.
+    Raises one of `FAILURES`."""
     path = library_path(source)
     if not path.exists():
         _compile(source, path)
@@ -93,6 +94,7 @@ def register(source: Path, symbols: dict[str, str]) -> None:
     for target, symbol in symbols.items():
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)),
                                     platform="cpu")
+    return lib
 
 
 def ready(source: Path, symbols: dict[str, str], what: str, instead: str) -> bool:

@@ -18,10 +18,13 @@ compile with their defaults.
 
 from __future__ import annotations
 
+import contextlib
+
 from jax.sharding import Mesh
 
 from avalon import sharding
-from avalon.backends import cpu_attention, cpu_log_softmax
+from avalon.backends import cpu_attention, cpu_blas, cpu_log_softmax
+from avalon.model import dense
 from avalon.model.config import ModelConfig
 
 CPU_COMPILER_OPTIONS = {
@@ -50,3 +53,11 @@ def log_softmax(mesh: Mesh | None):
     if _one_cpu(mesh) and cpu_log_softmax.ready():
         return cpu_log_softmax.log_softmax_stats
     return None
+
+
+def products(mesh: Mesh | None):
+    """A context for tracing the update step's model: on a one-device CPU with MKL installed
+    (`cpu_blas.ready`), the float32 products of `model.dense` on MKL; else nothing changes."""
+    if _one_cpu(mesh) and cpu_blas.ready():
+        return dense.platform_product(cpu_blas.product)
+    return contextlib.nullcontext()

@@ -30,7 +30,7 @@ from avalon.model.attention import attention
 from avalon.model.bits import take_rows
 from avalon.model.cache import Cache
 from avalon.model.config import LETTERS, ModelConfig, Remat
-from avalon.model.dense import dense_head
+from avalon.model.dense import dense_head, tied_head
 from avalon.model.mamba2 import mamba_mixer
 from avalon.model.mlp import mlp
 from avalon.model.moe import ROUTED_NAME, moe_layer
@@ -242,8 +242,10 @@ def lm_logits(params: dict, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
     with jax.named_scope("head"):
         h = rms_norm(hidden, params["final_norm"], cfg.layer_norm_epsilon)
         # A tied head is the embedding, unless a decode backend laid it out apart as lm_head.
-        w = params["lm_head"] if "lm_head" in params else params["embed"].T
-        logits = dense_head(h, w.astype(h.dtype)).astype(jnp.float32)
+        if "lm_head" in params:
+            logits = dense_head(h, params["lm_head"].astype(h.dtype)).astype(jnp.float32)
+        else:
+            logits = tied_head(h, params["embed"]).astype(jnp.float32)
     return constrain(logits, ("batch", "act_seq", "act_vocab")) if logits.ndim == 3 else logits
 
 
@@ -268,5 +270,6 @@ def _mtp_logits(params: dict, hidden: jax.Array, next_tokens: jax.Array, cfg: Mo
     for ch, lp in zip(cfg.mtp_pattern, mp["layers"]):
         h, _, _ = apply_layer(ch, lp, h, cfg)
     h = rms_norm(h, mp["final_norm"], eps)
-    w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
-    return dense_head(h, w.astype(h.dtype)).astype(jnp.float32)
+    if cfg.tie_word_embeddings:
+        return tied_head(h, params["embed"]).astype(jnp.float32)
+    return dense_head(h, params["lm_head"].astype(h.dtype)).astype(jnp.float32)

@@ -182,10 +182,11 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
 
     def forward_logprobs(params, mb: TrainBatch):
         """(logp, entropy, MoE choices dropped at the expert-parallel capacity, all layers)."""
-        logp, entropy, _, dropped = sequence_logprobs(
-            params, mb.tokens, mb.targets, cfg, segment_ids=mb.segment_ids,
-            routing=mb.model_routing(), chunk=rl_cfg.logprob_chunk,
-            temperature=rl_cfg.temperature, stats=stats)
+        with platform_training.products(mesh):
+            logp, entropy, _, dropped = sequence_logprobs(
+                params, mb.tokens, mb.targets, cfg, segment_ids=mb.segment_ids,
+                routing=mb.model_routing(), chunk=rl_cfg.logprob_chunk,
+                temperature=rl_cfg.temperature, stats=stats)
         return logp, entropy, (jnp.zeros((), jnp.int32) if dropped is None else jnp.sum(dropped))
 
     def policy_logprobs(params, mb: TrainBatch):

@@ -1,0 +1,119 @@
+"""The update step's products on MKL (`backends/cpu_blas.py`) against references: `matmul` and
+the tied head's `matmul_nt`, values and both gradients, against float64 NumPy and XLA's product
+for shapes split over threads or not, thin and empty ones; `model.dense`, `dense_head` and
+`tied_head` under the platform product against the same calls without it; the update step
+with the products on MKL against the step with XLA's; where it does not apply.
+
+Skipped where MKL is not installed (the optional `cpu` extra); `.ci/run` installs it and sets
+AVALON_REQUIRE_CPU_KERNEL=1, so in CI these fail instead."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from avalon import model as M
+from avalon.backends import cpu_blas, training
+from avalon.model import dense as D
+from avalon.rl.build import build_sft_batch
+from avalon.rl.config import LossKind, RLConfig
+from avalon.rl.update import make_update_step
+from avalon.sharding import make_mesh
+from tests.rl.helpers import make_row
+
+
+@pytest.fixture(autouse=True)
+def kernel(cpu_blas_kernel):
+    """Every test here needs MKL and the kernel (tests/conftest.py)."""
+
+
+def _f64(a):
+    return np.asarray(a, np.float64)
+
+
+@pytest.mark.parametrize("m,k,n", [(1024, 576, 1536), (37, 70, 45), (5, 1, 3), (64, 300, 4099),
+                                   (3, 0, 4), (0, 8, 5)])
+def test_matmul_and_its_gradients_equal_float64(m, k, n):
+    kx, kw, kg = jax.random.split(jax.random.key(m * 7 + n), 3)
+    x, w = jax.random.normal(kx, (m, k)), jax.random.normal(kw, (k, n))
+    g = jax.random.normal(kg, (m, n))
+    y, vjp = jax.vjp(jax.jit(cpu_blas.matmul), x, w)
+    dx, dw = vjp(g)
+    tol = dict(rtol=2e-5, atol=2e-5 * max(1, k) ** 0.5)
+    np.testing.assert_allclose(y, _f64(x) @ _f64(w), **tol)
+    np.testing.assert_allclose(dx, _f64(g) @ _f64(w).T, rtol=2e-5, atol=2e-5 * max(1, n) ** 0.5)
+    np.testing.assert_allclose(dw, _f64(x).T @ _f64(g), rtol=2e-5, atol=2e-5 * max(1, m) ** 0.5)
+
+
+@pytest.mark.parametrize("m,k,n", [(512, 576, 4096), (9, 33, 17)])
+def test_tied_head_product_and_its_gradients_equal_float64(m, k, n):
+    """matmul_nt: x [m, k] against the embedding [n, k] as stored."""
+    kx, kw, kg = jax.random.split(jax.random.key(n), 3)
+    x, e = jax.random.normal(kx, (m, k)), jax.random.normal(kw, (n, k))
+    g = jax.random.normal(kg, (m, n))
+    y, vjp = jax.vjp(jax.jit(cpu_blas.matmul_nt), x, e)
+    dx, de = vjp(g)
+    np.testing.assert_allclose(y, _f64(x) @ _f64(e).T, rtol=2e-5, atol=1e-3)
+    np.testing.assert_allclose(dx, _f64(g) @ _f64(e), rtol=2e-5, atol=1e-3)
+    np.testing.assert_allclose(de, _f64(g).T @ _f64(x), rtol=2e-5, atol=1e-3)
+
+
+def _value_and_grads(fn, *args):
+    def loss(*a):
+        y = fn(*a)
+        return jnp.sum(y * jnp.sin(jnp.arange(y.size).reshape(y.shape))), y
+    (_, y), grads = jax.jit(jax.value_and_grad(loss, argnums=tuple(range(len(args))),
+                                               has_aux=True))(*args)
+    return y, grads
+
+
+@pytest.mark.parametrize("which", ["dense", "dense_two_axes", "dense_head", "tied_head"])
+def test_model_products_under_the_platform_product_equal_xlas(which):
+    kx, kw = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (2, 30, 48))
+    fns = {"dense": (lambda x, w: D.dense(x, w), (48, 80)),
+           "dense_two_axes": (lambda x, w: D.dense(x.reshape(2, 30, 4, 12), w, 2), (4, 12, 24)),
+           "dense_head": (D.dense_head, (48, 500)),
+           "tied_head": (D.tied_head, (500, 48))}
+    fn, shape = fns[which]
+    w = jax.random.normal(kw, shape)
+
+    def on_mkl(x, w):
+        with D.platform_product(cpu_blas.product):
+            return fn(x, w)
+
+    y, grads = _value_and_grads(on_mkl, x, w)
+    y_ref, grads_ref = _value_and_grads(fn, x, w)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, grads_ref):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_update_step_on_mkl_equals_the_step_on_xlas_products(monkeypatch):
+    """One SFT step of a model with attention, an MLP and a tied head: the products on MKL
+    (make_update_step on one CPU device) against XLA's."""
+    cfg = M.presets.get("tiny", pattern="*-", tie_word_embeddings=True)
+    rl = RLConfig(loss=LossKind.SFT, lr=1e-3, adam_eps=1e-5, logprob_chunk=32)
+    rng = np.random.default_rng(0)
+    rows = [make_row(rng, int(rng.integers(20, 60)), vocab=cfg.vocab_size) for _ in range(6)]
+    batch = build_sft_batch(rows, seq_len=64, num_seqs_multiple=2)[0]
+    params = M.init_params(jax.random.key(0), cfg)
+    on_mkl = make_update_step(cfg, rl)
+    hlo = on_mkl.step_fn.lower(on_mkl.init_state(params), batch).as_text()
+    assert cpu_blas.TARGET in hlo
+    monkeypatch.setattr(training, "products", lambda mesh: D.contextlib.nullcontext())
+    plain = make_update_step(cfg, rl)
+    state, m = on_mkl(on_mkl.init_state(params), batch)
+    ref_state, ref_m = plain(plain.init_state(params), batch)
+    for key in ("loss", "nll", "grad_norm"):
+        np.testing.assert_allclose(m[key], ref_m[key], rtol=1e-5, err_msg=key)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ref_state.params),
+                            jax.tree.leaves(state.params)):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+
+
+def test_several_devices_keep_xlas_products():
+    with training.products(make_mesh({"data": 8})):
+        assert D._PRODUCT.get() is None
+    with training.products(None):
+        assert D._PRODUCT.get() is cpu_blas.product
