@@ -40,8 +40,8 @@ EXTRAS = {
     # client); OrsEnvironment and the ORS server are stdlib.
     "ors": ["openreward>=0.1.160,<0.2"],
     # The update step's fp32 products on Intel MKL on an x86-64 CPU (avalon/backends/cpu_blas.py:
-    # 1.15-1.6x XLA:CPU's products; without it XLA's are used). The wheel holds MKL's single
-    # dynamic library, found under the environment's lib/.
+    # 1.1-1.6x XLA:CPU's products at SmolLM2's shapes; without it XLA's are used). The wheel
+    # holds MKL's single dynamic library, found under the environment's lib/.
     "cpu": ["mkl; platform_machine == 'x86_64' or platform_machine == 'AMD64'"],
     # Compile for TPU topologies from a CPU host (experiments/scale/aot.py): the libtpu release
     # that matches the jax release (jax 0.10.2 <-> libtpu 0.0.42.1).

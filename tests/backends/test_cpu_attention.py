@@ -18,11 +18,10 @@ from avalon import model as M
 from avalon.backends import cpu_attention, training
 from avalon.model import attention
 from avalon.model.config import AttentionImpl
-from avalon.rl.build import build_sft_batch
 from avalon.rl.config import LossKind, RLConfig
 from avalon.rl.update import make_update_step
 from avalon.sharding import make_mesh
-from tests.rl.helpers import make_row
+from tests.backends.helpers import assert_steps_agree, sft_batch
 
 
 @pytest.fixture(autouse=True)
@@ -120,31 +119,17 @@ def test_model_attention_through_the_kernel_equals_flash():
     np.testing.assert_allclose(dx, dx_ref, rtol=1e-5, atol=1e-6)
 
 
-def _sft_batch(cfg):
-    rng = np.random.default_rng(0)
-    rows = [make_row(rng, int(rng.integers(20, 60)), vocab=cfg.vocab_size) for _ in range(6)]
-    return build_sft_batch(rows, seq_len=64, num_seqs_multiple=2)[0]
-
-
 def test_update_step_on_one_cpu_uses_the_kernel_and_equals_the_models_step(monkeypatch):
     """make_update_step on one CPU device traces FLASH attention as the kernel; one SFT step
     moves the params as the step with the model's own attention does."""
     cfg = M.presets.get("tiny", pattern="*-", attention_impl=AttentionImpl.FLASH)
     rl = RLConfig(loss=LossKind.SFT, lr=1e-3, adam_eps=1e-5, logprob_chunk=32)
-    batch = _sft_batch(cfg)
-    params = M.init_params(jax.random.key(0), cfg)
     fused = make_update_step(cfg, rl)
     assert fused.model_cfg.attention_impl == AttentionImpl.KERNEL
     monkeypatch.setattr(cpu_attention, "select", lambda c: c)
     plain = make_update_step(cfg, rl)
     assert plain.model_cfg.attention_impl == AttentionImpl.FLASH
-    state, m = fused(fused.init_state(params), batch)
-    ref_state, ref_m = plain(plain.init_state(params), batch)
-    for key in ("loss", "nll", "grad_norm"):
-        np.testing.assert_allclose(m[key], ref_m[key], rtol=1e-5, err_msg=key)
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ref_state.params),
-                            jax.tree.leaves(state.params)):
-        np.testing.assert_allclose(b, a, rtol=0, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+    assert_steps_agree(fused, plain, M.init_params(jax.random.key(0), cfg), sft_batch(cfg))
 
 
 def test_where_the_kernel_does_not_apply_the_model_keeps_its_own():

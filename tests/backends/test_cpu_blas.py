@@ -7,6 +7,8 @@ with the products on MKL against the step with XLA's; where it does not apply.
 Skipped where MKL is not installed (the optional `cpu` extra); `.ci/run` installs it and sets
 AVALON_REQUIRE_CPU_KERNEL=1, so in CI these fail instead."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,11 +17,10 @@ import pytest
 from avalon import model as M
 from avalon.backends import cpu_blas, training
 from avalon.model import dense as D
-from avalon.rl.build import build_sft_batch
 from avalon.rl.config import LossKind, RLConfig
 from avalon.rl.update import make_update_step
 from avalon.sharding import make_mesh
-from tests.rl.helpers import make_row
+from tests.backends.helpers import assert_steps_agree, sft_batch
 
 
 @pytest.fixture(autouse=True)
@@ -94,22 +95,13 @@ def test_update_step_on_mkl_equals_the_step_on_xlas_products(monkeypatch):
     (make_update_step on one CPU device) against XLA's."""
     cfg = M.presets.get("tiny", pattern="*-", tie_word_embeddings=True)
     rl = RLConfig(loss=LossKind.SFT, lr=1e-3, adam_eps=1e-5, logprob_chunk=32)
-    rng = np.random.default_rng(0)
-    rows = [make_row(rng, int(rng.integers(20, 60)), vocab=cfg.vocab_size) for _ in range(6)]
-    batch = build_sft_batch(rows, seq_len=64, num_seqs_multiple=2)[0]
     params = M.init_params(jax.random.key(0), cfg)
+    batch = sft_batch(cfg)
     on_mkl = make_update_step(cfg, rl)
-    hlo = on_mkl.step_fn.lower(on_mkl.init_state(params), batch).as_text()
-    assert cpu_blas.TARGET in hlo
-    monkeypatch.setattr(training, "products", lambda mesh: D.contextlib.nullcontext())
+    assert cpu_blas.TARGET in on_mkl.step_fn.lower(on_mkl.init_state(params), batch).as_text()
+    monkeypatch.setattr(training, "products", lambda mesh: contextlib.nullcontext())
     plain = make_update_step(cfg, rl)
-    state, m = on_mkl(on_mkl.init_state(params), batch)
-    ref_state, ref_m = plain(plain.init_state(params), batch)
-    for key in ("loss", "nll", "grad_norm"):
-        np.testing.assert_allclose(m[key], ref_m[key], rtol=1e-5, err_msg=key)
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ref_state.params),
-                            jax.tree.leaves(state.params)):
-        np.testing.assert_allclose(b, a, rtol=0, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+    assert_steps_agree(on_mkl, plain, params, batch)
 
 
 def test_several_devices_keep_xlas_products():

@@ -15,12 +15,11 @@ import pytest
 
 from avalon import model as M
 from avalon.backends import cpu_log_softmax, training
-from avalon.rl.build import build_sft_batch
 from avalon.rl.config import LossKind, RLConfig
 from avalon.rl.logprobs import log_softmax_stats
 from avalon.rl.update import make_update_step
 from avalon.sharding import make_mesh
-from tests.rl.helpers import make_row
+from tests.backends.helpers import assert_steps_agree, sft_batch
 
 
 @pytest.fixture(autouse=True)
@@ -83,21 +82,12 @@ def test_a_target_outside_the_vocabulary_is_what_the_reference_gives():
 def test_update_step_on_one_cpu_uses_the_kernel_and_equals_xlas_step(monkeypatch):
     cfg = M.presets.get("tiny", pattern="*-")
     rl = RLConfig(loss=LossKind.SFT, lr=1e-3, adam_eps=1e-5, logprob_chunk=32)
-    rng = np.random.default_rng(0)
-    rows = [make_row(rng, int(rng.integers(20, 60)), vocab=cfg.vocab_size) for _ in range(6)]
-    batch = build_sft_batch(rows, seq_len=64, num_seqs_multiple=2)[0]
-    params = M.init_params(jax.random.key(0), cfg)
     assert training.log_softmax(None) is cpu_log_softmax.log_softmax_stats
     fused = make_update_step(cfg, rl)
     monkeypatch.setattr(training, "log_softmax", lambda mesh: None)
     plain = make_update_step(cfg, rl)
-    state, m = fused(fused.init_state(params), batch)
-    ref_state, ref_m = plain(plain.init_state(params), batch)
-    for key in ("loss", "nll", "grad_norm", "entropy"):
-        np.testing.assert_allclose(m[key], ref_m[key], rtol=1e-5, err_msg=key)
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ref_state.params),
-                            jax.tree.leaves(state.params)):
-        np.testing.assert_allclose(b, a, rtol=0, atol=1e-6, err_msg=jax.tree_util.keystr(path))
+    assert_steps_agree(fused, plain, M.init_params(jax.random.key(0), cfg), sft_batch(cfg),
+                       keys=("loss", "nll", "grad_norm", "entropy"))
 
 
 def test_several_devices_keep_xlas_reductions():
