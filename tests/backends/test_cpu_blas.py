@@ -104,6 +104,21 @@ def test_update_step_on_mkl_equals_the_step_on_xlas_products(monkeypatch):
     assert_steps_agree(on_mkl, plain, params, batch)
 
 
+def test_a_one_device_mesh_runs_all_three_kernels():
+    """avalon.main builds a mesh even for one CPU device (configs: mesh data=1): the update step
+    on it traces the products on MKL, the log-prob kernel and the attention kernel."""
+    from avalon.model.config import AttentionImpl
+
+    cfg = M.presets.get("tiny", pattern="*-", tie_word_embeddings=True,
+                        attention_impl=AttentionImpl.FLASH)
+    rl = RLConfig(loss=LossKind.SFT, lr=1e-3, adam_eps=1e-5, logprob_chunk=32)
+    step = make_update_step(cfg, rl, mesh=make_mesh({"data": 1}, devices=jax.devices()[:1]))
+    params = M.init_params(jax.random.key(0), cfg)
+    hlo = step.step_fn.lower(step.init_state(params), sft_batch(cfg)).as_text()
+    for target in (cpu_blas.TARGET, "avalon_logprobs_fwd", "avalon_attention_bwd"):
+        assert target in hlo, target
+
+
 def test_several_devices_keep_xlas_products():
     with training.products(make_mesh({"data": 8})):
         assert D._PRODUCT.get() is None
