@@ -65,6 +65,14 @@ def cpu_log_softmax_kernel():
 
 
 @pytest.fixture(scope="session")
+def cpu_optimizer_kernel():
+    """The update step's CPU optimizer kernel (`avalon/backends/cpu_optimizer.py`)."""
+    from avalon.backends import cpu_optimizer
+
+    _require_kernel(cpu_optimizer.ready, "optimizer")
+
+
+@pytest.fixture(scope="session")
 def cpu_blas_kernel():
     """The update step's products on MKL (`avalon/backends/cpu_blas.py`, the `cpu` extra): skip
     where MKL is not installed (an optional library), fail in CI (AVALON_REQUIRE_CPU_KERNEL=1,

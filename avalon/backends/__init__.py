@@ -17,10 +17,13 @@ that reads as its own shape and dtype and computes its own product and routed ex
 - `cpu_log_softmax.py` + `.cc`: the update step's log-probs' row reductions on CPU.
 - `cpu_blas.py` + `.cc`: the update step's fp32 products on Intel MKL (the optional `cpu` extra),
   used through `model.dense.platform_product`.
+- `cpu_optimizer.py` + `.cc`: the update step's gradient norm, clip and AdamW in one pass per
+  parameter on CPU (optax's state).
 - `cpu_build.py` (+ `cpu_parallel.h`, `cpu_vector.h`): building, caching and registering the C++
   kernels.
 - `training.py`: what the update step runs with per platform (`compiler_options`,
-  `model_config`: the fused attention, `log_softmax`, `products`: MKL's, on a one-device CPU).
+  `model_config`: the fused attention, `log_softmax`, `products`: MKL's, `fused_optimizer`, on
+  a one-device CPU).
 
 What stays in the model: every MoE dispatch the update step differentiates (DENSE, RAGGED_DOT,
 CAPACITY_BUCKETS, GROUPED, and MEGABLOX under expert parallelism, `model/moe*.py`), each equal

@@ -3,9 +3,10 @@
 
 On a CPU with one device, FLASH attention is computed by the fused kernel
 (`cpu_attention.py`) where it fits and builds (2.4x the model's own at SmolLM2's shapes), and
-the log-probs' row reductions by another (`cpu_log_softmax.py`): the same functions (issue 49,
-experiments/bench/RESULTS.md). With several devices the model's own stay (XLA would run an
-opaque kernel replicated on every device, the whole batch on each).
+the log-probs' row reductions by another (`cpu_log_softmax.py`), the optimizer by a third
+(`cpu_optimizer.py`) and, with MKL installed, the products by MKL (`cpu_blas.py`): the same
+functions (issue 49, experiments/bench/RESULTS.md). With several devices the model's own stay
+(XLA would run an opaque kernel replicated on every device, the whole batch on each).
 
 XLA:CPU compiles the update step's programs with YNNPACK for single dots only: reductions and
 elementwise passes run on XLA's own emitters. YNNPACK's reduce fusions (norms, softmax, the
@@ -23,7 +24,7 @@ import contextlib
 from jax.sharding import Mesh
 
 from avalon import sharding
-from avalon.backends import cpu_attention, cpu_blas, cpu_log_softmax
+from avalon.backends import cpu_attention, cpu_blas, cpu_log_softmax, cpu_optimizer
 from avalon.model import dense
 from avalon.model.config import ModelConfig
 
@@ -61,3 +62,10 @@ def products(mesh: Mesh | None):
     if _one_cpu(mesh) and cpu_blas.ready():
         return dense.platform_product(cpu_blas.product)
     return contextlib.nullcontext()
+
+
+def fused_optimizer(mesh: Mesh | None):
+    """The update step's norm + clip + AdamW in one pass per parameter on this mesh: on a
+    one-device CPU where it builds, `cpu_optimizer` (`global_norm`, `adamw_update`); else None
+    (optax's passes)."""
+    return cpu_optimizer if _one_cpu(mesh) and cpu_optimizer.ready() else None

@@ -177,6 +177,7 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
     table = train_rules(rl_cfg)
     rules = (lambda: use_rules(mesh, table)) if mesh is not None else None
     stats = platform_training.log_softmax(mesh)  # a platform kernel for the log-probs, or None
+    fused = platform_training.fused_optimizer(mesh)  # norm + clip + AdamW in one pass, or None
     # Params lay out the same under both tables (they differ only in activation axes).
     p_shard = M.param_shardings(cfg, mesh, TRAIN_RULES) if mesh is not None else None
 
@@ -239,8 +240,16 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
                 grads, metrics = grads_and_metrics(state.params, batch, num_tokens)
         else:
             grads, metrics = grads_and_metrics(state.params, batch, num_tokens)
-        grad_norm = optax.tree.norm(grads)
+        grad_norm = optax.tree.norm(grads) if fused is None else fused.global_norm(grads)
         ok = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"]) & (num_tokens > 0)
+        metrics.update(_batch_metrics(batch, rl_cfg))
+        metrics["grad_norm"] = grad_norm
+        metrics["skipped"] = 1 - ok.astype(jnp.int32)
+        if fused is not None:  # the platform's one pass per parameter, optax's state
+            params, opt_state = fused.adamw_update(rl_cfg, grads, state.opt_state, state.params,
+                                                   grad_norm, ok)
+            return TrainState(step=state.step + ok.astype(jnp.int32), params=params,
+                              opt_state=opt_state), metrics
         updates, opt_state = opt.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         # Frozen leaves: the old arrays themselves (p + 0.0 would turn a -0.0 into +0.0).
@@ -250,9 +259,6 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
         new_state = TrainState(step=state.step + ok.astype(jnp.int32),
                                params=jax.tree.map(keep, state.params, params),
                                opt_state=jax.tree.map(keep, state.opt_state, opt_state))
-        metrics.update(_batch_metrics(batch, rl_cfg))
-        metrics["grad_norm"] = grad_norm
-        metrics["skipped"] = 1 - ok.astype(jnp.int32)
         return new_state, metrics
 
     def logprob_pass(params, batch: TrainBatch):

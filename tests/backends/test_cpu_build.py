@@ -4,11 +4,19 @@ is left in the cache, and the process's own registered kernels are untouched."""
 
 import pytest
 
-from avalon.backends import cpu_attention, cpu_blas, cpu_build, cpu_gemm, cpu_log_softmax
+from avalon.backends import (
+    cpu_attention,
+    cpu_blas,
+    cpu_build,
+    cpu_gemm,
+    cpu_log_softmax,
+    cpu_optimizer,
+)
 
 
 @pytest.mark.parametrize("module,what", [(cpu_gemm, "product"), (cpu_attention, "attention"),
-                                         (cpu_log_softmax, "log-prob"), (cpu_blas, "BLAS")])
+                                         (cpu_log_softmax, "log-prob"), (cpu_blas, "BLAS"),
+                                         (cpu_optimizer, "optimizer")])
 def test_no_compiler_warns_and_reports_unavailable(module, what, tmp_path, monkeypatch):
     if module is cpu_blas and cpu_blas.find_library() is None:
         pytest.skip("MKL is not installed here: the BLAS kernel is not built at all")
