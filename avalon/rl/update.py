@@ -4,6 +4,11 @@
     (CISPO or SFT, token-normalised over the whole batch) → gradients, accumulated over
     micro-batches by `lax.scan` → global-norm clip → AdamW (constant lr) → new params
 
+On a CPU with one device the platform's kernels take parts of this (`backends.training`): the
+attention, the log-probs' reductions, the products (with MKL), and the clip + AdamW + guard as
+one pass per parameter on optax's state (`cpu_optimizer.adamw_update`); each equals this
+module's own path to rounding (tests/backends/).
+
 The router weight and correction bias are frozen twice: the model config used for training has
 `router_frozen=True` (no gradient reaches them) and the optimizer labels them `set_to_zero`, so
 weight decay cannot touch them either; their arrays are passed through unchanged (bit-identical).
