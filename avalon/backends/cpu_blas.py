@@ -4,9 +4,9 @@ XLA:CPU runs the update step's fp32 products at 130-139 GFLOP/s on one core here
 head's at ~100; MKL's `cblas_sgemm` runs every one of the step's shapes, transposed or not, at
 151-165 (issue 49, `experiments/bench/RESULTS.md`), and the products are two thirds of
 SmolLM2-135M's update step. `cpu_blas.cc` calls it (sequential MKL, the columns split over
-XLA's intra-op threads); `matmul` is the product with its gradients as the same calls (dx = g
-w^T, dw = x^T g), `matmul_nt` the tied LM head's (the embedding as stored); `product` is what
-`model.dense` uses while the update step traces (`training.products`). Results equal XLA's
+XLA's intra-op threads); `product` is the product with its gradients as the same calls (dx = g
+w^T, dw = x^T g; the tied LM head's with the embedding as stored), which `model.dense` uses
+while the update step traces (`training.products`). Results equal XLA's
 to rounding (tests/backends/test_cpu_blas.py).
 
 MKL is found as the `mkl` wheel installs it (`<prefix>/lib/libmkl_rt.so.*`), or at
@@ -74,44 +74,23 @@ def _sgemm(a, b, transpose_a: bool, transpose_b: bool):
         a, b, transpose_a=transpose_a, transpose_b=transpose_b)
 
 
-@jax.custom_vjp
-def matmul(x2: jax.Array, w2: jax.Array) -> jax.Array:
-    """x2 [m, k] @ w2 [k, n] -> [m, n], float32, on MKL (`ready()` must be True)."""
-    return _sgemm(x2, w2, False, False)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def product(x2: jax.Array, w2: jax.Array, transpose_w: bool) -> jax.Array:
+    """`model.dense`'s platform product on MKL (`ready()` must be True), float32: x2 [m, k] @ w2
+    [k, n], or with transpose_w x2 @ w2.T for w2 [n, k] (a tied LM head: the embedding as
+    stored; its gradient comes out [n, k] too, so neither is transposed in memory)."""
+    return _sgemm(x2, w2, False, transpose_w)
 
 
-def _matmul_fwd(x2, w2):
-    return _sgemm(x2, w2, False, False), (x2, w2)
+def _product_fwd(x2, w2, transpose_w):
+    return _sgemm(x2, w2, False, transpose_w), (x2, w2)
 
 
-def _matmul_bwd(res, g):
+def _product_bwd(transpose_w, res, g):
     x2, w2 = res
-    return _sgemm(g, w2, False, True), _sgemm(x2, g, True, False)
+    dx = _sgemm(g, w2, False, not transpose_w)  # g w2^T, or g w2 for a stored-transposed w2
+    dw = _sgemm(g, x2, True, False) if transpose_w else _sgemm(x2, g, True, False)
+    return dx, dw
 
 
-matmul.defvjp(_matmul_fwd, _matmul_bwd)
-
-
-@jax.custom_vjp
-def matmul_nt(x2: jax.Array, w2t: jax.Array) -> jax.Array:
-    """x2 [m, k] @ w2t [n, k].T -> [m, n] (a tied LM head: the embedding as stored), float32,
-    on MKL; its gradient is [n, k] too, so neither the weight nor its gradient is transposed
-    in memory."""
-    return _sgemm(x2, w2t, False, True)
-
-
-def _matmul_nt_fwd(x2, w2t):
-    return _sgemm(x2, w2t, False, True), (x2, w2t)
-
-
-def _matmul_nt_bwd(res, g):
-    x2, w2t = res
-    return _sgemm(g, w2t, False, False), _sgemm(g, x2, True, False)
-
-
-matmul_nt.defvjp(_matmul_nt_fwd, _matmul_nt_bwd)
-
-
-def product(x2: jax.Array, w2: jax.Array, transpose_w: bool = False) -> jax.Array:
-    """`model.dense`'s platform product on MKL: x2 @ w2, or x2 @ w2.T with transpose_w."""
-    return matmul_nt(x2, w2) if transpose_w else matmul(x2, w2)
+product.defvjp(_product_fwd, _product_bwd)

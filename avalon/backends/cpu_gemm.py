@@ -46,7 +46,6 @@ _SYMBOLS = {ROWS_TARGET: "AvalonRowsProduct", GROUPED_TARGET: "AvalonGroupedRows
             ROWS_TARGET + "_bf16": "AvalonRowsProductBf16",
             GROUPED_TARGET + "_bf16": "AvalonGroupedRowsProductBf16"}
 STORED_DTYPES = tuple(_TARGETS)
-CACHE_ENV = cpu_build.CACHE_ENV
 
 
 @jax.tree_util.register_pytree_node_class

@@ -1,8 +1,9 @@
-"""The update step's products on MKL (`backends/cpu_blas.py`) against references: `matmul` and
-the tied head's `matmul_nt`, values and both gradients, against float64 NumPy and XLA's product
-for shapes split over threads or not, thin and empty ones; `model.dense`, `dense_head` and
-`tied_head` under the platform product against the same calls without it; the update step
-with the products on MKL against the step with XLA's; where it does not apply.
+"""The update step's products on MKL (`backends/cpu_blas.py`) against references: `product`,
+plain and the tied head's (weight stored transposed), values and both gradients, against
+float64 NumPy and XLA's product for shapes split over threads or not, thin and empty ones;
+`model.dense`, `dense_head` and `tied_head` under the platform product against the same calls
+without it; the update step with the products on MKL against the step with XLA's; where it
+does not apply.
 
 Skipped where MKL is not installed (the optional `cpu` extra); `.ci/run` installs it and sets
 AVALON_REQUIRE_CPU_KERNEL=1, so in CI these fail instead."""
@@ -38,7 +39,7 @@ def test_matmul_and_its_gradients_equal_float64(m, k, n):
     kx, kw, kg = jax.random.split(jax.random.key(m * 7 + n), 3)
     x, w = jax.random.normal(kx, (m, k)), jax.random.normal(kw, (k, n))
     g = jax.random.normal(kg, (m, n))
-    y, vjp = jax.vjp(jax.jit(cpu_blas.matmul), x, w)
+    y, vjp = jax.vjp(jax.jit(lambda x, w: cpu_blas.product(x, w, False)), x, w)
     dx, dw = vjp(g)
     tol = dict(rtol=2e-5, atol=2e-5 * max(1, k) ** 0.5)
     np.testing.assert_allclose(y, _f64(x) @ _f64(w), **tol)
@@ -48,11 +49,11 @@ def test_matmul_and_its_gradients_equal_float64(m, k, n):
 
 @pytest.mark.parametrize("m,k,n", [(512, 576, 4096), (9, 33, 17)])
 def test_tied_head_product_and_its_gradients_equal_float64(m, k, n):
-    """matmul_nt: x [m, k] against the embedding [n, k] as stored."""
+    """transpose_w: x [m, k] against the embedding [n, k] as stored."""
     kx, kw, kg = jax.random.split(jax.random.key(n), 3)
     x, e = jax.random.normal(kx, (m, k)), jax.random.normal(kw, (n, k))
     g = jax.random.normal(kg, (m, n))
-    y, vjp = jax.vjp(jax.jit(cpu_blas.matmul_nt), x, e)
+    y, vjp = jax.vjp(jax.jit(lambda x, e: cpu_blas.product(x, e, True)), x, e)
     dx, de = vjp(g)
     np.testing.assert_allclose(y, _f64(x) @ _f64(e).T, rtol=2e-5, atol=1e-3)
     np.testing.assert_allclose(dx, _f64(g) @ _f64(e), rtol=2e-5, atol=1e-3)
