@@ -562,9 +562,10 @@ def _position_and_norm(p: dict, q, k, v, cfg: ModelConfig, segment_ids, lengths)
         k = rms_norm(k, p["k_norm"], cfg.layer_norm_epsilon)
     if cfg.rope_theta is not None:
         b, t = q.shape[:2]
-        if lengths is None:
-            pos = segment_positions(segment_ids, b, t)
+        if lengths is None:  # positions within the row: each < t
+            pos, bound = segment_positions(segment_ids, b, t), t
         else:
             pos = lengths[:, None].astype(jnp.int32) + jnp.arange(t, dtype=jnp.int32)[None, :]
-        q, k = apply_rope(q, pos, cfg), apply_rope(k, pos, cfg)
+            bound = None
+        q, k = apply_rope(q, pos, cfg, bound=bound), apply_rope(k, pos, cfg, bound=bound)
     return q, k, v

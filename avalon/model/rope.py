@@ -64,13 +64,26 @@ def segment_positions(segment_ids: jax.Array | None, b: int, t: int) -> jax.Arra
     return pos[None, :] - start
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig) -> jax.Array:
+def apply_rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig, *,
+               bound: int | None = None) -> jax.Array:
     """x [b, t, heads, d] rotated at positions [b, t]; angles, cos and sin in fp32, the
-    products in x's dtype (as transformers)."""
+    products in x's dtype (as transformers).
+
+    `bound`: every position is known to be < bound (a forward without a cache: positions within
+    a row). cos and sin are then taken once for positions 0..bound-1 and gathered at each
+    token's position, the same values: XLA:CPU otherwise fuses cos and sin into the rotation
+    and takes them again for every head of every element (~0.25 s of SmolLM2's 8 s update
+    step on one core, forward and backward; experiments/bench/RESULTS.md)."""
     r = rotary_dim(cfg)
-    angle = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq(cfg))  # [b, t, r/2]
-    angle = jnp.concatenate([angle, angle], axis=-1)[:, :, None, :]  # [b, t, 1, r]
-    cos, sin = jnp.cos(angle).astype(x.dtype), jnp.sin(angle).astype(x.dtype)
+    freq = jnp.asarray(inv_freq(cfg))
+    if bound is None:
+        angle = positions.astype(jnp.float32)[..., None] * freq  # [b, t, r/2]
+        cos, sin = jnp.cos(angle), jnp.sin(angle)
+    else:
+        table = jnp.arange(bound, dtype=jnp.float32)[:, None] * freq  # [bound, r/2]
+        cos, sin = jnp.cos(table)[positions], jnp.sin(table)[positions]
+    cos = jnp.concatenate([cos, cos], axis=-1)[:, :, None, :].astype(x.dtype)  # [b, t, 1, r]
+    sin = jnp.concatenate([sin, sin], axis=-1)[:, :, None, :].astype(x.dtype)
     rot, rest = x[..., :r], x[..., r:]
     half = r // 2
     rotated = jnp.concatenate([-rot[..., half:], rot[..., :half]], axis=-1)

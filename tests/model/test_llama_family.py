@@ -66,6 +66,10 @@ def test_rope_matches_numpy_rotation():
     got = apply_rope(jnp.asarray(x, jnp.float32), jnp.asarray(pos), cfg)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(np.asarray(got)[..., r:], x[..., r:].astype(np.float32))
+    # With the positions bounded (a forward without a cache), cos and sin are gathered from a
+    # table over 0..bound-1: the same rotation.
+    tabled = apply_rope(jnp.asarray(x, jnp.float32), jnp.asarray(pos), cfg, bound=101)
+    np.testing.assert_allclose(tabled, got, rtol=1e-6, atol=1e-6)
 
 
 def _loss_and_grad(cfg, params, tokens, segment_ids=None):
