@@ -5,8 +5,9 @@ On a CPU with one device, FLASH attention is computed by the fused kernel
 (`cpu_attention.py`) where it fits and builds (2.4x the model's own at SmolLM2's shapes), and
 the log-probs' row reductions by another (`cpu_log_softmax.py`), the optimizer by a third
 (`cpu_optimizer.py`) and, with MKL installed, the products by MKL (`cpu_blas.py`): the same
-functions (issue 49, experiments/bench/RESULTS.md). With several devices the model's own stay
-(XLA would run an opaque kernel replicated on every device, the whole batch on each).
+functions (issue 49, experiments/bench/RESULTS.md); a micro-batch's logits are kept for the
+backward where they fit `KEEP_LOGITS_BYTES` (`keep_logits`). With several devices the model's
+own stay (XLA would run an opaque kernel replicated on every device, the whole batch on each).
 
 XLA:CPU compiles the update step's programs with YNNPACK for single dots only: reductions and
 elementwise passes run on XLA's own emitters. YNNPACK's reduce fusions (norms, softmax, the
@@ -54,6 +55,21 @@ def log_softmax(mesh: Mesh | None):
     if _one_cpu(mesh) and cpu_log_softmax.ready():
         return cpu_log_softmax.log_softmax_stats
     return None
+
+
+# The most fp32 logits (bytes, rows x positions x vocabulary of a micro-batch) a one-device CPU's
+# update step keeps for the backward instead of recomputing them per chunk: the backward then
+# holds them and their gradient (2x this). Host memory is the plentiful resource there and the
+# second LM-head product the scarce one (~0.4 s of SmolLM2's update step, 1,024 positions, on
+# one core); an accelerator's HBM is the other way round.
+KEEP_LOGITS_BYTES = 512 << 20
+
+
+def keep_logits(mesh: Mesh | None, rows: int, positions: int, vocab: int) -> bool:
+    """Whether the update step makes a micro-batch's logits in one product and keeps them for
+    the backward (`rl.logprobs.token_logprobs(keep_logits=)`): on a one-device CPU, where they
+    take at most KEEP_LOGITS_BYTES; else they are chunked and recomputed."""
+    return _one_cpu(mesh) and rows * positions * vocab * 4 <= KEEP_LOGITS_BYTES
 
 
 def products(mesh: Mesh | None):

@@ -5,7 +5,10 @@ per token, 2 GiB for one 4,096-token sequence, more again for their gradient). W
 them for the whole batch: the LM head runs on `chunk` positions at a time inside a `lax.map`,
 each chunk under `jax.checkpoint`, so the backward pass recomputes one chunk's logits instead of
 storing them all. Peak memory is O(B · chunk · V) instead of O(B · S · V). The price is a second
-LM-head matmul per token in the backward pass (not counted as model FLOPs).
+LM-head matmul per token in the backward pass (not counted as model FLOPs). Where memory is
+plentiful and that product is the price (a one-device CPU: ~0.4 s of SmolLM2's 8 s update step),
+`keep_logits` makes the rows' logits in one product and keeps them for the backward instead, as
+transformers does; the update step asks the platform (`backends.training.keep_logits`).
 
 Why positions rather than vocabulary chunks with a running logsumexp: the LM head's vocabulary
 axis is sharded over the `tensor` mesh axis (TRAIN_RULES), and slicing a sharded axis into
@@ -49,8 +52,8 @@ def log_softmax_stats(logits: jax.Array, targets: jax.Array, *, on_mesh: bool = 
 
 
 def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: ModelConfig, *,
-                   chunk: int, temperature: float = 1.0, stats=None
-                   ) -> tuple[jax.Array, jax.Array]:
+                   chunk: int, temperature: float = 1.0, stats=None,
+                   keep_logits: bool = False) -> tuple[jax.Array, jax.Array]:
     """log π(targets[b, s] | prefix) and the policy entropy at every position.
 
     hidden [b, s, d] is the pre-final-norm residual stream (`ForwardResult.hidden`); targets
@@ -58,6 +61,8 @@ def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: Mod
     (logp [b, s] fp32, entropy [b, s] fp32); the entropy is a diagnostic and carries no gradient.
     `stats`: a platform kernel with `log_softmax_stats`'s function (logits, targets) -> (logp,
     entropy), used on one device (the update step's on CPU: `backends.training.log_softmax`).
+    `keep_logits`: the whole rows in one chunk, their logits kept for the backward (O(b s V)
+    memory, no recomputation); the same values.
     """
     b, s, d = hidden.shape
     if targets.shape != (b, s):
@@ -88,7 +93,7 @@ def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: Mod
         raise ValueError(f"sequence length {s} is not divisible by the {m} chips its positions "
                          "are split over")
     local = s // m
-    if local <= chunk:
+    if local <= chunk or keep_logits:
         return one(hidden, targets)
     pad = (-local) % chunk
     n = (local + pad) // chunk
@@ -113,7 +118,7 @@ def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: Mod
 
 def sequence_logprobs(params: dict, tokens: jax.Array, targets: jax.Array, cfg: ModelConfig, *,
                       segment_ids=None, routing=None, chunk: int, temperature: float = 1.0,
-                      stats=None
+                      stats=None, keep_logits: bool = False
                       ) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None]:
     """Forward (with routing replay when `routing` [m, b, s, k] is given) then chunked token
     log-probs. Returns (logp [b, s], entropy [b, s], routing used [m, b, s, k] or None, choices
@@ -121,5 +126,5 @@ def sequence_logprobs(params: dict, tokens: jax.Array, targets: jax.Array, cfg: 
     r = M.forward(params, tokens, cfg, segment_ids=segment_ids, routing=routing,
                   return_logits=False)
     logp, entropy = token_logprobs(params, r.hidden, targets, cfg, chunk=chunk,
-                                   temperature=temperature, stats=stats)
+                                   temperature=temperature, stats=stats, keep_logits=keep_logits)
     return logp, entropy, r.routing, r.moe_dropped

@@ -7,7 +7,8 @@
 On a CPU with one device the platform's kernels take parts of this (`backends.training`): the
 attention, the log-probs' reductions, the products (with MKL), and the clip + AdamW + guard as
 one pass per parameter on optax's state (`cpu_optimizer.adamw_update`); each equals this
-module's own path to rounding (tests/backends/).
+module's own path to rounding (tests/backends/). There a micro-batch's logits are also made in
+one product and kept for the backward where they fit (`backends.training.keep_logits`).
 
 The router weight and correction bias are frozen twice: the model config used for training has
 `router_frozen=True` (no gradient reaches them) and the optimizer labels them `set_to_zero`, so
@@ -188,11 +189,12 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
 
     def forward_logprobs(params, mb: TrainBatch):
         """(logp, entropy, MoE choices dropped at the expert-parallel capacity, all layers)."""
+        keep = platform_training.keep_logits(mesh, *mb.tokens.shape, cfg.vocab_size)
         with platform_training.products(mesh):
             logp, entropy, _, dropped = sequence_logprobs(
                 params, mb.tokens, mb.targets, cfg, segment_ids=mb.segment_ids,
                 routing=mb.model_routing(), chunk=rl_cfg.logprob_chunk,
-                temperature=rl_cfg.temperature, stats=stats)
+                temperature=rl_cfg.temperature, stats=stats, keep_logits=keep)
         return logp, entropy, (jnp.zeros((), jnp.int32) if dropped is None else jnp.sum(dropped))
 
     def policy_logprobs(params, mb: TrainBatch):

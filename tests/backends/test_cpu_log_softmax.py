@@ -92,3 +92,17 @@ def test_update_step_on_one_cpu_uses_the_kernel_and_equals_xlas_step(monkeypatch
 
 def test_several_devices_keep_xlas_reductions():
     assert training.log_softmax(make_mesh({"data": 8})) is None
+
+
+def test_one_cpu_keeps_logits_that_fit_and_its_step_equals_the_recomputing_one(monkeypatch):
+    v = 49152  # SmolLM2: a 1,024-position row's logits are 192 MiB, 8 x 4,096 positions' 6 GiB
+    assert training.keep_logits(None, 1, 1024, v)
+    assert not training.keep_logits(None, 8, 4096, v)
+    assert not training.keep_logits(make_mesh({"data": 8}), 1, 8, 8)
+    cfg = M.presets.get("tiny", pattern="*-")
+    rl = RLConfig(loss=LossKind.SFT, lr=1e-3, adam_eps=1e-5, logprob_chunk=16)  # 64 positions
+    kept = make_update_step(cfg, rl)
+    monkeypatch.setattr(training, "keep_logits", lambda *a: False)
+    chunked = make_update_step(cfg, rl)
+    assert_steps_agree(kept, chunked, M.init_params(jax.random.key(0), cfg), sft_batch(cfg),
+                       keys=("loss", "nll", "grad_norm", "entropy"))

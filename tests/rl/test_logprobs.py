@@ -39,7 +39,7 @@ def test_chunked_logprobs_match_full_log_softmax(params):
     hidden = jax.random.normal(jax.random.key(1), (b, s, CFG.hidden_size))
     targets = jax.random.randint(jax.random.key(2), (b, s), 0, CFG.vocab_size)
     temperature = 0.7
-    fn = jax.jit(token_logprobs, static_argnames=("cfg", "chunk", "temperature"))
+    fn = jax.jit(token_logprobs, static_argnames=("cfg", "chunk", "temperature", "keep_logits"))
     logp, ent = fn(params, hidden, targets, cfg=CFG, chunk=8, temperature=temperature)
     full = np.asarray(M.lm_logits(params, hidden, CFG), np.float64) / temperature
     lsm = full - np.log(np.exp(full - full.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
@@ -48,15 +48,29 @@ def test_chunked_logprobs_match_full_log_softmax(params):
                                                         -1)[..., 0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ent, -(np.exp(lsm) * lsm).sum(-1), rtol=1e-5, atol=1e-5)
 
-    # Gradients through the checkpointed chunks equal the one-chunk (unchunked) gradients.
+    # Gradients through the checkpointed chunks equal the one-chunk (unchunked) gradients, and
+    # so do those with the logits kept (one product whatever the chunk).
     w = jax.random.normal(jax.random.key(3), (b, s))
-    def f(p, h, chunk):
+    def f(p, h, chunk, keep=False):
         return jnp.sum(w * token_logprobs(p, h, targets, CFG, chunk=chunk,
-                                          temperature=temperature)[0])
-    grad = jax.jit(jax.grad(f, argnums=(0, 1)), static_argnums=2)
+                                          temperature=temperature, keep_logits=keep)[0])
+    grad = jax.jit(jax.grad(f, argnums=(0, 1)), static_argnums=(2, 3))
     g_chunked, g_full = grad(params, hidden, 8), grad(params, hidden, s)
     for a, c in zip(jax.tree.leaves(g_chunked), jax.tree.leaves(g_full)):
         np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6)
+    for a, c in zip(jax.tree.leaves(grad(params, hidden, 8, True)), jax.tree.leaves(g_full)):
+        np.testing.assert_array_equal(a, c)
+    kept = fn(params, hidden, targets, cfg=CFG, chunk=8, temperature=temperature,
+              keep_logits=True)
+    whole = fn(params, hidden, targets, cfg=CFG, chunk=s, temperature=temperature)
+    for a, c in zip(kept, whole):
+        np.testing.assert_array_equal(a, c)
+    # Kept: one LM-head product, no map over chunks to recompute in the backward.
+    def prims(keep):
+        jaxpr = jax.make_jaxpr(lambda h: token_logprobs(params, h, targets, CFG, chunk=8,
+                                                        keep_logits=keep))(hidden)
+        return {e.primitive.name for e in jaxpr.jaxpr.eqns}
+    assert "scan" in prims(False) and "scan" not in prims(True)
 
 
 # ---- a sampler that records log-probs and routing ----------------------------------------------
