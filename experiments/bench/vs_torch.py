@@ -25,8 +25,9 @@
    builds, `--decode_backend=cpu_out_in` for XLA's products). Each measurement is repeated
    `--repeats` times after one warm-up; medians of wall time and of process CPU time (the
    `_cpu` rates and ratios) reported.
-   Then the update step once more with both libraries in one process, alternating a step of
-   each (`update_paired`: the median of the per-round ratios), since the load of a shared
+   Then the update step once more with both libraries in lockstep, alternating a step of
+   each (`update_paired`: the median of the per-round ratios; transformers in a process of its
+   own driven over a pipe, so the two do not share a heap), since the load of a shared
    machine moves between the separate processes' measurements; it records each step's
    process CPU time too (`update_paired_cpu`): pinned to one core, a step's CPU time is what
    its wall time would be on an idle core, and it leaves out the time the step waited for
@@ -102,7 +103,7 @@ def _define_flags():
                       "output-first for XLA's products)")
     flags.DEFINE_bool("count_copies", False, "count state / weight copies in the decode program")
     flags.DEFINE_bool("timing", True, "run the timing processes (False: agreement only)")
-    flags.DEFINE_enum("role", "driver", ["driver", "torch", "avalon", "paired"],
+    flags.DEFINE_enum("role", "driver", ["driver", "torch", "avalon", "paired", "torch_steps"],
                       "internal: a timing worker for one library")
     flags.DEFINE_string("ckpt", None, "internal/optional: an existing checkpoint directory")
     flags.DEFINE_bool("keep_freed_memory", False, "start every timing worker with glibc's "
@@ -499,33 +500,75 @@ def avalon_update_once(cfg, params, arrays: dict, lr: float, loss: str = "sft",
     return once
 
 
-def time_update_paired(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict:
-    """The update step of both libraries in one process, alternating one step each for
-    `repeats` rounds after a warm-up of each: on a machine whose load moves by 2x within
-    minutes, each pair shares the same load. Returns both medians and the median of the
-    per-round ratios."""
+def _step_record(fn) -> dict:
+    """One call of `fn`: its wall seconds, process CPU seconds and minor page faults."""
+    t0, c0, f0 = time.perf_counter(), time.process_time(), _minor_faults()
+    fn()
+    return {"s": time.perf_counter() - t0, "cpu": time.process_time() - c0,
+            "faults": _minor_faults() - f0}
+
+
+def serve_torch_steps(path: str, shapes: Shapes, seed: int = 0) -> None:
+    """The paired comparison's transformers side (`--role=torch_steps`): load, warm up, say
+    "ready", then one update step per "step" line on stdin, each answered by its record as one
+    JSON line; stops at the end of stdin."""
     model = load_torch(path)
-    cfg, params = load_avalon(path, overrides)
-    arrays = train_arrays(np.random.default_rng(seed), cfg.vocab_size,
+    arrays = train_arrays(np.random.default_rng(seed), model.config.vocab_size,
                           (shapes.train_batch, shapes.train_seq), shapes.loss)
     opt, tparams, clip = torch_optimizer(model.train(), shapes.lr)
     tbatch = torch_batch(arrays)
-    runs = {"transformers": lambda: torch_train_step(model, opt, tparams, clip, tbatch,
-                                                     shapes.loss),
-            "avalon": avalon_update_once(cfg, params, arrays, shapes.lr, shapes.loss,
-                                          shapes.logprob_chunk)}
-    times = {k: [] for k in runs}
-    cpu = {k: [] for k in runs}
-    faults = {k: [] for k in runs}
-    for fn in runs.values():
-        fn()  # warm-up (compilation on Avalon's side)
-    for _ in range(shapes.repeats):
-        for k, fn in runs.items():
-            t0, c0, f0 = time.perf_counter(), time.process_time(), _minor_faults()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-            cpu[k].append(time.process_time() - c0)
-            faults[k].append(_minor_faults() - f0)
+    step = lambda: torch_train_step(model, opt, tparams, clip, tbatch, shapes.loss)  # noqa: E731
+    step()
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "step":
+            print(json.dumps(_step_record(step)), flush=True)
+
+
+def time_update_paired(path: str, shapes: Shapes, overrides: dict, seed: int = 0) -> dict:
+    """The update step of both libraries in lockstep, one step of each per round for
+    `repeats` rounds after a warm-up of each: on a machine whose load moves by 2x within
+    minutes, each pair shares the same load. Transformers runs in a process of its own
+    (`serve_torch_steps`, driven over a pipe, idle while Avalon steps): in one process the two
+    libraries' temporaries share glibc's heap, and each Avalon step after a torch step faulted
+    1.6-1.8 GB back in (+0.5 s; 0 faults alone). Returns both medians and the median of the
+    per-round ratios."""
+    args = [sys.executable, "-m", "experiments.bench.vs_torch", "--role=torch_steps",
+            f"--ckpt={path}"] + [a for a in sys.argv[1:] if not a.startswith(("--role",
+                                                                              "--ckpt"))]
+    torch_side = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+
+    def answer(want) -> str:  # the next line `want` accepts (libraries may print lines too)
+        for line in torch_side.stdout:
+            if want(line.strip()):
+                return line.strip()
+        raise RuntimeError(f"the transformers step process ended (exit {torch_side.wait()})")
+
+    try:
+        answer(lambda line: line == "ready")
+
+        def torch_step() -> dict:
+            torch_side.stdin.write("step\n")
+            torch_side.stdin.flush()
+            return json.loads(answer(lambda line: line.startswith("{")))
+
+        cfg, params = load_avalon(path, overrides)
+        arrays = train_arrays(np.random.default_rng(seed), cfg.vocab_size,
+                              (shapes.train_batch, shapes.train_seq), shapes.loss)
+        avalon_step = avalon_update_once(cfg, params, arrays, shapes.lr, shapes.loss,
+                                         shapes.logprob_chunk)
+        avalon_step()  # warm-up (compilation)
+        records = {"transformers": [], "avalon": []}
+        for _ in range(shapes.repeats):
+            records["transformers"].append(torch_step())
+            records["avalon"].append(_step_record(avalon_step))
+    finally:
+        torch_side.stdin.close()
+        torch_side.wait()
+    times = {k: [r["s"] for r in v] for k, v in records.items()}
+    cpu = {k: [r["cpu"] for r in v] for k, v in records.items()}
+    faults = {k: [r["faults"] for r in v] for k, v in records.items()}
     tokens = shapes.train_batch * shapes.train_seq
     ratio = lambda d: statistics.median(  # noqa: E731
         [t / a for t, a in zip(d["transformers"], d["avalon"])])
@@ -564,6 +607,9 @@ def main(argv):
     shapes = _shapes()
     if FLAGS.role == "torch":
         print(json.dumps(time_torch(FLAGS.ckpt, shapes)))
+        return
+    if FLAGS.role == "torch_steps":
+        serve_torch_steps(FLAGS.ckpt, shapes)
         return
     if FLAGS.role in ("avalon", "paired"):
         # As avalon.main starts its process (train/cpu_memory.py), before JAX's CPU client.
