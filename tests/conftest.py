@@ -73,6 +73,16 @@ def cpu_optimizer_kernel():
 
 
 @pytest.fixture(scope="session")
+def cpu_layer_kernels():
+    """The update step's CPU RMSNorm and SwiGLU kernels (`avalon/backends/cpu_rms_norm.py`,
+    `cpu_swiglu.py`)."""
+    from avalon.backends import cpu_rms_norm, cpu_swiglu
+
+    _require_kernel(cpu_rms_norm.ready, "RMSNorm")
+    _require_kernel(cpu_swiglu.ready, "SwiGLU")
+
+
+@pytest.fixture(scope="session")
 def cpu_blas_kernel():
     """The update step's products on MKL (`avalon/backends/cpu_blas.py`, the `cpu` extra): skip
     where MKL is not installed (an optional library), fail in CI (AVALON_REQUIRE_CPU_KERNEL=1,

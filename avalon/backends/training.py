@@ -4,7 +4,8 @@
 On a CPU with one device, FLASH attention is computed by the fused kernel
 (`cpu_attention.py`) where it fits and builds (2.4x the model's own at SmolLM2's shapes), and
 the log-probs' row reductions by another (`cpu_log_softmax.py`), the optimizer by a third
-(`cpu_optimizer.py`) and, with MKL installed, the products by MKL (`cpu_blas.py`): the same
+(`cpu_optimizer.py`), RMSNorm and SwiGLU by two more (`cpu_rms_norm.py`, `cpu_swiglu.py`)
+and, with MKL installed, the products by MKL (`cpu_blas.py`): the same
 functions (issue 49, experiments/bench/RESULTS.md); a micro-batch's logits are kept for the
 backward where they fit `KEEP_LOGITS_BYTES` (`keep_logits`). With several devices the model's
 own stay (XLA would run an opaque kernel replicated on every device, the whole batch on each).
@@ -25,8 +26,15 @@ import contextlib
 from jax.sharding import Mesh
 
 from avalon import sharding
-from avalon.backends import cpu_attention, cpu_blas, cpu_log_softmax, cpu_optimizer
-from avalon.model import dense
+from avalon.backends import (
+    cpu_attention,
+    cpu_blas,
+    cpu_log_softmax,
+    cpu_optimizer,
+    cpu_rms_norm,
+    cpu_swiglu,
+)
+from avalon.model import dense, kernels
 from avalon.model.config import ModelConfig
 
 CPU_COMPILER_OPTIONS = {
@@ -78,6 +86,20 @@ def products(mesh: Mesh | None):
     if _one_cpu(mesh) and cpu_blas.ready():
         return dense.platform_product(cpu_blas.product)
     return contextlib.nullcontext()
+
+
+def layer_kernels(mesh: Mesh | None):
+    """A context for tracing the update step's model: on a one-device CPU, RMSNorm and the
+    SwiGLU activation on their kernels (`cpu_rms_norm`, `cpu_swiglu`) where they build; else
+    nothing changes."""
+    if not _one_cpu(mesh):
+        return contextlib.nullcontext()
+    fns = {}
+    if cpu_rms_norm.ready():
+        fns["rms_norm"] = cpu_rms_norm.rms_norm
+    if cpu_swiglu.ready():
+        fns["swiglu"] = cpu_swiglu.swiglu
+    return kernels.use(**fns)
 
 
 def fused_optimizer(mesh: Mesh | None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 
+from avalon.model import kernels
 from avalon.model.activations import relu2
 from avalon.model.config import Activation, ModelConfig
 from avalon.model.dense import dense
@@ -20,7 +21,8 @@ def mlp(p: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
         gate = dense(x, p["gate"].astype(dtype))
         if "gate_bias" in p:
             gate = gate + p["gate_bias"].astype(dtype)
-        h = jax.nn.silu(gate) * h
+        fn = kernels.get("swiglu", gate, h)  # a platform kernel where one is set
+        h = jax.nn.silu(gate) * h if fn is None else fn(gate, h)
     else:
         h = relu2(h)
     h = constrain(h, ("batch", "act_seq", "act_mlp"))

@@ -190,7 +190,7 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
     def forward_logprobs(params, mb: TrainBatch):
         """(logp, entropy, MoE choices dropped at the expert-parallel capacity, all layers)."""
         keep = platform_training.keep_logits(mesh, *mb.tokens.shape, cfg.vocab_size)
-        with platform_training.products(mesh):
+        with platform_training.products(mesh), platform_training.layer_kernels(mesh):
             logp, entropy, _, dropped = sequence_logprobs(
                 params, mb.tokens, mb.targets, cfg, segment_ids=mb.segment_ids,
                 routing=mb.model_routing(), chunk=rl_cfg.logprob_chunk,

@@ -11,12 +11,15 @@ from avalon.backends import (
     cpu_gemm,
     cpu_log_softmax,
     cpu_optimizer,
+    cpu_rms_norm,
+    cpu_swiglu,
 )
 
 
 @pytest.mark.parametrize("module,what", [(cpu_gemm, "product"), (cpu_attention, "attention"),
                                          (cpu_log_softmax, "log-prob"), (cpu_blas, "BLAS"),
-                                         (cpu_optimizer, "optimizer")])
+                                         (cpu_optimizer, "optimizer"),
+                                         (cpu_rms_norm, "RMSNorm"), (cpu_swiglu, "SwiGLU")])
 def test_no_compiler_warns_and_reports_unavailable(module, what, tmp_path, monkeypatch):
     if module is cpu_blas and cpu_blas.find_library() is None:
         pytest.skip("MKL is not installed here: the BLAS kernel is not built at all")
