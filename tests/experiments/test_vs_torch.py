@@ -30,6 +30,10 @@ def test_agreement_at_tiny_size(tmp_path, loss):
     assert got["logit_rel_err"] <= vs_torch.LOGIT_TOL
     assert got["greedy_tokens_identical"] == 1.0 and got["greedy_tokens"] == 2 * 6
     assert got["loss_rel_err"] <= vs_torch.LOSS_TOL
+    # A MoE model (pattern MEM*EMEM*E): the losses with torch's routing replayed agree too, and
+    # torch's recorded choices are what Avalon's own router chose (no flip at this size).
+    assert got["loss_rel_err_replayed"] <= vs_torch.LOSS_TOL
+    assert got["routing_choices_differing"] == [0] * 3
     # The steps trained something: the losses moved (on both sides alike). SFT's falls; CISPO's
     # value is w A (-logp) with w the clipped ratio to the sampler, which grows as logp does,
     # so it need not fall: it has to move well past the tolerance.
