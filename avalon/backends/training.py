@@ -2,7 +2,7 @@
 `model_config`).
 
 On a CPU with one device, FLASH attention is computed by the fused kernel
-(`cpu_attention.py`) where it fits and builds (2.4x the model's own at SmolLM2's shapes), and
+(`cpu_attention.py`) where it fits and builds (2.6x the model's own at SmolLM2's shapes), and
 the log-probs' row reductions by another (`cpu_log_softmax.py`), the optimizer by a third
 (`cpu_optimizer.py`), RMSNorm and SwiGLU by two more (`cpu_rms_norm.py`, `cpu_swiglu.py`)
 and, with MKL installed, the products by MKL (`cpu_blas.py`): the same
