@@ -488,14 +488,8 @@ def _median_time(fn, repeats: int) -> tuple[float, float, float]:
     """Medians of (wall seconds, process CPU seconds, minor page faults) of `fn` over
     `repeats` after a warm-up."""
     fn()  # warm-up (compilation on Avalon's side)
-    times, cpu, faults = [], [], []
-    for _ in range(repeats):
-        t0, c0, f0 = time.perf_counter(), time.process_time(), _minor_faults()
-        fn()
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-        faults.append(_minor_faults() - f0)
-    return statistics.median(times), statistics.median(cpu), statistics.median(faults)
+    records = [_step_record(fn) for _ in range(repeats)]
+    return tuple(statistics.median(r[k] for r in records) for k in ("s", "cpu", "faults"))
 
 
 def _rates(tokens: int, seconds: tuple[float, ...]) -> tuple[float, float]:
