@@ -37,20 +37,22 @@ inline Vec Splat(float x) { return Vec{x, x, x, x, x, x, x, x, x, x, x, x, x, x,
 inline float HorizontalMax(Vec v) {
 #if defined(__AVX512F__)
   return _mm512_reduce_max_ps(v);
-#endif
+#else
   float m = v[0];
   for (int i = 1; i < kLanes; ++i) m = v[i] > m ? v[i] : m;
   return m;
+#endif
 }
 inline float HorizontalSum(Vec v) {
 #if defined(__AVX512F__)
   return _mm512_reduce_add_ps(v);
-#endif
+#else
   // Pairwise, so the sum does not depend on a long serial chain of rounding.
   for (int w = kLanes / 2; w >= 1; w /= 2) {
     for (int i = 0; i < w; ++i) v[i] += v[i + w];
   }
   return v[0];
+#endif
 }
 
 // exp(x) for each lane, |relative error| < 2e-7 for x in [-87, 88]; x < -87.3 gives 0 (masked
