@@ -11,8 +11,12 @@ worked_i counts the specialists that worked (`Rollout.worked`), not those hired:
 once firing, or hiring an agent that only idles, leaves the penalty where it was, so the cheap
 way out of it is closed and the way that remains is to put the hires to work.
 
-A group whose std is ≤ `zero_std_tol` (including every group of one rollout) carries no
-learning signal and is dropped before the division, so no epsilon is ever added to the std.
+A group carries no learning signal when its rollouts' collective rewards (before any shaping)
+all agree: with `group_filter = raw` (the default) a group whose *raw* reward std is
+≤ `zero_std_tol` is dropped, whatever its penalties, so the underhire penalty (drawn with each
+rollout's budget) cannot give an all-fail group advantages; `shaped` decides on R_i with the
+penalty instead (the earlier reading). A kept group whose penalised std is ≤ `zero_std_tol` is
+dropped too, and every group of one rollout is, so no epsilon is ever added to the std.
 A_i then goes on every loss token of every agent row of rollout i (any number of rows: agents
 hired mid-episode, compaction segments), and per-token shaping is added after normalisation:
 `malformed_penalty` on each token of a malformed tool turn, `tool_error_penalty` on each token of
@@ -30,7 +34,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from avalon.rl.config import RLConfig
+from avalon.rl.config import GroupFilter, RLConfig
 from avalon.rl.types import (
     Objective,
     Rollout,
@@ -59,6 +63,12 @@ def gkpo_utility(wealth_ratio, beta):
 
 def rollout_reward(rollout: Rollout, objective: Objective, cfg: RLConfig) -> float:
     """R_i of one rollout, underhire penalty included (before group normalisation)."""
+    return raw_reward(rollout, objective, cfg) - underhire_penalty(rollout, cfg)
+
+
+def raw_reward(rollout: Rollout, objective: Objective, cfg: RLConfig) -> float:
+    """The collective reward of one rollout before any shaping (`group_filter = raw` keeps a
+    group on its spread)."""
     if objective == Objective.SUM:
         values = [e.value for e in rollout.rewards]
         bad = [e for e in rollout.rewards if not math.isfinite(e.value)]
@@ -73,11 +83,16 @@ def rollout_reward(rollout: Rollout, objective: Objective, cfg: RLConfig) -> flo
         r = float(gkpo_utility(x, cfg.beta))
     else:
         raise ValueError(f"objective={objective!r}: must be an Objective")
+    return r
+
+
+def underhire_penalty(rollout: Rollout, cfg: RLConfig) -> float:
+    """slope x the hire budget no specialist worked for (>= 0; subtracted from R_i)."""
     if not 0 <= rollout.worked <= rollout.hires:
         raise ValueError(f"Rollout.worked={rollout.worked!r} must be in 0..hires "
                          f"({rollout.hires})")
     unused = max(rollout.budget - rollout.worked, 0)
-    return r - cfg.underhire_slope * unused
+    return cfg.underhire_slope * unused
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +105,7 @@ class ScoredGroup:
     rewards: np.ndarray  # float64 [K], penalty included
     std: float  # population std (ddof = 0) of `rewards`
     advantages: np.ndarray | None  # float64 [K]
+    raw: np.ndarray | None = None  # float64 [K]: the collective rewards before shaping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +114,12 @@ class AdvantageStats:
     kept_groups: int
     dropped_groups: int  # zero variance (std <= zero_std_tol), groups of one included
     rollouts: int  # in kept groups
-    reward_mean: float  # over all rollouts, kept or not
+    reward_mean: float  # over all rollouts, kept or not (penalty included)
+    raw_reward_mean: float  # the same before shaping (the collective reward itself)
+    # dropped because every rollout's raw reward was the same: all zero (nothing scored) or
+    # all equal and positive
+    dropped_all_zero: int
+    dropped_all_equal: int
     adv_mean: float  # over kept rollouts (NaN when none)
     adv_std: float
     adv_min: float
@@ -124,28 +145,50 @@ def merge_groups(groups: list[RolloutGroup]) -> list[RolloutGroup]:
 
 def score_groups(groups: list[RolloutGroup], cfg: RLConfig) -> tuple[list[ScoredGroup],
                                                                       AdvantageStats]:
-    """Rewards and advantages per group (merged by `group_id`); zero-variance groups dropped."""
-    scored, all_rewards, kept_adv = [], [], []
+    """Rewards and advantages per group (merged by `group_id`); groups without signal dropped
+    (`group_filter`, see the module docstring)."""
+    scored, all_rewards, all_raw, kept_adv = [], [], [], []
+    all_zero = all_equal = 0
     for g in merge_groups(groups):
-        r = np.array([rollout_reward(ro, g.objective, cfg) for ro in g.rollouts], np.float64)
+        raw = np.array([raw_reward(ro, g.objective, cfg) for ro in g.rollouts], np.float64)
+        r = raw - np.array([underhire_penalty(ro, cfg) for ro in g.rollouts], np.float64)
         all_rewards.append(r)
+        all_raw.append(raw)
         std = float(r.std()) if len(r) else 0.0  # ddof = 0
+        raw_std = float(raw.std()) if len(raw) else 0.0
+        signal = std > cfg.zero_std_tol and (cfg.group_filter == GroupFilter.SHAPED
+                                             or raw_std > cfg.zero_std_tol)
         adv = None
-        if std > cfg.zero_std_tol:
+        if signal:
             adv = (r - r.mean()) / std
             kept_adv.append(adv)
-        scored.append(ScoredGroup(g.group_id, g.task_id, g.rollouts, r, std, adv))
+        elif raw_std <= cfg.zero_std_tol and len(raw):
+            if np.all(raw == 0):
+                all_zero += 1
+            else:
+                all_equal += 1
+        scored.append(ScoredGroup(g.group_id, g.task_id, g.rollouts, r, std, adv, raw))
     kept = np.concatenate(kept_adv) if kept_adv else np.zeros(0)
     rewards = np.concatenate(all_rewards) if all_rewards else np.zeros(0)
+    raws = np.concatenate(all_raw) if all_raw else np.zeros(0)
     nan = float("nan")
     stats = AdvantageStats(
         groups=len(scored), kept_groups=len(kept_adv), dropped_groups=len(scored) - len(kept_adv),
         rollouts=len(kept), reward_mean=float(rewards.mean()) if len(rewards) else nan,
+        raw_reward_mean=float(raws.mean()) if len(raws) else nan,
+        dropped_all_zero=all_zero, dropped_all_equal=all_equal,
         adv_mean=float(kept.mean()) if len(kept) else nan,
         adv_std=float(kept.std()) if len(kept) else nan,
         adv_min=float(kept.min()) if len(kept) else nan,
         adv_max=float(kept.max()) if len(kept) else nan)
     return scored, stats
+
+
+def has_signal(group: RolloutGroup, cfg: RLConfig) -> bool:
+    """Whether `group` would be kept by `score_groups` (the refill's test while rollouts of
+    other groups still run)."""
+    [scored], _ = score_groups([group], cfg)
+    return scored.advantages is not None
 
 
 def token_advantages(row: TrajectoryRow, advantage: float, cfg: RLConfig) -> np.ndarray:

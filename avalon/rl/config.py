@@ -50,6 +50,33 @@ class CapMode(enum.Enum):
     ABSOLUTE = "absolute"  # upper bound eps_high itself (TRL/Liger, EasyDeL, SkyRL-tx)
 
 
+class UpdateMode(enum.Enum):
+    """How an RL step whose rows take several update calls (`rollout.max_update_rows`, or the
+    one-row calls of a one-device CPU) updates the params."""
+
+    # The recipe (SPEC §3, docs/recipe.md): one AdamW step per RL step. Each call adds its
+    # rows' gradient of the loss normalised by the *whole step's* loss tokens (1/ΣT) to one
+    # accumulator; the clip, the guard and AdamW then run once on the sum, so the step equals
+    # one call on the whole batch and every call's importance ratio is taken at the same
+    # (sampler's) params.
+    ONE = "one"
+    # One AdamW step per call, each normalised by its own tokens: the behaviour before the
+    # accumulator existed (after the first call the CISPO ratio is no longer 1 on-policy).
+    PER_CALL = "per_call"
+
+
+class GroupFilter(enum.Enum):
+    """Which reward decides that a group carries no signal and is dropped (zero spread)."""
+
+    # The collective reward alone, before any shaping: a group whose rollouts all scored the
+    # same is dropped, whatever its penalties, so no shaping term can hand an all-fail group
+    # advantages (the underhire penalty's budget luck would otherwise give it +-1).
+    RAW = "raw"
+    # R_i with the underhire penalty (the reward the advantages normalise): the reading
+    # before this field existed, where an all-zero group with unequal budgets is kept.
+    SHAPED = "shaped"
+
+
 class LossKind(enum.Enum):
     """Which loss the update step minimises (one step function, switched statically)."""
 
@@ -79,11 +106,13 @@ class RLConfig:
     malformed_penalty: float = -0.1  # per token of a turn whose tool call did not parse
     tool_error_penalty: float = -0.05  # per token of a turn whose tool call failed
     zero_std_tol: float = 1e-6  # a group whose reward std (ddof=0) is <= this is dropped
+    group_filter: GroupFilter = GroupFilter.RAW  # the reward whose spread keeps a group
     # Log-probs: must match the sampler (the engine samples from softmax(logits / temperature)).
     temperature: float = 1.0
     logprob_chunk: int = 512  # positions per LM-head chunk (see logprobs.py for why positions)
     # Update step.
-    micro_batches: int = 1  # gradient accumulation steps per update
+    micro_batches: int = 1  # gradient accumulation steps per update call (a `lax.scan`)
+    update_mode: UpdateMode = UpdateMode.ONE  # several calls of one RL step: see UpdateMode
     # Expert-parallel capacity of the update step (ModelConfig.moe_capacity_factor: rows per
     # destination chip = this x the mean load); choices past it are dropped and counted in the
     # metric `moe_dropped_choices`. 1.25 keeps the routed-expert matmuls at 1.25x their exact
@@ -131,7 +160,8 @@ _fail = CHECK.fail
 
 
 def _validate(c: RLConfig):
-    for f, enum_type in (("loss", LossKind), ("cap_mode", CapMode)):
+    for f, enum_type in (("loss", LossKind), ("cap_mode", CapMode),
+                         ("update_mode", UpdateMode), ("group_filter", GroupFilter)):
         CHECK.is_enum(c, f, enum_type)
     for f in ("eps_low", "eps_high", "beta", "underhire_slope", "malformed_penalty",
               "tool_error_penalty", "zero_std_tol", "temperature", "lr", "weight_decay", "b1",

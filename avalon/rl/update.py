@@ -36,6 +36,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -111,6 +112,12 @@ class UpdateStep:
     state_shardings: Any  # TrainState of NamedSharding, or None without a mesh
     batch_sharding: Any  # one NamedSharding for every batch leaf, or None
     grad_norm_fn: Any  # jitted (params, batch, keep [B, S] bool) -> |grad| of keep's terms
+    # One AdamW step over several calls (`accumulated`): zeros_fn(params) -> acc;
+    # accumulate_fn(params, acc, batch, num_tokens) -> (acc, part metrics), acc donated;
+    # apply_fn(state, acc, loss, num_tokens) -> (state, {grad_norm, skipped}), state donated.
+    zeros_fn: Any = None
+    accumulate_fn: Any = None
+    apply_fn: Any = None
 
     def init_state(self, params) -> TrainState:
         """A TrainState for `params` (placed per the state shardings when there is a mesh)."""
@@ -144,6 +151,26 @@ class UpdateStep:
 
     def __call__(self, state: TrainState, batch: TrainBatch) -> tuple[TrainState, dict]:
         return self.step_fn(state, self.put_batch(batch))
+
+    def accumulated(self, state: TrainState, parts, num_tokens: int
+                    ) -> tuple[TrainState, dict]:
+        """One AdamW step over the batch made of `parts` (host `TrainBatch`es, each a call's
+        rows): each call adds its gradient of the loss normalised by `num_tokens` (the whole
+        batch's loss tokens) to one accumulator, then clip + AdamW + the guard run once. Equal
+        to one call of `step_fn` on the whole batch, to float rounding. Returns the new state
+        and the step's metrics (host numpy scalars)."""
+        parts = list(parts)
+        if not parts:
+            raise ValueError("accumulated: no batch parts")
+        n = jnp.asarray(num_tokens, jnp.int32)
+        acc = self.zeros_fn(state.params)
+        metrics = []
+        for part in parts:
+            acc, m = self.accumulate_fn(state.params, acc, self.put_batch(part), n)
+            metrics.append(jax.device_get(m))
+        out = combine_parts(metrics)
+        state, applied = self.apply_fn(state, acc, jnp.asarray(out["loss"], jnp.float32), n)
+        return state, {**out, **jax.device_get(applied)}
 
     def masked_grad_norm(self, params, batch: TrainBatch, keep) -> jax.Array:
         """The norm of the gradient's part from the loss positions in `keep` (bool [B, S]),
@@ -187,6 +214,11 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
     # Params lay out the same under both tables (they differ only in activation axes).
     p_shard = M.param_shardings(cfg, mesh, TRAIN_RULES) if mesh is not None else None
 
+    def zero_grads(params):
+        """A gradient accumulator: zeros of each param's shape in at least float32."""
+        return jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype,
+                                                                         jnp.float32)), params)
+
     def forward_logprobs(params, mb: TrainBatch):
         """(logp, entropy, MoE choices dropped at the expert-parallel capacity, all layers)."""
         keep = platform_training.keep_logits(mesh, *mb.tokens.shape, cfg.vocab_size)
@@ -215,10 +247,14 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
         metrics["moe_dropped_choices"] = dropped
         return loss, metrics
 
-    def grads_and_metrics(params, batch: TrainBatch, num_tokens):
+    def grads_and_metrics(params, batch: TrainBatch, num_tokens, acc=None):
+        """The gradient of the loss on `batch` (normalised by `num_tokens`), added to `acc`
+        when given (an accumulator in the gradient's float32 layout), and its metrics."""
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         if n_micro == 1:
             (_, metrics), grads = grad_fn(params, batch, num_tokens)
+            if acc is not None:
+                grads = jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
             return grads, metrics
 
         def one(acc, mb):
@@ -228,30 +264,24 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
                 acc = jax.lax.with_sharding_constraint(acc, p_shard)
             return acc, metrics
 
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype,
-                                                                             jnp.float32)), params)
         # The scan runs over micro-batch indices and slices each micro-batch from the batch
         # in its own layout: scanning over the split batch made XLA:TPU re-lay out the whole
         # batch for the loop (the pod's uint16 routing [.., 40, 22], 3.7 GB per chip, became a
         # 20 GB copy with its 22-wide minor axis padded to 128).
         grads, stacked = jax.lax.scan(
             lambda acc, j: one(acc, jax.tree.map(lambda x: _micro_batch(x, j, n_micro), batch)),
-            zeros, jnp.arange(n_micro))
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+            zero_grads(params) if acc is None else acc, jnp.arange(n_micro))
+        if acc is None:
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         return grads, combine_metrics(stacked)
 
-    def step(state: TrainState, batch: TrainBatch):
-        num_tokens = jnp.sum(batch.loss_mask, dtype=jnp.int32)
-        if rules is not None:
-            with rules():
-                grads, metrics = grads_and_metrics(state.params, batch, num_tokens)
-        else:
-            grads, metrics = grads_and_metrics(state.params, batch, num_tokens)
+    def apply(state: TrainState, grads, loss, num_tokens):
+        """Clip + AdamW on `grads` (the whole step's), or nothing when the guard trips: a
+        non-finite gradient norm or loss, or no loss token at all. Returns the new state and
+        {grad_norm, skipped}."""
         grad_norm = optax.tree.norm(grads) if fused is None else fused.global_norm(grads)
-        ok = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"]) & (num_tokens > 0)
-        metrics.update(_batch_metrics(batch, rl_cfg))
-        metrics["grad_norm"] = grad_norm
-        metrics["skipped"] = 1 - ok.astype(jnp.int32)
+        ok = jnp.isfinite(grad_norm) & jnp.isfinite(loss) & (num_tokens > 0)
+        metrics = {"grad_norm": grad_norm, "skipped": 1 - ok.astype(jnp.int32)}
         if fused is not None:  # the platform's one pass per parameter, optax's state
             params, opt_state = fused.adamw_update(rl_cfg, grads, state.opt_state, state.params,
                                                    grad_norm, ok)
@@ -267,6 +297,28 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
                                params=jax.tree.map(keep, state.params, params),
                                opt_state=jax.tree.map(keep, state.opt_state, opt_state))
         return new_state, metrics
+
+    def step(state: TrainState, batch: TrainBatch):
+        num_tokens = jnp.sum(batch.loss_mask, dtype=jnp.int32)
+        if rules is not None:
+            with rules():
+                grads, metrics = grads_and_metrics(state.params, batch, num_tokens)
+        else:
+            grads, metrics = grads_and_metrics(state.params, batch, num_tokens)
+        metrics.update(_batch_metrics(batch, rl_cfg))
+        state, applied = apply(state, grads, metrics["loss"], num_tokens)
+        return state, {**metrics, **applied}
+
+    def accumulate(params, acc, batch: TrainBatch, num_tokens):
+        """acc + this part's gradient of the loss normalised by `num_tokens` (the whole
+        step's loss tokens), and the part's metrics; `acc` is donated and the micro-batch
+        scan adds into it."""
+        if rules is not None:
+            with rules():
+                grads, metrics = grads_and_metrics(params, batch, num_tokens, acc)
+        else:
+            grads, metrics = grads_and_metrics(params, batch, num_tokens, acc)
+        return grads, {**metrics, **_batch_sums(batch, rl_cfg)}
 
     def logprob_pass(params, batch: TrainBatch):
         if rules is not None:
@@ -286,10 +338,14 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
 
     options = platform_training.compiler_options(mesh)
     if mesh is None:
-        return UpdateStep(cfg, rl_cfg, None, opt,
-                          jax.jit(step, donate_argnames="state", compiler_options=options),
-                          jax.jit(logprob_pass, compiler_options=options), None, None,
-                          jax.jit(masked_grad_norm, compiler_options=options))
+        return UpdateStep(
+            cfg, rl_cfg, None, opt,
+            jax.jit(step, donate_argnames="state", compiler_options=options),
+            jax.jit(logprob_pass, compiler_options=options), None, None,
+            jax.jit(masked_grad_norm, compiler_options=options),
+            zeros_fn=jax.jit(zero_grads, compiler_options=options),
+            accumulate_fn=jax.jit(accumulate, donate_argnames="acc", compiler_options=options),
+            apply_fn=jax.jit(apply, donate_argnames="state", compiler_options=options))
 
     replicated = NamedSharding(mesh, PartitionSpec())
     dp_axes, sp_axes = batch_axes(mesh, table), seq_axes(mesh, table)
@@ -303,8 +359,57 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
                          out_shardings=batch_sh, compiler_options=options)
     grad_norm_fn = jax.jit(masked_grad_norm, in_shardings=(p_shard, batch_sh, batch_sh),
                            out_shardings=replicated, compiler_options=options)
+    # The accumulator lies like the params (the gradient's layout); each call takes it donated
+    # and adds into it, so the step holds one of it at a time.
+    zeros_fn = jax.jit(zero_grads, in_shardings=(p_shard,), out_shardings=p_shard,
+                       compiler_options=options)
+    accumulate_fn = jax.jit(accumulate, in_shardings=(p_shard, p_shard, batch_sh, replicated),
+                            out_shardings=(p_shard, replicated), donate_argnames="acc",
+                            compiler_options=options)
+    apply_fn = jax.jit(apply, in_shardings=(state_sh, p_shard, replicated, replicated),
+                       out_shardings=(state_sh, replicated), donate_argnames="state",
+                       compiler_options=options)
     return UpdateStep(cfg, rl_cfg, mesh, opt, step_fn, logprob_fn, state_sh, batch_sh,
-                      grad_norm_fn)
+                      grad_norm_fn, zeros_fn=zeros_fn, accumulate_fn=accumulate_fn,
+                      apply_fn=apply_fn)
+
+
+# Statistics of a part of an accumulated step that add up across its calls (`_batch_sums`),
+# and how they combine; `_part_metrics` turns them into `_batch_metrics`'s fields.
+_PART_SUMS = {"tokens": np.sum, "adv_count": np.sum, "adv_sum": np.sum, "adv_sq_sum": np.sum,
+              "token_adv_min": np.min, "token_adv_max": np.max}
+
+
+def _batch_sums(batch: TrainBatch, rl_cfg: RLConfig) -> dict:
+    out = {"tokens": jnp.sum(batch.segment_ids > 0, dtype=jnp.int32)}
+    if rl_cfg.loss == LossKind.CISPO:
+        mask, a = batch.loss_mask, batch.advantages
+        out["adv_count"] = jnp.sum(mask, dtype=jnp.int32)
+        out["adv_sum"] = jnp.sum(jnp.where(mask, a, 0.0))
+        out["adv_sq_sum"] = jnp.sum(jnp.where(mask, a * a, 0.0))
+        out["token_adv_min"] = jnp.min(jnp.where(mask, a, jnp.inf))
+        out["token_adv_max"] = jnp.max(jnp.where(mask, a, -jnp.inf))
+    return out
+
+
+def combine_parts(parts: list[dict]) -> dict:
+    """One accumulated step's metrics from its calls' (host numpy scalars): the loss metrics
+    reduced as the micro-batch scan reduces them (`losses.REDUCTIONS`), the batch statistics
+    as one call on the whole batch would give them."""
+    stacked = {k: np.stack([np.asarray(p[k]) for p in parts]) for k in parts[0]}
+    loss_keys = {k: v for k, v in stacked.items() if k not in _PART_SUMS}
+    out = {k: np.asarray(v) for k, v in combine_metrics(loss_keys).items()}
+    sums = {k: how(stacked[k]) for k, how in _PART_SUMS.items() if k in stacked}
+    out["tokens"] = sums["tokens"]
+    if "adv_count" in sums:
+        count = max(float(sums["adv_count"]), 1.0)
+        mean = float(sums["adv_sum"]) / count
+        out["token_adv_mean"] = np.float32(mean)
+        out["token_adv_std"] = np.float32(np.sqrt(max(float(sums["adv_sq_sum"]) / count
+                                                      - mean * mean, 0.0)))
+        out["token_adv_min"] = sums["token_adv_min"]
+        out["token_adv_max"] = sums["token_adv_max"]
+    return out
 
 
 def _batch_metrics(batch: TrainBatch, rl_cfg: RLConfig) -> dict:

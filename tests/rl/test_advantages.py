@@ -5,7 +5,7 @@ import pytest
 
 from avalon.rl.advantages import gkpo_utility, score_groups, token_advantages
 from avalon.rl.build import build_rl_batch
-from avalon.rl.config import RLConfig
+from avalon.rl.config import GroupFilter, RLConfig
 from avalon.rl.types import Objective, TokenFlag
 from tests.rl.helpers import make_group, make_rollout, make_row
 
@@ -60,12 +60,35 @@ def test_collective_reward_sums_every_agent_and_normalises_per_group():
 
 def test_underhire_penalty_is_linear_in_unused_budget_before_normalisation():
     rng = np.random.default_rng(1)
-    ros = [make_rollout(_rows(rng, 1), [1.0], budget=b, hires=h)
-           for b, h in [(0, 0), (4, 1), (8, 8), (2, 5)]]
+    ros = [make_rollout(_rows(rng, 1), [v], budget=b, hires=h)
+           for v, (b, h) in zip([1.0, 1.0, 0.0, 1.0], [(0, 0), (4, 1), (8, 8), (2, 5)])]
     scored, _ = score_groups([make_group(0, ros)], CFG)
-    r = 1.0 - 0.25 * np.array([0, 3, 0, 0])
+    r = np.array([1.0, 1.0, 0.0, 1.0]) - 0.25 * np.array([0, 3, 0, 0])
     np.testing.assert_allclose(scored[0].rewards, r)
+    np.testing.assert_allclose(scored[0].raw, [1.0, 1.0, 0.0, 1.0])
     np.testing.assert_allclose(scored[0].advantages, (r - r.mean()) / r.std())
+
+
+def test_a_group_that_scored_alike_is_dropped_whatever_its_penalties():
+    """Raw filter (default): every rollout scored 0 (or all the same), the budgets differ, so
+    the penalised rewards differ: still dropped, no advantage and no shaping for it. The
+    shaped filter (the earlier reading) keeps it on the penalty's spread."""
+    rng = np.random.default_rng(1)
+    budgets = [(0, 0), (3, 0), (2, 1), (3, 3)]
+    zero = make_group(0, [make_rollout(_rows(rng, 1), [0.0], budget=b, hires=h)
+                          for b, h in budgets])
+    ones = make_group(1, [make_rollout(_rows(rng, 1), [1.0], budget=b, hires=h)
+                          for b, h in budgets])
+    scored, stats = score_groups([zero, ones], CFG)
+    assert [g.advantages for g in scored] == [None, None]
+    assert (stats.dropped_all_zero, stats.dropped_all_equal, stats.kept_groups) == (1, 1, 0)
+    assert stats.raw_reward_mean == 0.5 and stats.reward_mean < 0.5
+    batch, bstats = build_rl_batch([zero, ones], CFG, seq_len=64)
+    assert bstats.packing.rows == 0 and not batch.loss_mask.any()
+    shaped, stats = score_groups([zero, ones], CFG.replace(group_filter=GroupFilter.SHAPED))
+    assert stats.kept_groups == 2
+    r = -0.25 * np.array([0, 3, 1, 0])
+    np.testing.assert_allclose(shaped[0].advantages, (r - r.mean()) / r.std())
 
 
 def test_zero_variance_and_singleton_groups_are_dropped_and_counted():
