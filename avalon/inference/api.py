@@ -76,6 +76,14 @@ class EngineStats:
     turns_cut_by_pool: int = 0  # turns given fewer new tokens than asked: the pool was full
     host_seconds: float = 0.0  # time inside generate not spent waiting on the device
     device_wait_seconds: float = 0.0  # time blocked on device results
+    # Seconds inside prefill / decode dispatch calls, their programs' first (compiling) calls
+    # included. A CPU host running executions on the calling thread (`train/cpu_memory.py`)
+    # computes in them, so they are the work's time; an accelerator returns at once and its
+    # work shows up as device_wait_seconds.
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    decode_rows: int = 0  # live rows over all decode dispatches (rows / dispatch: the batch)
+    decode_row_slots: int = 0  # the same with the padding rows of each dispatch's bucket
 
     @property
     def dispatches(self) -> int:

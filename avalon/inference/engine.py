@@ -24,8 +24,9 @@ Serving (`submit` + `step`; `generate` = submit, then step until those turns are
    and it still does not fit (the pool is full of idle contexts), it samples only as many
    tokens as fit and ends CONTEXT_FULL, or, if not even its new tokens fit, ends POOL_FULL
    with nothing absorbed.
-2. Prefill has priority: while some turns still have new tokens to absorb, each step runs one
-   chunk of up to `prefill_chunk` tokens over exactly those turns' slots (padded to a rung of
+2. Prefill has priority, but never twice running over rows that could sample: while some turns
+   still have new tokens to absorb, a step runs one chunk of up to `prefill_chunk` tokens over
+   exactly those turns' slots (padded to a rung of
    the chunk ladder, `num_new` per row; where padding would cost more than another dispatch,
    the chunk is a smaller rung and the rest follows, `pages.chunk_take`); slots without new
    tokens are not in the dispatch.
@@ -190,6 +191,7 @@ class Engine:
         self._waiting: collections.deque[Turn] = collections.deque()  # admitted in order
         self._ready: list[TurnResult] = []  # finished, not yet returned by `step`
         self._inflight: collections.deque = collections.deque()
+        self._decode_next = False  # rows waited through a prefill chunk: decode first (`_step`)
         # Row buckets divisible by the axes rows are split over, so working rows stay sharded.
         split = self._setup.row_split
         self._min_rows = max(MIN_ROWS, split)
@@ -514,13 +516,24 @@ class Engine:
         if self._waiting:
             self._admit_waiting()
         feeding = [a for a in self._active.values() if a.feeding]
-        dispatched = False
-        if feeding:
+        dispatched = prefilled = False
+        if feeding and not self._decode_next:
+            # Rows that could sample and wait through this chunk sample before the next one, so
+            # turns arriving all the time (many rollouts in flight) cannot hold them still; rows
+            # that become ready in this chunk wait for the rest of their batch's prompts, so
+            # turns submitted together still decode together.
+            self._decode_next = any(a.decoding and not a.ended and a.cut is None
+                                    for a in self._active.values())
             self._prefill_chunk(feeding)
+            prefilled = True
         else:
+            self._decode_next = False
             while len(self._inflight) < PIPELINE_DEPTH and self._dispatch_decode():
                 dispatched = True
-        if self._inflight and (feeding or not dispatched
+            if feeding and not dispatched:  # nothing could sample after all: absorb instead
+                self._prefill_chunk(feeding)
+                prefilled = True
+        if self._inflight and (prefilled or not dispatched
                                or len(self._inflight) >= PIPELINE_DEPTH):
             self._process(self._inflight.popleft())
         for a in [a for a in self._active.values() if a.ended and not a.inflight]:
@@ -551,8 +564,10 @@ class Engine:
             if routing is not None:
                 routing[:, r, :len(part)] = replay[s].transpose(1, 0, 2)
         pages = self._page_table(slots, rows, needs)
+        t0 = time.perf_counter()
         self._state, experts = self._run(dev.prefill, self._run_params, self._state, idx, pages,
                                          tokens, num_new, routing, setup=self._setup)
+        self.stats.prefill_seconds += time.perf_counter() - t0
         self.stats.prefill_dispatches += 1
         for s in slots:
             self._lengths[s] += len(feed[s])
@@ -625,9 +640,13 @@ class Engine:
                                  self._reserve[a.slot])) for a in turns}
         pages = self._page_table(slots, R, needs)
         knobs, stops = self._knobs(turns, R)
+        t0 = time.perf_counter()
         self._state, out = self._run(dev.decode, self._run_params, self._state, idx, pages,
                                      knobs, stops, setup=self._setup)
+        self.stats.decode_seconds += time.perf_counter() - t0
         self.stats.decode_dispatches += 1
+        self.stats.decode_rows += len(turns)
+        self.stats.decode_row_slots += R
         for a in turns:
             a.inflight += 1
         self._inflight.append((Record(out.routing, self._fetch, small=out.replace(routing=None)),

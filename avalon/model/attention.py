@@ -379,7 +379,10 @@ def _paged_partial(q, pool: PagedKV, pages, page_index, q_pos, scale, kv_dtype):
 
     Blocks of PAGE_BLOCK pages (a running max m, normaliser l and unnormalised output acc,
     rescaled as each block raises the max): memory is one block's scores, whatever the
-    context."""
+    context. The loop stops after the last block any query can see (the table's columns are in
+    position order), so its cost follows the longest row of the call, not the table's width
+    (a bucket up to 4x wider); a skipped block is wholly masked for every query and would
+    leave (m, l, acc) exactly as they are."""
     b, nq, h, g, d = q.shape
     w = pages.shape[1]
     size = pool.k.shape[2]
@@ -413,7 +416,16 @@ def _paged_partial(q, pool: PagedKV, pages, page_index, q_pos, scale, kv_dtype):
 
     init = (jnp.full((b, h, g, nq), _MASKED, f32), jnp.zeros((b, h, g, nq), f32),
             jnp.zeros((b, h, g, nq, d), f32))
-    return jax.lax.scan(block, init, (blocks, first))[0]
+    live = jnp.sum(first[:, 0] <= jnp.max(q_pos))  # blocks some query sees: a prefix
+
+    def step(carry):
+        i, *state = carry
+        xs = (jax.lax.dynamic_index_in_dim(blocks, i, 0, keepdims=False),
+              jax.lax.dynamic_index_in_dim(first, i, 0, keepdims=False))
+        return (i + 1, *block(tuple(state), xs)[0])
+
+    _, *out = jax.lax.while_loop(lambda c: c[0] < live, step, (jnp.int32(0), *init))
+    return tuple(out)
 
 
 def _normalise(l, acc, dtype):

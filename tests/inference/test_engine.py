@@ -285,6 +285,36 @@ def test_dispatches_do_not_grow_with_requests(engines, params):
         eng.release(s)
 
 
+def test_a_prompt_arriving_mid_decode_does_not_hold_the_sampling_rows(engines, params):
+    eng = engines["whole"]
+    tr = Tracker(eng)
+    a, b = eng.allocate(), eng.allocate()
+    tr.new(a)
+    tr.new(b)
+    req_a = TurnRequest(a, _prompt(40, 3), 24, GREEDY)
+    req_b = TurnRequest(b, _prompt(41, 20), 2, GREEDY)  # three chunks of 8
+    eng.submit([req_a])
+    done = {}
+    decodes = eng.stats.decode_dispatches
+    while eng.stats.decode_dispatches == decodes:
+        done.update({r.slot: r for r in eng.step()})
+    eng.submit([req_b])
+    kinds = []
+    while len(done) < 2:
+        p, d = eng.stats.prefill_dispatches, eng.stats.decode_dispatches
+        done.update({r.slot: r for r in eng.step()})
+        kinds += ["p"] * (eng.stats.prefill_dispatches - p) + \
+            ["d"] * (eng.stats.decode_dispatches - d)
+    # a samples between b's chunks: no two prefills back to back while it still could.
+    order = "".join(kinds)
+    assert order.count("p") == 3 and "pp" not in order, order
+    tr.record(req_a, done[a])
+    tr.record(req_b, done[b])
+    tr.check(params, [a, b])
+    eng.release(a)
+    eng.release(b)
+
+
 def test_set_params_swaps_the_arrays_the_engine_reads(engines, params):
     eng = engines["whole"]
     other = jax.tree.map(lambda x: x * 1.5, params)
