@@ -60,7 +60,7 @@ from avalon.org.peers import PeerTeam
 from avalon.org.policy import Policy, StreamingPolicy, TickStream
 from avalon.org.schedule import Scheduled, verify_schedule
 from avalon.org.workspace import Workspace
-from avalon.rl.types import RolloutGroup
+from avalon.rl.types import Rollout, RolloutGroup
 from avalon.tokenizer.chat import ChatFormat
 
 
@@ -87,6 +87,7 @@ class TickStat:
 @dataclasses.dataclass
 class RunResult:
     groups: list[RolloutGroup]
+    specs: list[GroupSpec]  # the groups played: the given ones, then any `refill` returned
     logs: list[list[EventLog]]  # [group][rollout]
     reports: list[list[OrgReport]]  # [group][rollout]
     ticks: list[TickStat]
@@ -119,26 +120,29 @@ class RolloutDriver:
         self.progress = progress
         self._finished = self._total = 0
 
-    def run(self, groups: Sequence[GroupSpec]) -> RunResult:
-        """Plays every rollout of every group to its end."""
-        for g in groups:
-            if not g.rollouts:
-                raise ValueError(f"group {g.group_id} has no rollouts")
-            ids = {r.session.task.task_id for r in g.rollouts}
-            if len(ids) != 1:
-                raise ValueError(f"group {g.group_id} mixes tasks {sorted(ids)}")
+    def run(self, groups: Sequence[GroupSpec],
+            refill: Callable[[RolloutGroup], Sequence[GroupSpec]] | None = None) -> RunResult:
+        """Plays every rollout of every group to its end.
+
+        `refill(group)`, if given, is called as each group's last rollout ends, with the
+        group as the RL core will see it; the groups it returns are played too, admitted
+        like the others while the rest still run (a group without signal replaced by a
+        fresh one), and are in the result after the given ones."""
+        groups = list(groups)
+        self._check_groups(groups)
         root = Path(tempfile.mkdtemp(prefix="avalon-org-", dir=self.workdir))
         try:
-            # A host whose share of the step is empty plays nothing (and must not fail).
-            most = max((r.budget for g in groups for r in g.rollouts), default=0)
-            if self.max_agents is not None and 1 + most > self.max_agents:
-                raise ValueError(f"RolloutDriver: max_agents={self.max_agents} cannot hold a "
-                                 f"rollout of budget {most} (1 + budget = {1 + most} agents)")
             orgs = [[self._organisation(root, g, i, r) for i, r in enumerate(g.rollouts)]
                     for g in groups]
+            self._root, self._specs, self._orgs, self._refill = root, groups, orgs, refill
+            self._left = [len(g.rollouts) for g in groups]  # rollouts still playing, per group
+            self._built: dict[int, Rollout] = {}
+            self._group_of = {id(o): gi for gi, group in enumerate(orgs) for o in group}
             loop = self._stream if self.continuous else self._loop
             self._finished, self._total = 0, sum(len(g.rollouts) for g in groups)
-            ticks = loop([(gi, o) for gi, group in enumerate(orgs) for o in group])
+            self._pending = collections.deque((gi, o) for gi, group in enumerate(orgs)
+                                              for o in group)
+            ticks = loop()
             for o in (o for group in orgs for o in group):  # one source of truth (schedule.py)
                 verify_schedule(o.log.events, o.scheduled, clock_order=o.clock_order)
             if self.log_dir is not None:
@@ -147,16 +151,58 @@ class RolloutDriver:
                     for i, o in enumerate(group):
                         o.log.write(self.log_dir / f"group{g.group_id}_rollout{i}.jsonl")
             return RunResult(
-                groups=[RolloutGroup(group_id=g.group_id, task_id=group[0].task.task_id,
-                                     rollouts=[build_rollout(o) for o in group],
-                                     objective=group[0].task.objective)
-                        for g, group in zip(groups, orgs)],
+                groups=[self._group(gi) for gi in range(len(groups))], specs=list(groups),
                 logs=[[o.log for o in group] for group in orgs],
                 reports=[[org_report(o) for o in group] for group in orgs], ticks=ticks,
                 scheduled=[[o.scheduled for o in group] for group in orgs])
         finally:
             if not self.keep_workspaces:
                 shutil.rmtree(root, ignore_errors=True)
+
+    def _check_groups(self, groups: Sequence[GroupSpec]) -> None:
+        for g in groups:
+            if not g.rollouts:
+                raise ValueError(f"group {g.group_id} has no rollouts")
+            ids = {r.session.task.task_id for r in g.rollouts}
+            if len(ids) != 1:
+                raise ValueError(f"group {g.group_id} mixes tasks {sorted(ids)}")
+        # A host whose share of the step is empty plays nothing (and must not fail).
+        most = max((r.budget for g in groups for r in g.rollouts), default=0)
+        if self.max_agents is not None and 1 + most > self.max_agents:
+            raise ValueError(f"RolloutDriver: max_agents={self.max_agents} cannot hold a "
+                             f"rollout of budget {most} (1 + budget = {1 + most} agents)")
+
+    def _group(self, gi: int) -> RolloutGroup:
+        """Group gi as the RL core sees it (its rollouts built once)."""
+        group = self._orgs[gi]
+        for o in group:
+            if id(o) not in self._built:
+                self._built[id(o)] = build_rollout(o)
+        return RolloutGroup(group_id=self._specs[gi].group_id, task_id=group[0].task.task_id,
+                            rollouts=[self._built[id(o)] for o in group],
+                            objective=group[0].task.objective)
+
+    def _ended(self, done: list[Organisation]) -> None:
+        """Rollouts that ended: progress, and each group they complete goes to `refill`,
+        whose groups join the pending ones."""
+        self._report(len(done))
+        for o in done:
+            gi = self._group_of[id(o)]
+            self._left[gi] -= 1
+            if self._left[gi] or self._refill is None:
+                continue
+            more = list(self._refill(self._group(gi)))
+            self._check_groups(more)
+            for g in more:
+                gi = len(self._specs)
+                self._specs.append(g)
+                self._orgs.append([self._organisation(self._root, g, i, r)
+                                   for i, r in enumerate(g.rollouts)])
+                self._left.append(len(g.rollouts))
+                self._total += len(g.rollouts)
+                for o2 in self._orgs[gi]:
+                    self._group_of[id(o2)] = gi
+                    self._pending.append((gi, o2))
 
     def _organisation(self, root: Path, g: GroupSpec, i: int, r: RolloutSpec) -> Organisation:
         index = self._next_rollout
@@ -188,9 +234,9 @@ class RolloutDriver:
                 self._share(group)
         return held
 
-    def _loop(self, orgs: list[tuple[int, Organisation]]) -> list[TickStat]:
+    def _loop(self) -> list[TickStat]:
         ticks = []
-        pending = collections.deque(orgs)
+        pending = self._pending
         active: list[Organisation] = []
         held = 0
         while pending or active:
@@ -211,17 +257,17 @@ class RolloutDriver:
             if flat:  # a tick in which rollouts only ended made no policy call
                 ticks.append(TickStat(active_rollouts=len(active), turns=len(flat)))
             held -= sum(1 + o.budget for o in active if o.done)
-            self._report(sum(o.done for o in active))
+            self._ended([o for o in active if o.done])
             active[:] = [o for o in active if not o.done]
         return ticks
 
-    def _stream(self, orgs: list[tuple[int, Organisation]]) -> list[TickStat]:
+    def _stream(self) -> list[TickStat]:
         """Continuous feeding: each rollout's next batch goes to the policy as soon as its
         previous one came back and was applied, while other rollouts' turns still run. A
         rollout's own sequence of batches (begin, act, apply, end) is the tick loop's; only
         when it is played changes. A `TickStat` per batch."""
         ticks = []
-        pending = collections.deque(orgs)
+        pending = self._pending
         active: list[Organisation] = []
         running: dict[int, tuple[Organisation, list]] = {}  # batch tag -> (rollout, turns)
         busy: set[int] = set()  # ids of the rollouts with a batch running
@@ -249,7 +295,7 @@ class RolloutDriver:
                     busy.discard(id(o))
                     ticks.append(TickStat(active_rollouts=len(active), turns=len(turns)))
             held -= sum(1 + o.budget for o in active if o.done)
-            self._report(sum(o.done for o in active))
+            self._ended([o for o in active if o.done])
             active[:] = [o for o in active if not o.done]
         return ticks
 

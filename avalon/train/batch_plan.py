@@ -53,6 +53,9 @@ class BatchPlan:
     seq_len: int
     multiple: int  # an update call's rows are a multiple of this
     max_rows: int  # rows of one update call at most (0: no cap, one call per step)
+    # Length rungs of an update call: seq_len, seq_len / 2, ... (this many; 1: every call
+    # takes seq_len positions). A call takes the shortest rung its rows' real tokens fit.
+    length_rungs: int = 1
 
     @property
     def local_multiple(self) -> int:
@@ -75,6 +78,17 @@ class BatchPlan:
         `local_rows`: the loop pads its rows to calls x rows per call and runs each slice."""
         return self.update_calls(local_rows), self.rows_for(local_rows) // self.num_processes
 
+    def call_length(self, used: int) -> int:
+        """Positions of an update call whose rows' real tokens end by position `used`: the
+        shortest of the plan's length rungs that holds them (each rung a compiled shape)."""
+        n = self.seq_len
+        for _ in range(self.length_rungs - 1):
+            half = n // 2
+            if half < used or half % self.seq_devices or half < 1:
+                break
+            n = half
+        return n
+
     @property
     def aot_rows(self) -> int:
         """The rows the AOT tool compiles: a capped plan's one shape, else the smallest call."""
@@ -83,14 +97,14 @@ class BatchPlan:
 
 def plan(mesh_shape: Mapping[str, int], *, micro_batches: int, sequence_parallel: bool,
          seq_len: int, seq_bucket: int = 1, max_rows: int = 0,
-         num_processes: int = 1) -> BatchPlan:
+         num_processes: int = 1, length_rungs: int = 1) -> BatchPlan:
     """The batch plan of an update step on `mesh_shape` (no check: see `check`)."""
     rows = math.prod(mesh_shape.get(a, 1) for a in row_axes(mesh_shape, sequence_parallel))
     seqs = math.prod(mesh_shape.get(a, 1) for a in seq_axes(mesh_shape, sequence_parallel))
     multiple = math.lcm(micro_batches * rows, seq_bucket, num_processes)
     return BatchPlan(micro_batches=micro_batches, row_devices=rows, seq_devices=seqs,
                      num_processes=num_processes, seq_len=seq_len, multiple=multiple,
-                     max_rows=max_rows)
+                     max_rows=max_rows, length_rungs=length_rungs)
 
 
 def rl_plan(cfg, num_processes: int = 1) -> BatchPlan:
@@ -98,7 +112,7 @@ def rl_plan(cfg, num_processes: int = 1) -> BatchPlan:
     return plan(cfg.mesh, micro_batches=cfg.rl.micro_batches,
                 sequence_parallel=cfg.rl.sequence_parallel, seq_len=cfg.rollout.seq_len,
                 seq_bucket=cfg.rollout.seq_bucket, max_rows=cfg.rollout.max_update_rows,
-                num_processes=num_processes)
+                num_processes=num_processes, length_rungs=cfg.rollout.update_length_rungs)
 
 
 def sft_micro_batches(cfg) -> int:

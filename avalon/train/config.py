@@ -78,6 +78,14 @@ class RolloutConfig:
     # that packs more runs several updates of exactly this many rows: one compiled shape, the
     # one `experiments/scale/aot.py` measures (`train/batch_plan.py`).
     max_update_rows: int = 0
+    # Length rungs of an update call (seq_len, seq_len / 2, ...; `train/batch_plan.py`): a call
+    # whose rows end early takes the shortest rung that holds them. Each rung is one more
+    # compiled shape: 1 (every call at seq_len) where a compile costs minutes (the pod).
+    update_length_rungs: int = 1
+    # Fresh groups played in place of groups without signal (every rollout's collective reward
+    # the same, `rl.group_filter`), at most this many a step (`train/rl_groups.py`; DAPO's
+    # dynamic sampling). 0: dropped and not replaced (the report's behaviour).
+    refill_groups: int = 0
     temperature: float = 1.0  # sampling temperature (the log-probs use the same)
     top_p: float = 1.0  # must stay 1 for RL (refused otherwise: rl/config.check_rl_sampling)
     # The K sessions of a group share one environment seed (same bet outcomes, hidden test
@@ -431,6 +439,13 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
     if cfg.sft.steps < 0 or cfg.sft.teacher_episodes < 0 or cfg.sft.batch_seqs < 1:
         _fail("sft", dataclasses.asdict(cfg.sft), "steps and teacher_episodes must be >= 0, "
               "batch_seqs >= 1")
+    if cfg.rollout.refill_groups < 0:
+        _fail("rollout.refill_groups", cfg.rollout.refill_groups, "must be >= 0")
+    if cfg.rollout.refill_groups and num_processes > 1:
+        _fail("rollout.refill_groups", cfg.rollout.refill_groups,
+              f"needs one process ({num_processes} here: each would draw its own refills)")
+    if cfg.rollout.update_length_rungs < 1:
+        _fail("rollout.update_length_rungs", cfg.rollout.update_length_rungs, "must be >= 1")
     if cfg.sft.micro_batches < 0 or cfg.rollout.max_update_rows < 0:
         _fail("sft.micro_batches" if cfg.sft.micro_batches < 0 else "rollout.max_update_rows",
               min(cfg.sft.micro_batches, cfg.rollout.max_update_rows), "must be >= 0")

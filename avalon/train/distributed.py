@@ -175,6 +175,26 @@ def allgather_bytes(payload: bytes) -> list[bytes]:
     return [b"".join(parts) for parts in pieces]
 
 
+def max_across_hosts(n: int) -> int:
+    """The largest `n` of any process (`n` on one process)."""
+    if jax.process_count() == 1:
+        return int(n)
+    import numpy as np
+    from jax.experimental import multihost_utils
+    barrier("max_across_hosts")  # the hosts come from uneven rollouts
+    return int(max(multihost_utils.process_allgather(np.asarray(n, np.int64))))
+
+
+def sum_across_hosts(n: int) -> int:
+    """The sum of every process's `n` (`n` on one process)."""
+    if jax.process_count() == 1:
+        return int(n)
+    import numpy as np
+    from jax.experimental import multihost_utils
+    barrier("sum_across_hosts")
+    return int(sum(multihost_utils.process_allgather(np.asarray(n, np.int64))))
+
+
 def allgather_json(value) -> list:
     """Every process's JSON-able `value`, in process order."""
     return [json.loads(b.decode()) for b in allgather_bytes(json.dumps(value).encode())]

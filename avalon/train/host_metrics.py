@@ -51,7 +51,8 @@ REDUCTIONS: tuple[tuple[str, str, str], ...] = (
     ("suffix", "_max", "max"), ("suffix", "/max", "max"),
     ("suffix", "_min", "min"), ("suffix", "/min", "min"),
     ("prefix", "time/", "max"), ("prefix", "host/", "max"),
-    ("prefix", "engine/", "sum"),
+    ("exact", "engine/live_rows_mean", "mean"), ("exact", "engine/live_row_fill", "mean"),
+    ("prefix", "engine/", "sum"), ("exact", "perf/rollouts_per_hour", "sum"),
     ("suffix", "tokens_per_s", "sum"),
     ("suffix", "_rollouts", "sum"),
     ("exact", "rollouts", "sum"),
@@ -62,6 +63,8 @@ REDUCTIONS: tuple[tuple[str, str, str], ...] = (
     ("last", "pack_sequences", "sum"), ("last", "pack_tokens", "sum"),
     ("last", "pack_loss_tokens", "sum"), ("last", "pack_padding", "sum"),
     ("last", "pack_unpredictable_loss_tokens", "sum"), ("last", "loss_tokens", "sum"),
+    ("last", "dropped_all_zero", "sum"), ("last", "dropped_all_equal", "sum"),
+    ("exact", "rollout/refilled_groups", "sum"), ("exact", "rollout/groups_without_signal", "sum"),
 )
 
 KINDS = ("mean", "sum", "max", "min", "std")

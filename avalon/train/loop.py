@@ -40,26 +40,21 @@ import sys
 import time
 
 import jax
-import numpy as np
-from jax.experimental import multihost_utils
 
 from avalon import paths
 from avalon.analysis.logs import IndexEntry, rollout_file, step_dir, write_index
 from avalon.checkpoint.train_state import TrainCheckpointer
-from avalon.envs.base import Split, group_seeds
+from avalon.envs.base import Split
 from avalon.envs.samplers import BudgetSampler, LearningProgressSampler
 from avalon.inference.engine import Engine
 from avalon.model import accounting
-from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
+from avalon.org.driver import RolloutDriver
 from avalon.org.engine_policy import EnginePolicy
-from avalon.rl.build import build_rl_batch
-from avalon.rl.roles import role_grad_norms
 from avalon.rl.update import TrainState
 from avalon.tokenizer.record import RECORD_FILE
 from avalon.tokenizer.record import describe as tokenizer_record
 from avalon.train import (
     baselines,
-    batch_plan,
     code_version,
     config_history,
     host_metrics,
@@ -68,10 +63,12 @@ from avalon.train import (
     program_maps,
     telemetry,
 )
-from avalon.train.config import TrainConfig, describe, from_config_dict, groups_at
+from avalon.train.config import TrainConfig, describe, from_config_dict
 from avalon.train.distributed import allgather_json, barrier, host_shard, open_collectives
 from avalon.train.eval_seeds import EVAL_SEED
 from avalon.train.evaluation import evaluate
+from avalon.train.rl_groups import StepGroups
+from avalon.train.rl_update import RLUpdate
 from avalon.train.setup import Setup, Switch, build, global_batch, initial_params
 from avalon.train.sft import SFTBatches, teacher_traces
 from avalon.train.telemetry import Telemetry
@@ -123,7 +120,7 @@ class Run:
                                                     {"step": s, "why": why} for s, why in skipped]})
         self.engine: Engine | None = None
         self.switch = Switch(cfg, self.setup.mesh, self.setup.local_mesh)
-        self.rl_plan = batch_plan.rl_plan(cfg, jax.process_count())
+        self.rl_update = RLUpdate(cfg, self.setup.rl_step, jax.process_count())
         self.peak_flops = telemetry.peak_flops(jax.devices()[0].device_kind)
 
     # ---- checkpoints -----------------------------------------------------------------------
@@ -300,35 +297,18 @@ class Run:
                     self.host.sft_step < cfg.sft.steps:
                 self._save()
 
-    def _rollout_specs(self) -> tuple[list[GroupSpec], dict[str, str]]:
-        cfg = self.cfg
-        n_groups, k = groups_at(cfg.rollout, self.host.rl_step), cfg.rollout.rollouts_per_group
-        picks = self.progress.sample(n_groups)  # same draws on every process
-        budgets = self.budget.sample_groups(n_groups, k)
-        ratio = cfg.clock.ratio(self.host.rl_step)  # each environment's own clock, scaled
-        env_by_name = self.setup.env_by_name
-        specs, env_of = [], {}
-        for g, (env_name, task_id) in enumerate(picks):
-            env = env_by_name[env_name]
-            env_of[task_id] = env_name
-            seed0 = (cfg.seed * 1_000_003 + self.host.rl_step) * 4096 + g * k
-            env_seeds = group_seeds(seed0, k, cfg.rollout.common_random_numbers)
-            clock = env.task(task_id).wall_clock_s * ratio
-            specs.append(GroupSpec(group_id=g, rollouts=tuple(
-                RolloutSpec(env.session(task_id, seed=env_seeds[i], clock_s=clock),
-                            budget=budgets[g * k + i], seed=seed0 + i) for i in range(k))))
-        return specs, env_of
-
     def _rl_step(self) -> None:
         cfg, setup = self.cfg, self.setup
         maps = program_maps.release_near_limit(self.engine.release_programs)
-        t0 = time.perf_counter()
+        t0, compile0 = time.perf_counter(), telemetry.CompileClock.process()()
         self.telemetry.progress.begin("rl")
         first = "; the first compiles the update step" \
             if not self.telemetry.progress.seconds.get("rl") else ""
         self.telemetry.progress.status(f"RL {self.host.rl_step + 1}/{cfg.rollout.steps}: "
                                        f"rollouts{first}")
-        all_specs, env_of = self._rollout_specs()
+        step_groups = StepGroups(cfg, setup.env_by_name, self.progress, self.budget,
+                                 self.host.rl_step)
+        all_specs = step_groups.initial()
         info = _process_info()
         specs = host_shard(all_specs, info)
         policy = EnginePolicy(self.engine, setup.chat, cfg.sampling)
@@ -340,7 +320,11 @@ class Run:
         driver = RolloutDriver(policy, setup.chat, cfg.org, log_dir=log_dir,
                                max_agents=cfg.engine.slots, continuous=cfg.engine.continuous)
         stats0 = self.engine.stats.snapshot()
-        result = driver.run(specs)
+        # Groups without signal are replaced as they end (one process: the refills' task
+        # draws would differ between hosts otherwise; `train.config` refuses it there).
+        result = driver.run(specs, refill=step_groups.refill
+                            if step_groups.refills_left else None)
+        env_of, specs = step_groups.env_of, result.specs
         # Every slot is free again: the engine's params view and slot state (KV pool, Mamba
         # state) leave the device while the update runs there; the switch brings them back.
         self.engine.suspend()
@@ -357,42 +341,9 @@ class Run:
         all_success = _gather_results(local_success)
         self.progress.update(all_success)
 
-        t1 = time.perf_counter()
-        routing = (cfg.model.count("E"), cfg.model.num_experts_per_tok) \
-            if cfg.model.count("E") else None
-        step_fn = setup.rl_step
-        plan = self.rl_plan
-        # Padded to the plan's multiple (micro-batches x the devices rows split over, and
-        # seq_bucket: each new shape is a new compile); every process brings as many rows,
-        # and a step past `rollout.max_update_rows` runs several updates of that shape.
-        batch, bstats = build_rl_batch(groups, cfg.rl, seq_len=cfg.rollout.seq_len,
-                                       num_seqs_multiple=plan.local_multiple,
-                                       routing_shape=routing)
-        most = _max_across_hosts(batch.tokens.shape[0])
-        calls, per_call = plan.calls(most)  # per_call: this process's rows of each call
-        if batch.tokens.shape[0] != calls * per_call:
-            batch, bstats = build_rl_batch(groups, cfg.rl, seq_len=cfg.rollout.seq_len,
-                                           num_seqs_multiple=plan.local_multiple,
-                                           min_seqs=calls * per_call, routing_shape=routing)
-        t_build = time.perf_counter() - t1
-
-        part = lambda x, c: jax.tree.map(lambda a: np.asarray(a)[c * per_call:(c + 1) * per_call],
-                                         x)
-        every = cfg.rl.role_grad_every  # per-role gradient norms, before the state is donated
-        roles = role_grad_norms(step_fn.masked_grad_norm, self.state.params,
-                                global_batch(part(batch, 0), step_fn.batch_sharding),
-                                bstats.roles[:per_call],
-                                lambda x: global_batch(x, step_fn.batch_sharding)) \
-            if every and self.host.rl_step % every == 0 else {}
-        t3 = time.perf_counter()
-        updates = []
-        barrier("rl_update")  # the hosts come from uneven rollouts
-        for c in range(calls):
-            self.state, m = step_fn(self.state, global_batch(part(batch, c),
-                                                             step_fn.batch_sharding))
-            updates.append({k: float(v) for k, v in m.items()})
-        m = _combine_updates(updates) | roles
-        t_update = time.perf_counter() - t3
+        self.state, upd = self.rl_update(self.state, groups, self.host.rl_step)
+        m, bstats = upd.metrics, upd.build
+        t_build, t_update = upd.times["time/build_s"], upd.times["time/update_s"]
 
         switch = self.switch_engine()
         self.host.rl_step += 1
@@ -413,7 +364,12 @@ class Run:
             "perf/generated_tokens_per_s": (engine_stats.decode_tokens
                                             - stats0.decode_tokens) / max(t_rollout, 1e-9),
             **_engine_counters(engine_stats, stats0),
+            **_rollout_split(engine_stats, stats0, t_rollout),
+            "time/compile_s": telemetry.CompileClock.process()() - compile0,
+            "perf/rollouts_per_hour": 3600.0 * rollouts / max(total, 1e-9),
             "engine/ticks": len(result.ticks), **maps,
+            "rollout/refilled_groups": step_groups.refilled,
+            "rollout/groups_without_signal": step_groups.without_signal,
         }
         record = {
             "phase": "rl", "rl_step": self.host.rl_step,
@@ -421,7 +377,7 @@ class Run:
             **{f"train/{k}": v for k, v in m.items()},
             **host_metrics.reduce_across_hosts(local, weight=rollouts),
             "time/update_s": t_update,
-            "perf/train_tokens_per_s": tokens_model / max(t_update, 1e-9),
+            "perf/update_tokens_per_s": tokens_model / max(t_update, 1e-9),
             "processes": info.num_processes,
         }
         if self.peak_flops is not None:  # against this device's peak (none known for CPUs)
@@ -496,46 +452,30 @@ def _gather_results(local: list[tuple[str, str, float]]) -> list[tuple[str, str,
     return [tuple(x) for part in allgather_json(local) for x in part]
 
 
-def _max_across_hosts(n: int) -> int:
-    """The largest `n` of any process (`n` on one process)."""
-    if jax.process_count() == 1:
-        return int(n)
-    barrier("max_rows")  # the hosts come from uneven rollouts
-    return int(max(multihost_utils.process_allgather(np.asarray(n, np.int64))))
-
-
 def _engine_counters(stats, before) -> dict:
     """This host's engine counters over the step (summed across hosts by `host_metrics`)."""
-    return {"engine/dispatches": stats.dispatches - before.dispatches,
-            "engine/decode_tokens": stats.decode_tokens - before.decode_tokens,
-            "engine/turns_deferred": stats.turns_deferred - before.turns_deferred,
-            "engine/turns_cut_by_pool": stats.turns_cut_by_pool - before.turns_cut_by_pool}
-
-
-# The update step's metrics over several calls of one RL step (`rollout.max_update_rows`):
-# counts add up, extremes stay extremes, the rest are means weighted by loss tokens.
-_UPDATE_SUMS = frozenset({"tokens", "loss_tokens", "skipped", "moe_dropped_choices"})
-
-
-def _combine_updates(updates: list[dict]) -> dict:
-    if len(updates) == 1:
-        return {**updates[0], "updates": 1.0}
-    out = {}
-    weights = [u.get("loss_tokens", 1.0) for u in updates]
-    total = sum(weights) or float(len(updates))
-    weights = weights if sum(weights) else [1.0] * len(updates)
-    for k in updates[0]:
-        values = [u[k] for u in updates]
-        if k in _UPDATE_SUMS:
-            out[k] = float(sum(values))
-        elif k.endswith("_max"):
-            out[k] = float(max(values))
-        elif k.endswith("_min"):
-            out[k] = float(min(values))
-        else:
-            out[k] = float(sum(w * v for w, v in zip(weights, values)) / total)
-    out["updates"] = float(len(updates))
+    d = lambda name: getattr(stats, name) - getattr(before, name)
+    out = {f"engine/{name}": d(name) for name in (
+        "dispatches", "prefill_dispatches", "decode_dispatches", "prefill_tokens",
+        "decode_tokens", "decode_rows", "decode_row_slots", "turns_deferred",
+        "turns_cut_by_pool")}
+    # Rows live in a decode dispatch, on average (the batch the engine decoded at), and the
+    # share of its bucket's rows they filled.
+    out["engine/live_rows_mean"] = d("decode_rows") / max(d("decode_dispatches"), 1)
+    out["engine/live_row_fill"] = d("decode_rows") / max(d("decode_row_slots"), 1)
     return out
+
+
+def _rollout_split(stats, before, rollout_s: float) -> dict:
+    """The rollout phase's time: in prefill and decode dispatches (their compute on a CPU
+    host), and the rest (the organisations, tools, scheduling and state ops: `host`); the
+    engine's own decode speed in its decode dispatches beside it."""
+    prefill = stats.prefill_seconds - before.prefill_seconds
+    decode = stats.decode_seconds - before.decode_seconds
+    return {"time/rollout_prefill_s": prefill, "time/rollout_decode_s": decode,
+            "time/rollout_host_s": max(rollout_s - prefill - decode, 0.0),
+            "perf/engine_decode_tokens_per_s":
+                (stats.decode_tokens - before.decode_tokens) / max(decode, 1e-9)}
 
 
 def prepare(config, workdir: str, *, config_name: str = "", command: tuple[str, ...] = (),

@@ -289,3 +289,46 @@ def test_admission_refuses_a_rollout_larger_than_max_agents():
             _groups())
     with pytest.raises(ValueError, match="max_agents=0"):
         RolloutDriver(ScriptedPolicy(CHAT, Delegating()), CHAT, CFG, max_agents=0)
+
+
+@pytest.mark.parametrize("continuous", [False, True], ids=["ticks", "continuous"])
+def test_refill_plays_the_groups_it_returns_while_others_run(continuous):
+    """`refill` sees each group once, when its last rollout ended, with every rollout built;
+    the groups it returns are played (admitted as room frees up) and come after the given
+    ones; the progress total grows with them."""
+    seen, progress = [], []
+
+    def refill(group):
+        seen.append((group.group_id, len(group.rollouts)))
+        assert all(r.rows for r in group.rollouts)
+        if group.group_id in (0, 2):  # replace two of them, once each
+            return [GroupSpec(10 + group.group_id, tuple(
+                RolloutSpec(PartsEnv(COSTS), 1, seed=900 + group.group_id * 10 + i)
+                for i in range(2)))]
+        return []
+
+    driver = RolloutDriver(ScriptedPolicy(CHAT, Delegating()), CHAT, CFG, max_agents=6,
+                           continuous=continuous,
+                           progress=lambda done, total: progress.append((done, total)))
+    result = driver.run(_groups(budgets=(0, 1, 2)), refill=refill)
+    assert [g.group_id for g in result.groups] == [0, 1, 2, 10, 12]
+    assert sorted(seen) == [(0, 2), (1, 2), (2, 2), (10, 2), (12, 2)]
+    for g in result.groups[3:]:
+        assert [r.budget for r in g.rollouts] == [1, 1]
+        assert all(sum(e.value for e in r.rewards) == 3.5 for r in g.rollouts)
+    assert progress[-1] == (10, 10)
+    # The played groups are the same whether or not they were refills: a refill group's
+    # rollouts equal the same specs played directly.
+    direct = RolloutDriver(ScriptedPolicy(CHAT, Delegating()), CHAT, CFG).run(
+        [GroupSpec(10, tuple(RolloutSpec(PartsEnv(COSTS), 1, seed=900 + i) for i in range(2)))])
+    for a, b in zip(result.groups[3].rollouts, direct.groups[0].rollouts):
+        assert [r.tokens.tolist() for r in a.rows] == [r.tokens.tolist() for r in b.rows]
+
+
+def test_refill_groups_are_checked_like_the_given_ones():
+    def refill(group):
+        return [GroupSpec(9, ())]
+
+    driver = RolloutDriver(ScriptedPolicy(CHAT, Delegating()), CHAT, CFG)
+    with pytest.raises(ValueError, match="group 9 has no rollouts"):
+        driver.run(_groups(budgets=(0,)), refill=refill)

@@ -54,7 +54,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                            "rollouts_per_group": 2, "seq_len": 512,
                                            "seq_bucket": 16, "max_update_rows": 0,
                                            "temperature": 1.0, "top_p": 1.0})
-    c.rl = ml_collections.ConfigDict({"lr": 1e-3, "temperature": 1.0})
+    # The shaped group filter: a random model's groups differ only in their penalties, and
+    # the tests that train want rows to update on (the raw filter would drop them all).
+    c.rl = ml_collections.ConfigDict({"lr": 1e-3, "temperature": 1.0, "update_mode": "one",
+                                      "group_filter": "shaped"})
     c.engine = ml_collections.ConfigDict({"slots": 16, "steps_per_dispatch": 8,
                                           "prefill_chunk": 128, "decode_dtype": "float32"})
     c.eval = ml_collections.ConfigDict({"every": 10, "tasks": 1, "seeds": 1, "budget": 1,

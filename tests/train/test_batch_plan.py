@@ -100,14 +100,24 @@ def test_aot_compiles_the_batch_the_loop_builds(local_rows):
 
 
 @pytest.mark.slow
-def test_a_step_past_the_cap_runs_several_updates_of_the_capped_shape(tmp_path):
+@pytest.mark.parametrize("mode", ["one", "per_call"])
+def test_a_step_past_the_cap_runs_several_calls_of_the_capped_shape(tmp_path, mode):
     """The micro run with update calls capped at 2 rows: every RLCR step that packs more rows
-    runs several optimizer updates, each on 2 rows, and the run finishes."""
+    runs several calls, each on 2 rows, and the run finishes. `one` (the recipe): the calls
+    accumulate one gradient and AdamW steps once per RL step; `per_call`: one AdamW step per
+    call. (The shaped group filter keeps the random model's groups on their penalties' spread,
+    so every step has rows to update on.)"""
     from tests.train.runner import metrics, run_main
     run_main(tmp_path, "--config.rollout.seq_bucket=1", "--config.rollout.max_update_rows=2",
-             "--config.rollout.steps=2", timeout=1500)
+             "--config.rollout.steps=2", f"--config.rl.update_mode={mode}",
+             "--config.rl.group_filter=shaped", timeout=1500)
     rl = [r for r in metrics(tmp_path) if r["phase"] == "rl"]
     assert len(rl) == 2
     for r in rl:
-        assert r["train/updates"] == max(1, -(-r["batch/pack_sequences"] // 2))
-    assert any(r["train/updates"] > 1 for r in rl)
+        if not r["batch/kept_groups"]:  # nothing to train on: no call at all
+            assert (r["train/calls"], r["train/updates"], r["train/skipped"]) == (0, 0, 1)
+            continue
+        calls = max(1, -(-r["batch/pack_sequences"] // 2))
+        assert r["train/calls"] == calls
+        assert r["train/updates"] == (1 if mode == "one" else calls)
+    assert any(r["train/calls"] > 1 for r in rl)
