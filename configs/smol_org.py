@@ -91,6 +91,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.rollout.rollouts_per_group = 2 if smoke else 4  # K
     c.rollout.seq_len = 2048
     c.rollout.seq_bucket = 8
+    # Each update call padded to the next of 4 length rungs up to seq_len, not to seq_len: a
+    # step's sequences run ~300-1,500 tokens, and a 2,048-token row costs the update ~2x.
+    c.rollout.update_length_rungs = 4
+    # One fresh group in place of a group whose rollouts all scored alike, played while the
+    # others still run (a group without signal is dropped and its rollouts wasted otherwise).
+    c.rollout.refill_groups = 1
     # Zero-shot: the model card's temperature (0.2; its top-p 0.9 is refused for rollouts,
     # whose log-probs are over the whole vocabulary), the model at its best. Training samples
     # at 0.7 (the trainer's log-probs at the same temperature); at 1.0 a 135M model mostly
@@ -113,7 +119,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # The KV pool starts at 256 pages of 16 tokens (190 MB for 30 layers) and doubles when
     # short: memory follows the tokens held (the whole slots x window up front is 3 GB, and the
     # machine these runs share is tight on memory).
-    c.engine.kv_pages = 256
+    # The whole pool at once (slots x window / 16 positions a page, ~3 GB in float32): every
+    # size the pool grows through drops and recompiles the engine's programs.
+    c.engine.kv_pages = c.engine.slots * c.org.window // 16
     c.engine.decode_dtype = "float32"
     c.engine.continuous = True
     c.eval = ml_collections.ConfigDict()
