@@ -45,7 +45,7 @@ BENCH_OVERRIDES = {("sft", "steps"): 0, ("eval", "every"): 10**6,
 
 
 class EngineSplit:
-    """Times every `Engine._run` call by the function it runs; counts decode rows."""
+    """Times every engine's `_run` calls by the function each runs; counts decode rows."""
 
     def __init__(self):
         self.seconds: dict[str, float] = {}
@@ -56,13 +56,24 @@ class EngineSplit:
         self.prefill_positions = 0  # rows x chunk length, padding included
 
     def install(self, engine_cls) -> None:
-        inner = engine_cls._run
+        """Wrap the `_run` of every engine made from now on (an attribute each engine sets in
+        its constructor)."""
+        init = engine_cls.__init__
         split = self
 
-        def timed(engine, fn, *args, **kwargs):
+        def wrapped_init(engine, *args, **kwargs):
+            init(engine, *args, **kwargs)
+            engine._run = split._timed(engine, engine._run)
+
+        engine_cls.__init__ = wrapped_init
+
+    def _timed(self, engine, inner):
+        split = self
+
+        def timed(fn, *args, **kwargs):
             name = getattr(fn, "__name__", str(fn))
             t0 = time.perf_counter()
-            out = inner(engine, fn, *args, **kwargs)
+            out = inner(fn, *args, **kwargs)
             split.seconds[name] = split.seconds.get(name, 0.0) + time.perf_counter() - t0
             split.calls[name] = split.calls.get(name, 0) + 1
             if name in ("decode", "prefill"):
@@ -78,7 +89,7 @@ class EngineSplit:
                     split.prefill_positions += int(args[4].shape[0] * args[4].shape[1])
             return out
 
-        engine_cls._run = timed
+        return timed
 
     def snapshot(self) -> dict:
         return json.loads(json.dumps(self.__dict__))
