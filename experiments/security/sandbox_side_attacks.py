@@ -337,17 +337,20 @@ def host_packages(tmp: str) -> tuple[Outcome, str]:
             if root == '/ws' or root.startswith(('/ws/', '/proc', '/dev')):
                 dirs[:] = []
                 continue
-            for d in dirs:
-                if d in ('site-packages', 'dist-packages'):
-                    path = os.path.join(root, d)
-                    try:
-                        names = os.listdir(path)
-                    except OSError:
-                        names = []
-                    if names:
-                        found.append(path)
+            for d in [d for d in dirs if d in ('site-packages', 'dist-packages')]:
+                path = os.path.join(root, d)
+                try:
+                    names = os.listdir(path)
+                except OSError:
+                    names = []
+                if names:
+                    found.append(path)
+                dirs.remove(d)  # found: its thousands of files need no walk
             if not (root == stdlib or root.startswith(stdlib + '/')):
                 extra += [os.path.join(root, f) for f in files if f.endswith('.py')]
+        # Said before any import: importing a large package may outlast the run's time.
+        print('REPORT ' + json.dumps({'found': found[:5], 'n': len(found), 'py': extra[:3],
+                                      'n_py': len(extra)}), flush=True)
         for path in found:
             sys.path.append(path)
             for name in sorted(os.listdir(path)):
@@ -359,18 +362,19 @@ def host_packages(tmp: str) -> tuple[Outcome, str]:
                     except BaseException:
                         pass
             if imported:
+                print('IMPORTED ' + imported, flush=True)
                 break
-        print('REPORT ' + json.dumps({'found': found[:5], 'n': len(found), 'py': extra[:3],
-                                      'n_py': len(extra), 'imported': imported}))
         """)
-    report = next((json.loads(line[7:]) for line in r.stdout.splitlines()
-                   if line.startswith("REPORT ")), None)
+    lines = r.stdout.splitlines()
+    report = next((json.loads(line[7:]) for line in lines if line.startswith("REPORT ")), None)
+    imported = next((line[9:] for line in lines if line.startswith("IMPORTED ")), None)
     if report is None:
-        return C, f"the program failed: {r.stderr.strip()[-150:]}"
-    if report["n"] or report["n_py"] or report["imported"]:
+        why = "timed out" if r.timed_out else r.stderr.strip()[-150:]
+        return C, f"the program failed: {why}"
+    if report["n"] or report["n_py"] or imported:
         return C, (f"{report['n']} package directories ({', '.join(report['found'][:2])}), "
                    f"{report['n_py']} .py files outside the standard library; imported "
-                   f"{report['imported']}")
+                   f"{imported or 'none in the run time'}")
     return B, "no package directory and no Python file outside the standard library"
 
 

@@ -238,7 +238,8 @@ def inflight_bodies(tmp: str) -> tuple[Outcome, str]:
                 pass
         time.sleep(0.5)
         refused = _answered_503(socks)
-        held = getattr(server, "inflight_request_bytes", None)
+        held = getattr(server, "inflight_request_bytes",  # named for bodies only before
+                       getattr(server, "inflight_body_bytes", None))
         for s in socks:
             s.close()
     cap = _limit("max_inflight_request_bytes", 256 << 20)
