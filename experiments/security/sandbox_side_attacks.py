@@ -48,7 +48,10 @@ def _not_its_own(r) -> str:
 def signal_the_supervisor(tmp: str) -> tuple[Outcome, str]:
     """SIGINT to PID 1 (the supervisor: Python's SIGINT handler is the one signal a namespace's
     PID 1 takes from inside) and to the process group, then SIGTERM and SIGKILL to every pid
-    the program can name: each run must end as the program's own, output and files kept."""
+    the program can name: each run must end as the program's own, output and files kept. (A
+    trainer started with SIGINT ignored, as a non-interactive shell starts a background job,
+    passes that on to the supervisor, which then ignored the program's SIGINT even before: run
+    this one in the foreground to see the old supervisor fall.)"""
     ws = _workspace(tmp)
     programs = {
         "pid 1": "os.kill(1, signal.SIGINT)",
