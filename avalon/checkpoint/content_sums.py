@@ -14,8 +14,9 @@ detected. H catches every other pattern of changes (moved or swapped words, the 
 difference +k, -2k, +k that a sum weighted by i or any polynomial in i cannot see, pairs of
 top-bit flips) unless the pattern is chosen knowing `mix`: a changed word changes its term to
 an unrelated 64-bit value, and the changes cancel with probability 2**-64. This is corruption
-detection, not a signature: the checkpoint's meta binds these sums with a BLAKE2 digest
-(`train_state.py`), and nobody forges a checkpoint to pass both.
+detection, not a signature: nothing here is keyed (`mix` is public and invertible), so whoever
+can write a checkpoint can write sums that match it, and its meta's digest too
+(`train_state.py` states the threat model).
 Cost: `experiments/bench/checkpoint_sums.py` (RESULTS.md).
 """
 

@@ -35,6 +35,11 @@ step directory that is a link, or a copy of another step, restores as nothing), 
 array's content sum and the host state's. Every failure raises `CheckpointCorruptError` naming
 the file (or item directory) at fault: a flipped bit, a missing or undecodable file, corrupt
 JSON, a meta of another format (checkpoints written before `avalon-train-v3` included).
+Threat model: these checks find corruption (a failing disk, a torn or partial copy, a step
+directory that is a link to or a copy of another step), not forgery. The content sums and the
+digest are unkeyed, so anyone who can write the checkpoint directory can make a checkpoint that
+passes every check (saving one with this very class is enough). Keep checkpoints where only the
+trainer writes; to trust one from elsewhere, check a signature made outside Avalon.
 `restore_newest_intact` walks back from the newest step past corrupt ones, logs each one it
 skips and why, and returns them; `quarantine(step)` renames a corrupt step aside
 (`<step>.corrupt`) so that it can be written again. A target whose shapes differ from the

@@ -49,7 +49,11 @@ How an `EnvSession` maps onto plain ORS (one agent, the CEO, plays an ORS sessio
     is still running) without running the tool again;
   * at most `max_sessions` sessions exist, counting those being created (their `on_start` may
     be slow: the slot is taken before it runs); a session not used or pinged for
-    `session_ttl_s` (900 s, as the SDK) is reaped.
+    `session_ttl_s` (900 s, as the SDK) is reaped;
+  * `/delete` ends a session's calls before its directory goes: no call of it starts its tool
+    (or writes its workspace mirror) afterwards, each is answered `not_found`; the delete waits
+    up to `DELETE_WAIT_S` for the calls already inside the environment, then removes the
+    session's directory (or, a call still running, the last call to end removes it).
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ PING_S = 10.0  # keepalive comments while a call runs (the SDK client reads with
 # Per session: finished calls whose results a retry can still fetch, and calls in flight.
 REPLAYS_KEPT = 64
 FINAL_TOOL = "final_message"
+DELETE_WAIT_S = 30.0  # how long /delete waits for the session's calls already running
 SPLITS = {"train": Split.TRAIN, "heldout": Split.HELDOUT}
 _SESSION_ROUTES = {"prompt", "task_tools", "call"}
 EXTENSION, EXTENSION_VERSION = "avalon", 1  # docs/ors_extension.md
@@ -167,6 +172,7 @@ class _Open:
     finished: bool = False
     closed: bool = False
     gate: _Gate = dataclasses.field(default_factory=_Gate)
+    running: int = 0  # calls accepted and not yet returned (the server's lock guards it)
     tool_locks: dict = dataclasses.field(default_factory=dict)  # tool name -> Lock
     latch: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # finished, clock
 
@@ -197,6 +203,7 @@ class OrsServer(HttpService):
         self._next_reap = 0.0
         self.reaped = 0
         super().__init__("ors-" + "-".join(self.envs), host, port, limits)
+        self._calls_ended = threading.Condition(self._lock)  # a session's `running` went down
 
     @property
     def open_sessions(self) -> int:
@@ -206,8 +213,10 @@ class OrsServer(HttpService):
     def _closed(self) -> None:
         with self._lock:
             entries, self._sessions = list(self._sessions.values()), {}
-        for entry in entries:
-            entry.closed = True
+            for entry in entries:
+                entry.closed = True
+            idle = [entry for entry in entries if entry.running == 0]
+        for entry in idle:  # a call still running removes its session's when it ends
             shutil.rmtree(entry.root, ignore_errors=True)
 
     # ----- routes -----
@@ -228,7 +237,7 @@ class OrsServer(HttpService):
             if parts[0] == "ping":
                 entry.last_used = time.monotonic()
                 return {"status": "ok"}
-            self._drop(sid, entry)
+            self._drop(sid, entry, wait_s=DELETE_WAIT_S)
             return {"sid": sid}
         if (len(parts) == 3 and parts[0].lower() in self.envs and parts[1] == EXTENSION
                 and method == "POST"):
@@ -366,11 +375,18 @@ class OrsServer(HttpService):
                 self._drop(sid, entry)
                 self.reaped += 1
 
-    def _drop(self, sid: str, entry: _Open) -> None:
-        entry.closed = True
+    def _drop(self, sid: str, entry: _Open, wait_s: float = 0.0) -> None:
+        """Closes the session: no call of it starts its tool from now on; waits up to `wait_s`
+        for those running, then removes its directory (else the last one to end does, in
+        `_run`)."""
         with self._lock:
+            entry.closed = True
             self._sessions.pop(sid, None)
-        shutil.rmtree(entry.root, ignore_errors=True)
+            if wait_s > 0:
+                self._calls_ended.wait_for(lambda: entry.running == 0, wait_s)
+            idle = entry.running == 0
+        if idle:
+            shutil.rmtree(entry.root, ignore_errors=True)
 
     # ----- calls -----
 
@@ -399,6 +415,8 @@ class OrsServer(HttpService):
                 wire.field(extended, "workspace", dict, "call request avalon")
         job = _Job(uuid.uuid4().hex)
         with self._lock:
+            if entry.closed:  # deleted since `_entry` found it
+                raise HttpError(404, "unknown_session", "the session was deleted")
             running = [k for k, j in entry.jobs.items() if not j.done.is_set()]
             if len(running) >= REPLAYS_KEPT:  # each waits on the session's lock in a thread
                 raise HttpError(429, "too_many_calls", f"{len(running)} calls of this session "
@@ -407,7 +425,13 @@ class OrsServer(HttpService):
             finished = [k for k, j in entry.jobs.items() if j.done.is_set()]
             for k in finished[:max(0, len(entry.jobs) - REPLAYS_KEPT)]:  # oldest first
                 del entry.jobs[k]
-        self.start_worker(self._run, entry, name, args, job, extended, name=f"ors-call-{name}")
+            entry.running += 1
+        try:
+            self.start_worker(self._run, entry, name, args, job, extended,
+                              name=f"ors-call-{name}")
+        except BaseException:
+            self._call_ended(entry)
+            raise
         return _job_stream(job, job.task_id)
 
     def _run(self, entry: _Open, name: str, args: dict, job: _Job,
@@ -421,9 +445,22 @@ class OrsServer(HttpService):
         finally:
             entry.last_used = time.monotonic()
             job.done.set()
+            self._call_ended(entry)
+
+    def _call_ended(self, entry: _Open) -> None:
+        """One call of `entry` returned: the last one of a deleted session removes its
+        directory (a call may have written its mirror after the delete began)."""
+        with self._lock:
+            entry.running -= 1
+            last = entry.closed and entry.running == 0
+            self._calls_ended.notify_all()
+        if last:
+            shutil.rmtree(entry.root, ignore_errors=True)
 
     def _ordered(self, entry: _Open, name: str, args: dict, extended: dict | None) -> dict:
         """Runs one call in the SDK's order (module docstring): `_invoke_tool_fn`."""
+        if entry.closed:
+            return _deleted(name)
         if entry.finished:
             return _finished(name)
         spec = next((t for t in entry.task.tools if t.name == name), None)
@@ -443,7 +480,7 @@ class OrsServer(HttpService):
 
     def _outcome(self, entry: _Open, name: str, args: dict) -> dict:
         if entry.closed:
-            return _refused(f"{name!r} was not run: the session was deleted", "not_found")
+            return _deleted(name)
         if entry.finished:  # the call this one queued behind ended the episode
             return _finished(name)
         if name == FINAL_TOOL:
@@ -464,6 +501,8 @@ class OrsServer(HttpService):
         if problem is not None:
             return _refused(problem, "input_validation")
         with self._state(entry):
+            if entry.closed:  # deleted while this call waited
+                return _deleted(name)
             if entry.finished:  # a concurrent call ended it while this one waited
                 return _finished(name)
             ctx = CallContext(agent="ceo", title="CEO", clock_s=entry.clock_s, tokens_out=0,
@@ -494,7 +533,7 @@ class OrsServer(HttpService):
         ends only at `avalon/end`, as in-process (a terminal outcome is the client's to act
         on)."""
         if entry.closed:
-            return _refused(f"{name!r} was not run: the session was deleted", "not_found")
+            return _deleted(name)
         if entry.finished:
             return _finished(name)
         spec = next((t for t in entry.task.tools if t.name == name), None)
@@ -503,6 +542,8 @@ class OrsServer(HttpService):
             return _tool_error(problem)
         mirrors = bool(entry.env.uses_workspace)
         with entry.lock if mirrors else self._state(entry):  # the mirror is the session's
+            if entry.closed:  # deleted while this call waited
+                return _deleted(name)
             if entry.finished:
                 return _finished(name)
             before = extended.get("workspace") if mirrors else None
@@ -511,6 +552,8 @@ class OrsServer(HttpService):
                     wire.restore(entry.workspace, before)
                 except wire.WireError as e:
                     return _tool_error(str(e))
+                if entry.closed:  # deleted during the restore: the tool does not run
+                    return _deleted(name)
             ctx = wire.call_ctx_from_json(extended["ctx"], entry.workspace)
             try:
                 out = entry.session.call(name, dict(args), ctx)
@@ -640,6 +683,10 @@ def _ok(text: str, reward: float | None, finished: bool, metadata: dict) -> dict
 
 def _refused(error: str, reason: str) -> dict:
     return {"ok": False, "error": error, "reason": reason}
+
+
+def _deleted(name: str) -> dict:
+    return _refused(f"{name!r} was not run: the session was deleted", "not_found")
 
 
 def _finished(name: str) -> dict:

@@ -2,8 +2,10 @@
 
 Under bubblewrap (Debian's `bubblewrap`; the normal case) the kernel is the boundary:
 - namespaces: user, PID, mount, network, IPC, UTS and cgroup; no nested user namespace. The
-  program sees the interpreter, its standard library and the system's shared libraries
-  (read-only), a minimal /dev, and the workspace: nothing else of the machine exists for it;
+  program sees the interpreter, its standard library (its `site-packages` and `dist-packages`
+  hidden by empty mounts: no package it was not given) and the directories of the shared
+  libraries those load (as `ldd` finds them; read-only), a minimal /dev, and the workspace:
+  nothing else of the machine exists for it;
 - the workspace is a private tmpfs at /ws, its only writable place, capped in bytes and inodes
   by the kernel (unlinked and O_TMPFILE files count). The trainer streams the workspace's files
   in; after the run the sandbox's supervisor streams back its regular files and directories,
@@ -15,7 +17,15 @@ Under bubblewrap (Debian's `bubblewrap`; the normal case) the kernel is the boun
   root, never a capability (the bounding set is emptied, no_new_privs set);
 - it dies with the trainer (`--die-with-parent`; the program dies with the supervisor), in a
   session of its own (no terminal injection);
-- system calls: an allowlist (`seccomp_filter.py`), default deny;
+- the supervisor is out of the program's reach: the program runs in a PID namespace of its
+  own, nested in the sandbox's, where the supervisor has no pid, so the program can neither
+  signal it nor change its resource limits (it runs as the same uid); the supervisor caps its
+  own address space (`supervisor_memory_bytes`) and reads the workspace back no further than
+  its byte cap;
+- system calls: an allowlist (`seccomp_filter.py`), default deny. Taking a file lock (`flock`,
+  `fcntl` record locks) succeeds and does nothing: every sandbox sees the same read-only files
+  and device nodes, and a lock on one would carry bits between programs of different
+  organisations running at once;
 - limits: address space (one process: no fork, no exec), CPU seconds, file size, open files,
   threads (RLIMIT_NPROC), no memfd, no System V shared memory, no writable tmpfs but the capped
   workspace, pipes at their default 64 KiB; wall time (the supervisor kills at
@@ -65,6 +75,10 @@ POLL_S = 0.02  # the supervisor's wait and watch interval
 # seconds to start a process, so it is generous).
 REPORT_GRACE_S = 60.0
 CAPS = ("CAP_SYS_ADMIN", "CAP_CHOWN", "CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # setup only
+# The supervisor's address space before it reads the workspace back (the interpreter and its
+# libraries: 16 MiB measured on CPython 3.11), with room.
+SUPERVISOR_BASE_BYTES = 64 << 20
+HIDDEN_PACKAGES = ("site-packages", "dist-packages")  # inside the standard library's directories
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +146,12 @@ class RawRun:
     error: str = ""  # the sandbox itself failed (said in stderr too)
 
 
+def supervisor_memory_bytes(lim: WorkspaceLimits) -> int:
+    """The supervisor's own address-space cap: its base, the workspace's bytes it reads back,
+    and a few copies of one file (read, joined, framed)."""
+    return SUPERVISOR_BASE_BYTES + lim.max_total_bytes + 4 * lim.max_file_bytes
+
+
 def own_uid() -> bool:
     """Whether the sandbox gets a uid of its own (only root can map one)."""
     return os.geteuid() == 0
@@ -139,29 +159,59 @@ def own_uid() -> bool:
 
 @functools.cache
 def _interpreter() -> tuple[str, list[str]]:
-    """The base interpreter (not a venv's link) and the directories it reads."""
+    """The base interpreter (not a venv's link) and its standard library's directories (the
+    base installation's: a venv's `platstdlib` would be the venv, packages and all)."""
     exe = os.path.realpath(sys.executable)
-    reads = {os.path.realpath(sysconfig.get_path(k)) for k in ("stdlib", "platstdlib")}
-    libdir = sysconfig.get_config_var("LIBDIR")
-    if sysconfig.get_config_var("Py_ENABLE_SHARED") and libdir:
-        reads.add(os.path.realpath(libdir))
+    base = {"installed_base": sys.base_prefix, "base": sys.base_prefix,
+            "installed_platbase": sys.base_exec_prefix, "platbase": sys.base_exec_prefix}
+    reads = {os.path.realpath(sysconfig.get_path(k, vars=base)) for k in ("stdlib", "platstdlib")}
     return exe, sorted(reads)
+
+
+def _hidden_packages(reads: list[str]) -> list[str]:
+    """The package directories inside the standard library's, which the sandbox hides."""
+    return sorted(os.path.join(d, name) for d in reads for name in HIDDEN_PACKAGES
+                  if os.path.isdir(os.path.join(d, name)))
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    """The directories of the shared libraries the interpreter and the standard library's
+    extension modules load, and of the loader, as `ldd` resolves them (each as named and as
+    its links resolve, so either path works inside)."""
+    exe, reads = _interpreter()
+    files = [exe] + sorted(str(p) for d in reads for p in Path(d, "lib-dynload").glob("*.so"))
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        raise OSError("sandbox: ldd is missing (Debian's libc-bin): it finds the shared "
+                      "libraries the interpreter needs")
+    out = subprocess.run([ldd, *files], capture_output=True, text=True, timeout=120)
+    dirs = set()
+    for line in out.stdout.splitlines():
+        line = line.strip()
+        if line.endswith(":"):  # the header naming the file that follows
+            continue
+        path = (line.split("=>", 1)[1] if "=>" in line else line).split("(", 1)[0].strip()
+        if path.startswith("/") and os.path.exists(path):
+            dirs |= {os.path.realpath(os.path.dirname(path)),
+                     os.path.dirname(os.path.realpath(path))}
+    if not dirs:
+        raise OSError(f"sandbox: ldd found no shared library of {exe}: {out.stderr[-200:]}")
+    return tuple(sorted(dirs))
 
 
 def _system_binds() -> tuple[list[str], list[str]]:
     """bubblewrap's arguments for the shared libraries and the loader's cache (read-only), and
-    the paths they make."""
+    the paths they make: the top-level links of a merged /usr as links, and only the
+    directories of the libraries the interpreter loads."""
     args, dests = [], []
     for top in ("/lib", "/lib32", "/lib64", "/libx32", "/bin"):
         if os.path.islink(top):
             args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-        dests.append(top)
-    for d in ("/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/local/lib"):
-        if os.path.isdir(d) and not os.path.islink(d):
-            args += ["--ro-bind", d, d]
-            dests.append(d)
+            dests.append(top)
+    for d in _library_dirs():
+        args += ["--ro-bind", d, d]
+        dests.append(d)
     if os.path.isfile("/etc/ld.so.cache"):
         args += ["--ro-bind", "/etc/ld.so.cache", "/etc/ld.so.cache"]
         dests.append("/etc/ld.so.cache")
@@ -240,6 +290,8 @@ def _bwrap_args(userns_fd: int | None, ws_bytes: int) -> list[str]:
     args += system
     for p in binds:
         args += ["--ro-bind", p, p]
+    for hidden in _hidden_packages(reads):  # an empty, read-only directory in its place
+        args += ["--perms", "0555", "--size", "4096", "--tmpfs", hidden, "--remount-ro", hidden]
     # The sandbox's root and /dev are tmpfs mounts of its own user namespace: read-only, so
     # the workspace (capped) is the only place anything can be written.
     args += ["--dev", "/dev", "--size", str(ws_bytes), "--perms", "0755", "--tmpfs", WS,
@@ -253,7 +305,8 @@ def _bwrap_args(userns_fd: int | None, ws_bytes: int) -> list[str]:
 def _limits(lim) -> dict[str, int]:
     return {"RLIMIT_AS": lim.run_memory_mb << 20, "RLIMIT_CPU": int(lim.run_timeout_s) + 1,
             "RLIMIT_FSIZE": lim.max_file_bytes, "RLIMIT_NOFILE": lim.max_open_files,
-            "RLIMIT_NPROC": lim.max_threads + 2, "RLIMIT_CORE": 0, "RLIMIT_MEMLOCK": 0}
+            # Besides the threads: the supervisor, the program's namespace's PID 1, the program.
+            "RLIMIT_NPROC": lim.max_threads + 3, "RLIMIT_CORE": 0, "RLIMIT_MEMLOCK": 0}
 
 
 def _workspace_bytes(lim) -> int:
@@ -385,6 +438,7 @@ def run_bwrap(ws, rel: str, args) -> RawRun:
     cfg = _config(lim, rel, args, ws=WS, status_fd=status_w,
                   uid=INSIDE_UID if root_mode else None, gid=INSIDE_UID if root_mode else None,
                   ws_bytes=ws_bytes, inodes=lim.max_files + 1,
+                  supervisor_memory=supervisor_memory_bytes(lim),
                   caps={"max_files": lim.max_files, "max_total_bytes": lim.max_total_bytes,
                         "max_depth": lim.max_depth})
     keep = (status_w,) + ((userns,) if userns is not None else ())

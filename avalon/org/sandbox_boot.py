@@ -3,24 +3,33 @@ imported to run). `avalon/org/sandbox.py` starts it and documents the sandbox as
 
 argv: MODE CONFIG (a JSON object, `sandbox.py`'s `_config`).
 
-MODE "supervise" (under bubblewrap; this process is PID 1 of the sandbox's PID namespace, so
-the agent's code can neither kill it nor outlive it):
+MODE "supervise" (under bubblewrap; this process is PID 1 of the sandbox's PID namespace):
 1. `limit_workspace`: remounts the workspace tmpfs with its byte and inode caps (the kernel then
    refuses a file, link, directory, unlinked or O_TMPFILE file past them: ENOSPC), then gives
    it to the sandbox's uid;
-2. `drop_privileges`: drops every capability (bounding set, ambient, effective, permitted) and
+2. `unshare(CLONE_NEWPID)`: the agent's process will live in a PID namespace of its own, where
+   this supervisor has no pid: the agent runs as the same uid, which could otherwise signal
+   it (Python's SIGINT handler ended a run as "sandbox failed") or lower its resource limits
+   (`prlimit`), and it cannot name it any more. `hold_namespace` is that namespace's PID 1, a
+   process with no signal handler (so nothing from inside reaches it) that only waits to be
+   killed; the agent is PID 2, the supervisor's own child, in a session of its own (so
+   `kill(0, ...)` reaches only itself);
+3. `drop_privileges`: drops every capability (bounding set, ambient, effective, permitted) and
    sets no_new_privs; where the sandbox has a uid of its own (the trainer runs as root), it
    becomes that uid (`uid`, mapped outside to an unprivileged uid that is only the sandbox's);
-3. `receive_files`: the workspace's files and directories, from the trainer on stdin;
-4. forks the agent's process (`run_agent`): it dies with this one (PR_SET_PDEATHSIG), holds no
-   descriptor but stdout and stderr, sets its resource limits (address space, CPU seconds,
-   file size, open files, processes/threads of its uid (`RLIMIT_NPROC`, which binds: the uid is
-   not root), no core files, no locked memory), installs the system-call filter
-   (`seccomp_filter.py`: an allowlist) and the audit hook (`install_hook`: clear errors for what
-   the kernel would refuse anyway), and runs the file as `__main__`;
-5. waits at most `timeout_s` (then SIGKILL), polling the workspace's inodes where the remount
-   failed; measures the workspace (entries, bytes of regular files, depth) against the caps;
-6. `send_files` on the status descriptor: the regular files and directories of the workspace
+4. `receive_files`: the workspace's files and directories, from the trainer on stdin;
+5. forks the agent's process (`run_agent`): it dies with this one (PR_SET_PDEATHSIG, and with
+   its namespace's PID 1), holds no descriptor but stdout and stderr, sets its resource limits
+   (address space, CPU seconds, file size, open files, processes/threads of its uid
+   (`RLIMIT_NPROC`, which binds: the uid is not root), no core files, no locked memory),
+   installs the system-call filter (`seccomp_filter.py`: an allowlist) and the audit hook
+   (`install_hook`: clear errors for what the kernel would refuse anyway), and runs the file as
+   `__main__`. The supervisor then caps its own address space (`supervisor_memory`, set by the
+   trainer from the workspace's caps);
+6. waits at most `timeout_s` (then SIGKILL), polling the workspace's inodes where the remount
+   failed; measures the workspace (entries, bytes of regular files, depth) against the caps,
+   reading no more bytes than the byte cap allows (hard links make one file many names);
+7. `send_files` on the status descriptor: the regular files and directories of the workspace
    (nothing when it is over a cap), then the status as JSON.
 MODE "direct" (no bubblewrap: `sandbox_guard.py`'s text is prepended): resource limits, the
 network namespace, Landlock, the filter and the legacy audit hook, then the file runs in this
@@ -45,6 +54,7 @@ import time
 
 FRAME = struct.Struct(">cIQ")
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+CLONE_NEWPID = 0x20000000
 PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 MS_NOSUID, MS_NODEV, MS_REMOUNT = 2, 4, 32
@@ -232,8 +242,9 @@ def _frame(fd: int, kind: bytes, name: bytes = b"", data: bytes = b"") -> None:
         view = view[os.write(fd, view):]
 
 
-def _read_regular(dir_fd: int, name: str) -> bytes | None:
-    """A regular file's bytes (never a FIFO or a link: nothing runs that could swap them now)."""
+def _read_regular(dir_fd: int, name: str, limit: int) -> bytes | None:
+    """A regular file's bytes, at most `limit` + 1 of them (never a FIFO or a link: nothing
+    runs that could swap them now)."""
     try:
         f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
@@ -241,9 +252,10 @@ def _read_regular(dir_fd: int, name: str) -> bytes | None:
     try:
         if not stat.S_ISREG(os.fstat(f).st_mode):
             return None
-        chunks = []
-        while chunk := os.read(f, 1 << 20):
+        chunks, n = [], 0
+        while n <= limit and (chunk := os.read(f, min(1 << 20, limit + 1 - n))):
             chunks.append(chunk)
+            n += len(chunk)
         return b"".join(chunks)
     finally:
         os.close(f)
@@ -251,8 +263,9 @@ def _read_regular(dir_fd: int, name: str) -> bytes | None:
 
 def measure(ws: str, caps: dict) -> tuple[str, list]:
     """Walks the workspace by descriptors (no link followed, any depth or name length): why it
-    is over a cap ("" if not), and its directories and regular files as [(kind, name, data)]
-    (the data bounded by the tmpfs's size)."""
+    is over a cap ("" if not), and its directories and regular files as [(kind, name, data)].
+    Reading stops at the byte cap: every name of a hard-linked file counts, as the copy-back
+    would write each, so the bytes held never pass `max_total_bytes` and one file."""
     entries, total, deepest = 0, 0, 0
     found = []
     stack = [(os.open(ws, os.O_RDONLY | os.O_DIRECTORY), b"", 1)]
@@ -275,7 +288,10 @@ def measure(ws: str, caps: dict) -> tuple[str, list]:
                             continue
                         stack.append((sub, rel + b"/", depth + 1))
                     elif stat.S_ISREG(st.st_mode):
-                        data = _read_regular(fd, name)
+                        left = caps["max_total_bytes"] - total
+                        data = _read_regular(fd, name, left) if st.st_size <= left else None
+                        if st.st_size > left or (data is not None and len(data) > left):
+                            return f"over {caps['max_total_bytes']} bytes", []
                         if data is not None:
                             total += len(data)
                             found.append((b"F", rel, data))
@@ -305,6 +321,7 @@ def run_agent(libc, cfg: dict) -> None:
     code = 1
     try:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        os.setsid()  # kill(0, ...) and the terminal's signals reach this process only
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.closerange(3, 1 << 16)  # the status descriptor stays the supervisor's
@@ -317,22 +334,56 @@ def run_agent(libc, cfg: dict) -> None:
         finish(code)
 
 
+def hold_namespace(libc) -> None:
+    """PID 1 of the agent's PID namespace (never returns): no descriptor, no signal handler
+    (the kernel drops every signal sent to a namespace's PID 1 from inside that it does not
+    handle), dies with the supervisor. Its end ends the namespace, the agent with it."""
+    try:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        for sig in range(1, signal.NSIG):
+            try:
+                signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass  # SIGKILL, SIGSTOP and the C library's own
+        os.closerange(0, 1 << 16)
+        os.setsid()
+        while True:
+            signal.pause()
+    finally:
+        os._exit(0)
+
+
+def limit_self(memory: int) -> None:
+    """The supervisor's own address-space cap (the soft limit: the agent's process, forked
+    already, keeps its own)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (memory, hard))
+
+
 def supervise(cfg: dict) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     out = cfg["status_fd"]
     status = {"returncode": None, "signal": None, "timed_out": False, "caps_broken": "",
               "inode_limit": False, "error": None}
+    holder = None
     try:
         ws = cfg["ws"]
         status["inode_limit"] = limit_workspace(libc, ws, cfg["ws_bytes"], cfg["inodes"])
         if cfg["uid"] is not None:
             os.chown(ws, cfg["uid"], cfg["gid"])
+        if libc.unshare(CLONE_NEWPID) != 0:  # needs CAP_SYS_ADMIN: before the drop
+            raise OSError(ctypes.get_errno(), "sandbox: cannot make the program's PID "
+                          "namespace")
         drop_privileges(libc, cfg["uid"], cfg["gid"])
         receive_files(0, ws)
         start = time.monotonic()
-        pid = os.fork()
+        holder = os.fork()  # the namespace's PID 1
+        if holder == 0:
+            hold_namespace(libc)
+        pid = os.fork()  # PID 2 there: the agent, this process's own child
         if pid == 0:
             run_agent(libc, cfg)
+        limit_self(cfg["supervisor_memory"])
         caps = cfg["caps"]
         try:
             exited = [os.pidfd_open(pid)]  # readable once the child exits: no polling delay
@@ -362,12 +413,20 @@ def supervise(cfg: dict) -> None:
             status["signal"] = os.WTERMSIG(wait_status)
         else:
             status["returncode"] = os.WEXITSTATUS(wait_status)
+        os.kill(holder, signal.SIGKILL)  # from outside its namespace: delivered
+        os.waitpid(holder, 0)
+        holder = None
         broken, found = measure(ws, caps)
         status["caps_broken"] = status["caps_broken"] or broken
         if not status["caps_broken"]:
             send_files(out, found)
     except Exception as e:  # noqa: BLE001 - reported to the trainer, which says what failed
         status["error"] = f"{type(e).__name__}: {e}"
+    if holder:
+        try:
+            os.kill(holder, signal.SIGKILL)
+        except OSError:
+            pass
     _frame(out, b"S", b"", json.dumps(status).encode())
     _frame(out, b"E")
 

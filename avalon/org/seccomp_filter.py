@@ -9,7 +9,16 @@ and local (AF_UNIX) sockets; in detail `ALLOWED`, and with their arguments check
   (so the C library falls back to `clone`, which the filter can inspect);
 - `ioctl` only the terminal and descriptor queries Python's I/O makes (`IOCTLS`);
 - `fcntl` anything but `F_SETPIPE_SZ` (a pipe stays at its 64 KiB default: pipes hold at most
-  `RLIMIT_NOFILE / 2 * 64 KiB`);
+  `RLIMIT_NOFILE / 2 * 64 KiB`), leases and directory notifications (`F_NOTIFY`: another
+  sandbox reading a shared directory would signal this one), and record locks, below;
+- locks: `flock` and the record locks' `F_SETLK`, `F_SETLKW`, `F_OFD_SETLK`, `F_OFD_SETLKW`
+  succeed without doing anything. Every sandbox binds the same read-only files and device
+  nodes (the interpreter, /dev/null), so a real lock on one is a channel between programs of
+  different organisations running at once. A run is one process alone in its sandbox, so no
+  lock of its own could ever wait for another process: taking one as a no-op keeps the
+  programs that lock working (sqlite, WAL mode too). The queries (`F_GETLK`, `F_OFD_GETLK`)
+  run, and find no lock a sandbox took, since none can take one. Locks between two descriptors
+  of the same run (`flock`, OFD locks) do not exclude each other;
 - `prctl` only to name a thread, read its name, dumpability or bounding set, and name a
   mapping (`capget` too: a program may see that it holds no capability);
 - `socket` and `socketpair` only `AF_UNIX` (the network namespace has nothing else anyway).
@@ -35,6 +44,14 @@ DATA_NR, DATA_ARCH = 0, 4
 X32_SYSCALL_BIT = 0x40000000
 CLONE_THREAD = 0x00010000
 F_SETPIPE_SZ = 1031
+F_SETLK, F_SETLKW, F_OFD_SETLK, F_OFD_SETLKW = 6, 7, 37, 38
+F_SETLEASE, F_GETLEASE, F_NOTIFY = 1024, 1025, 1026
+NOTHING_DONE = SECCOMP_RET_ERRNO | 0  # the call returns 0 and the kernel does nothing
+# fcntl commands that do not simply run (module docstring): the command -> what the call gets.
+FCNTL = {F_SETPIPE_SZ: SECCOMP_RET_ERRNO | EPERM, F_SETLEASE: SECCOMP_RET_ERRNO | EPERM,
+         F_GETLEASE: SECCOMP_RET_ERRNO | EPERM, F_NOTIFY: SECCOMP_RET_ERRNO | EPERM,
+         F_SETLK: NOTHING_DONE, F_SETLKW: NOTHING_DONE, F_OFD_SETLK: NOTHING_DONE,
+         F_OFD_SETLKW: NOTHING_DONE}
 AF_UNIX = 1
 AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 IOCTLS = (0x5401, 0x5413, 0x541B, 0x5421, 0x5450, 0x5451)  # TCGETS TIOCGWINSZ FIONREAD FIONBIO
@@ -95,7 +112,7 @@ sync_file_range=84 sendfile=71 copy_file_range=285 clone=220 clone3=435 getitime
 setitimer=103 fadvise64=223 readahead=213 capget=90
 """,
 }
-CHECKED = ("clone", "clone3", "ioctl", "fcntl", "prctl", "socket", "socketpair")
+CHECKED = ("clone", "clone3", "ioctl", "fcntl", "prctl", "socket", "socketpair", "flock")
 ALLOWED = tuple(n for n in TABLES["x86_64"].split() if n.split("=")[0] not in CHECKED)
 
 
@@ -130,6 +147,14 @@ def _one_of(arg: int, values, allow_them: bool) -> list[tuple[int, int, int, int
     return rows + [_ret(miss)]
 
 
+def _by_value(arg: int, returns: dict[int, int], default: int) -> list[tuple[int, int, int, int]]:
+    """Loads argument `arg`; returns `returns[value]` for the values listed, else `default`."""
+    rows = [(BPF_LD_W_ABS, 0, 0, _arg(arg))]
+    for value, ret in returns.items():
+        rows += [(BPF_JEQ_K, 0, 1, value), _ret(ret)]
+    return rows + [_ret(default)]
+
+
 def program(machine: str) -> list[tuple[int, int, int, int]]:
     """The filter as (code, jt, jf, k) rows. Every check either returns or falls through to
     the next, so no jump is longer than one block (BPF's jumps are 8-bit)."""
@@ -143,7 +168,8 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
                   _ret(SECCOMP_RET_ALLOW), _ret(deny)],
         "clone3": [_ret(SECCOMP_RET_ERRNO | ENOSYS)],
         "ioctl": _one_of(1, IOCTLS, True),
-        "fcntl": _one_of(1, (F_SETPIPE_SZ,), False),
+        "fcntl": _by_value(1, FCNTL, SECCOMP_RET_ALLOW),
+        "flock": [_ret(NOTHING_DONE)],
         "prctl": _one_of(0, PRCTLS, True),
         "socket": _one_of(0, (AF_UNIX,), True),
         "socketpair": _one_of(0, (AF_UNIX,), True),

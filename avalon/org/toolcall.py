@@ -14,10 +14,11 @@ else may follow the object. Calls run in order. Example (a CEO's first turn):
 
 Malformed turn (every sampled token flagged MALFORMED, none of its calls run, the agent is told
 why): a special token other than `<|call|>` before the final `<|end|>`, more calls than the
-limit, a call without a valid name, JSON that does not parse or is not an object (NaN and
-Infinity are refused). A call that parses but names an unknown tool, breaks a rule or fails is a
-tool error (`avalon/org/tools.py`), not a parse failure. A turn cut by the token limit is parsed
-as it stands: a cut call usually fails to parse.
+limit, a call without a valid name, JSON that does not parse or is not an object, a number that
+is not a finite double (NaN, Infinity, `1e400`, `10**309`: `json_input.py`'s rule). A call
+that parses but names an unknown tool, breaks a rule or fails is a tool error
+(`avalon/org/tools.py`), not a parse failure. A turn cut by the token limit is parsed as it
+stands: a cut call usually fails to parse.
 
 With text calls (`ChatFormat.json_calls`, a pretrained vocabulary without a call token) each
 call is a JSON object between `<tool_call>` markers, the convention instruction-tuned models
@@ -34,6 +35,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from avalon.org import json_input
 from avalon.tokenizer.chat import ChatFormat
 
 _CALL = re.compile(r"\s*([a-z][a-z0-9_]*)\s*(\{.*\})?\s*", re.DOTALL)
@@ -53,10 +55,6 @@ class ParsedTurn:
     ended: bool  # the output ended with `<|end|>` (not cut by a limit)
 
 
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not allowed in tool arguments")
-
-
 def _json_call(obj) -> tuple[Call | None, str | None]:
     """A `{"name": ..., "arguments": {...}}` object -> (call, None) or (None, error)."""
     if not isinstance(obj, dict):
@@ -68,8 +66,8 @@ def _json_call(obj) -> tuple[Call | None, str | None]:
     args = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(args, str):  # some models write the arguments as a JSON string
         try:
-            args = json.loads(args, parse_constant=_refuse_constant)
-        except (ValueError, RecursionError) as e:
+            args = json_input.loads(args)
+        except ValueError as e:
             return None, f"{name}: arguments are not valid JSON ({str(e)[:80]})"
     if args is None:
         args = {}
@@ -84,8 +82,8 @@ def parse_calls(text: str) -> tuple[list[Call], str | None]:
     stripped = text.strip()
     if stripped[:1] in ("{", "["):
         try:
-            obj = json.loads(stripped, parse_constant=_refuse_constant)
-        except (ValueError, RecursionError) as e:
+            obj = json_input.loads(stripped)
+        except ValueError as e:
             return [], f"the call is not valid JSON ({str(e)[:80]})"
         calls = []
         for item in obj if isinstance(obj, list) else [obj]:
@@ -110,8 +108,8 @@ def parse_call(text: str) -> tuple[Call | None, str | None]:
     if raw is None:
         return Call(name, {}), None
     try:
-        args = json.loads(raw, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as e:
+        args = json_input.loads(raw)
+    except ValueError as e:
         return None, f"{name}: arguments are not valid JSON ({str(e)[:80]})"
     if not isinstance(args, dict):
         return None, f"{name}: arguments must be a JSON object"

@@ -23,7 +23,9 @@ run whose workspace ends over a cap changes nothing (`RunResult.caps_broken`).
 docstring has every rule: namespaces, the uid, the system-call filter, the limits). Under
 bubblewrap the program works on a private copy of the workspace; its regular files and
 directories are written back after the run (`_apply`: only what changed, so a file's mtime
-moves only when its bytes do). Without bubblewrap it works on this directory, watched every
+moves only when its bytes do), all or nothing: every name is checked first, by the file tools'
+own rule (`nameable`: one check, so no name passes it and fails a later step), and only then
+does anything change. Without bubblewrap it works on this directory, watched every
 0.1 s, and a run over a cap has everything it created or changed removed. Stdout and stderr
 are kept to `max_output_bytes` each (a marker says how much was cut). The duration returned is
 measured wall time (such tool calls are logged `measured`).
@@ -193,6 +195,11 @@ class Workspace:
 
     def write_bytes(self, rel: str, data: bytes) -> int:
         """Writes regular file `rel` (making its directories), within the caps; its size."""
+        return self._write(rel, data, check_caps=True)
+
+    def _write(self, rel: str, data: bytes, check_caps: bool) -> int:
+        """`write_bytes`; without `check_caps` for a copy-back whose final state was checked
+        whole (its writes, one at a time, may pass a cap on the way there)."""
         parts = self._file_parts(rel)
         lim = self.limits
         if len(data) > lim.max_file_bytes:
@@ -204,12 +211,7 @@ class Workspace:
                 raise _failure(rel, e) from None
             try:
                 old = _check_regular(rel, parent, parts[-1], must_exist=False)
-                entries, total = self._usage(root)
-                problem = None
-                if old is None and entries + 1 > lim.max_files:
-                    problem = f"the workspace already holds {entries} entries (limit)"
-                elif total - (old or 0) + len(data) > lim.max_total_bytes:
-                    problem = f"the workspace would exceed {lim.max_total_bytes} bytes"
+                problem = self._caps_problem(root, old, len(data)) if check_caps else None
                 if problem is not None:
                     for i in range(made):  # the directories made above, deepest first
                         beneath.remove_beneath(root, parts[:len(parts) - 1 - i])
@@ -233,6 +235,17 @@ class Workspace:
         finally:
             os.close(fd)
         return len(data)
+
+    def _caps_problem(self, root_fd: int, old: int | None, size: int) -> str | None:
+        """Why writing `size` bytes over a file of `old` bytes (None: a new file) would break
+        the caps, or None."""
+        lim = self.limits
+        entries, total = self._usage(root_fd)
+        if old is None and entries + 1 > lim.max_files:
+            return f"the workspace already holds {entries} entries (limit)"
+        if total - (old or 0) + size > lim.max_total_bytes:
+            return f"the workspace would exceed {lim.max_total_bytes} bytes"
+        return None
 
     def remove(self, rel: str) -> None:
         """Removes file or directory `rel` (and everything in it); gone already is fine."""
@@ -280,7 +293,7 @@ class Workspace:
         try:
             out = []
             for sub, st, _ in beneath.walk(base, self.limits.max_depth - len(parts)):
-                if stat.S_ISREG(st.st_mode) and _nameable(prefix + sub):
+                if stat.S_ISREG(st.st_mode) and self.nameable(prefix + sub):
                     out.append(prefix + sub)
             return sorted(out)
         finally:
@@ -368,8 +381,13 @@ class Workspace:
         key = self.key(rel)
         if sandbox.layers().bubblewrap:
             raw = sandbox.run_bwrap(self, key, args)
-            changed = self._apply(raw.files) if raw.files is not None else ()
-            return RunResult(raw.returncode, raw.stdout, raw.stderr, raw.duration_s,
+            changed, stderr = (), raw.stderr
+            if raw.files is not None:
+                try:
+                    changed = self._apply(raw.files)
+                except ToolError as e:  # the machine's disk, not a name: the output stays
+                    stderr += f"\n(the workspace could not take the program's files: {e})"
+            return RunResult(raw.returncode, raw.stdout, stderr, raw.duration_s,
                              raw.timed_out, changed, raw.caps_broken)
         before = self._inventory()
         raw = sandbox.run_direct(self, key, args, self.caps_broken)
@@ -377,7 +395,7 @@ class Workspace:
             self._remove_changes(before)
         after = self.snapshot()
         changed = tuple(k for k, v in after.items()
-                        if (before.get(k) or (0,))[1:] != v and _nameable(k))
+                        if (before.get(k) or (0,))[1:] != v and self.nameable(k))
         return RunResult(raw.returncode, raw.stdout, raw.stderr, raw.duration_s,
                          raw.timed_out, changed, raw.caps_broken)
 
@@ -386,9 +404,9 @@ class Workspace:
         dirs, files = [], []
         with self._root_fd() as root:
             for rel, st, _ in beneath.walk(root, self.limits.max_depth):
-                if _nameable(rel) and stat.S_ISDIR(st.st_mode):
+                if stat.S_ISDIR(st.st_mode) and self.nameable(rel):
                     dirs.append(rel)
-                elif _nameable(rel) and stat.S_ISREG(st.st_mode):
+                elif stat.S_ISREG(st.st_mode) and self.nameable(rel):
                     files.append(rel)
         return sorted(dirs), sorted(files)
 
@@ -404,12 +422,16 @@ class Workspace:
 
     def _apply(self, found) -> tuple[str, ...]:
         """Makes the workspace hold what a sandboxed run left (its directories and regular
-        files, `sandbox.RawRun.files`); returns the files whose bytes changed. Names the tools
-        cannot name, and paths past `max_depth`, stay behind."""
+        files, `sandbox.RawRun.files`); returns the files whose bytes changed. Every name is
+        checked before anything changes, by the rule the file tools apply (`nameable`): a
+        name they cannot name as itself, or a path past `max_depth`, stays behind. The caps
+        need no check here: the sandbox held the run's whole workspace to them, and this is
+        a part of it; so the files are written without the per-write check, which an order of
+        writes could trip on the way to a final state within the caps."""
         dirs, files = set(), {}
         for kind, name, data in found:
             rel = os.fsdecode(name)
-            if not _nameable(rel) or rel.count("/") >= self.limits.max_depth:
+            if not self.nameable(rel):
                 continue
             if kind == b"D":
                 dirs.add(rel)
@@ -425,25 +447,23 @@ class Workspace:
             except ToolError:
                 same = False
             if not same:
-                self.write_bytes(rel, data)
+                self._write(rel, data, check_caps=False)
                 changed.append(rel)
         return tuple(sorted(changed))
+
+    def nameable(self, key: str) -> bool:
+        """Whether the file tools accept `key` as this very entry (the one rule of names: a
+        name a program made may be too long or too deep, blank, hold a control character, or
+        a backslash, which the tools read as a separator)."""
+        try:
+            return self.key(key) == key
+        except ToolError:
+            return False
 
 
 def _show(rel: str) -> str:
     """A path for an error message: its repr, cut to 80 characters."""
     return repr(rel) if len(rel) <= 80 else repr(rel[:80]) + "..."
-
-
-def _nameable(key: str) -> bool:
-    """Whether the file tools accept `key` as this very file (a name a program made may be too
-    long, hold a control character, or a backslash, which the tools read as a separator)."""
-    try:
-        return len(key.encode("utf-8")) <= MAX_PATH_BYTES and all(
-            len(p.encode("utf-8")) <= MAX_NAME_BYTES and "\\" not in p
-            and name_problem(p) is None for p in key.split("/"))
-    except UnicodeEncodeError:
-        return False
 
 
 _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link (links are not followed)",

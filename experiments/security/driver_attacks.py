@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 from avalon.envs.ors_server import OrsServer
 from avalon.org.workspace import WorkspaceLimits
@@ -51,6 +52,32 @@ def evidence_unicode_digits(tmp: str) -> tuple[Outcome, str]:
     """`seq:²`, `seq:٣` (Arabic-Indic), `seq:１` (fullwidth): `str.isdigit` accepts them all."""
     return _evidence(tmp, ["seq:²", "seq:٣", "seq:１", "seq:+1", "seq:1_0", "seq: 1",
                            "seq:1\n", "seq:" + "9" * 40])
+
+
+def overflowing_numbers(tmp: str) -> tuple[Outcome, str]:
+    """Tool arguments holding numbers past a double (`1e400`, `-1e999`, `1e309` nested, an
+    integer of 400 digits), nested or not, with the event log written
+    as a training run writes it: the old parser took them as infinities, and writing the log
+    then raised out of the driver, ending the RL step."""
+    big = "9" * 400
+    turns = [['roster {"n": 1e400}'],
+             ['write_file {"path": "a.txt", "text": "x", "n": [1, {"k": -1e999}]}'],
+             ['list_files {"path": 1e309}'],
+             [f'dm {{"to": "ceo", "text": "hi", "n": {big}}}'],
+             ['roster {"n": [[[1E+999]]]}'],
+             ['final_message {"text": "done"}']]
+    logs = Path(tmp) / "logs"
+    played = play(tmp, BareEnv(), {"ceo": turns}, log_dir=logs)
+    if played.crash:
+        return C, f"the driver: {played.crash}"
+    written = sorted(logs.glob("*.jsonl"))
+    if not written:
+        return C, "no event log was written"
+    events = [json.loads(line) for line in written[0].read_text().splitlines()]
+    malformed = [e["malformed"] for e in events if e.get("malformed")]
+    if len(malformed) != len(turns) - 1:
+        return C, f"{len(malformed)} of {len(turns) - 1} turns refused: the others ran"
+    return T, f"{len(malformed)} turns malformed, the log written: {malformed[0][:90]}"
 
 
 def _titles(tmp: str, titles: list[str]) -> tuple[Outcome, str]:
@@ -204,6 +231,8 @@ def control_token_in_message(tmp: str) -> tuple[Outcome, str]:
 
 ATTACKS = [
     Attack("driver: evidence 'seq:²' and other non-ASCII or huge numbers", evidence_unicode_digits),
+    Attack("driver: tool arguments past a double (1e400), the event log written",
+           overflowing_numbers),
     Attack("driver: titles with newlines, NUL, escapes", title_control_characters),
     Attack("driver: titles with RTL overrides, zero-width characters", title_bidi_and_zero_width),
     Attack("driver: file names with hidden characters", file_names_hidden_characters),

@@ -95,14 +95,15 @@ class Played:
 def play(tmp: str | Path, session, turns: Mapping[str, Sequence[RawTurn]], *,
          limits: WorkspaceLimits | None = None, budget: int = 0, seed: int = 0,
          timeout_s: float = 60.0, config: OrgConfig | None = None,
-         chat: ChatFormat = CHAT) -> Played:
+         chat: ChatFormat = CHAT, log_dir: str | Path | None = None) -> Played:
     """Plays one rollout of `session` with the scripted raw turns (see the module docstring),
-    rendered with `chat` (the byte tokenizer's format unless given)."""
+    rendered with `chat` (the byte tokenizer's format unless given); with `log_dir`, the driver
+    writes the event log there as a training run does."""
     cfg = config or OrgConfig.scaled(8192, workspace=limits or WorkspaceLimits())
     workdir = Path(tmp) / "driver"
     workdir.mkdir(parents=True, exist_ok=True)
     driver = RolloutDriver(RawScript(chat, turns), chat, cfg, workdir=workdir,
-                           keep_workspaces=True)
+                           keep_workspaces=True, log_dir=log_dir)
     box: dict = {}
 
     def target():

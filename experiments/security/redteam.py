@@ -19,7 +19,9 @@ from experiments.security.outcome import Attack, Outcome
 KINDS = {"sandbox_attacks": "escapes", "kernel_attacks": "escapes",
          "driver_attacks": "driver crashes", "ors_attacks": "server or driver failures",
          "server_attacks": "broken server limits",
-         "checkpoint_attacks": "silent wrong restores or stopped resumes"}
+         "checkpoint_attacks": "silent wrong restores or stopped resumes",
+         "sandbox_side_attacks": "supervisor failures, lost work or leaks",
+         "server_load_attacks": "honest clients refused, broken limits or wrong replies"}
 
 
 def all_attacks() -> list[tuple[str, Attack]]:
@@ -30,10 +32,12 @@ def all_attacks() -> list[tuple[str, Attack]]:
         kernel_attacks,
         ors_attacks,
         sandbox_attacks,
+        sandbox_side_attacks,
         server_attacks,
+        server_load_attacks,
     )
-    modules = [sandbox_attacks, kernel_attacks, driver_attacks, ors_attacks, server_attacks,
-               checkpoint_attacks]
+    modules = [sandbox_attacks, kernel_attacks, sandbox_side_attacks, driver_attacks,
+               ors_attacks, server_attacks, server_load_attacks, checkpoint_attacks]
     return [(KINDS[m.__name__.rsplit(".", 1)[1]], a) for m in modules for a in m.ATTACKS]
 
 

@@ -238,10 +238,11 @@ def inflight_bodies(tmp: str) -> tuple[Outcome, str]:
                 pass
         time.sleep(0.5)
         refused = _answered_503(socks)
-        held = server.inflight_body_bytes if hasattr(server, "inflight_body_bytes") else None
+        held = getattr(server, "inflight_request_bytes",  # named for bodies only before
+                       getattr(server, "inflight_body_bytes", None))
         for s in socks:
             s.close()
-    cap = _limit("max_inflight_body_bytes", 256 << 20)
+    cap = _limit("max_inflight_request_bytes", 256 << 20)
     accepted = n - refused
     detail = (f"{n} bodies of 55 MiB: {refused} refused with 503, {accepted} read "
               f"({accepted * 55} MiB against the {cap >> 20} MiB cap)")

@@ -72,7 +72,8 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 
 @pytest.fixture(scope="module")
 def server():
-    with OrsServer([PAR], limits=ServerLimits(read_timeout_s=1.0, session_ttl_s=900.0)) as s:
+    with OrsServer([PAR], limits=ServerLimits(read_timeout_s=1.0, head_timeout_s=1.0,
+                                              session_ttl_s=900.0)) as s:
         yield s
 
 

@@ -1,8 +1,9 @@
-"""Every model-output attack on the driver of issue 44 (`experiments/security/driver_attacks.py`),
-as a test: each crashed the driver or worked on the code before (a title with a newline was
-hired and pinned in role cards; `seq:²` raised out of `RolloutDriver.run`; a remote
-environment's workspace mirror raised at the end; a DM put the real call id into a teammate's
-prompt), and each must now be a tool error or have no effect."""
+"""Every model-output attack on the driver (`experiments/security/driver_attacks.py`), as a test:
+each crashed the driver or worked on the code before (a title with a newline was hired and
+pinned in role cards; `seq:²` raised out of `RolloutDriver.run`; a remote environment's
+workspace mirror raised at the end; a DM put the real call id into a teammate's prompt; a tool
+argument of `1e400` parsed as an infinity, and writing the event log then raised out of
+`RolloutDriver.run`), and each must now be a tool error or have no effect."""
 
 import pytest
 
@@ -12,6 +13,7 @@ from experiments.security.outcome import Outcome
 B, T = Outcome.BLOCKED, Outcome.TOOL_ERROR
 EXPECTED = {
     "driver: evidence 'seq:²' and other non-ASCII or huge numbers": T,
+    "driver: tool arguments past a double (1e400), the event log written": T,
     "driver: titles with newlines, NUL, escapes": T,
     "driver: titles with RTL overrides, zero-width characters": T,
     "driver: file names with hidden characters": T,
