@@ -331,7 +331,7 @@ class Verification:
         """The top tier's words first (a one-tier environment's are today's), then any other
         tier's."""
         words = [w for c in (self.config, *self.tasks.configs) for w in _words(c)]
-        return tuple(dict.fromkeys(words + list(TEACHER_WORDS)))
+        return tuple(dict.fromkeys(w for w in words + list(TEACHER_WORDS) if len(w) >= 2))
 
 
 def _maker(config: VerificationConfig):
