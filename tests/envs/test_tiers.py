@@ -15,10 +15,11 @@ from avalon.envs.parallel import ParallelConfig, ParallelSubtasks
 from avalon.envs.tiers import tier_task_ids
 from avalon.envs.verification import Verification, VerificationConfig
 from avalon.org import GroupSpec, RolloutDriver, RolloutSpec
+from avalon.org.policy import Playbook, ScriptedPolicy, Step
 from avalon.tools.env_baselines import run
 from configs import toy_org
 from tests.envs import tier_content
-from tests.envs.helpers import totals
+from tests.envs.helpers import environment, run_teacher, totals, word_chat
 from tests.org.golden import _toy
 
 TIERED = tier_content.toy_environments(toy_org.SMALL_MODEL_TIERS)
@@ -168,3 +169,19 @@ def test_easier_tiers_are_easier_by_the_scripted_baselines():
         assert all(s > single[-1] for s in single[:-1]), (env, single)
         assert chance[0] >= chance[-1], (env, chance)
         assert tiers["t3"]["org"]["success"] > single[-1], env  # the top needs the organisation
+
+
+def test_a_lower_tier_is_served_over_ors_like_any_task():
+    local = ParallelSubtasks(ParallelConfig(n_train=4, n_heldout=2),
+                             tiers=({"n_subtasks": (1, 1), "dep_prob": 0.0},))
+    with environment(local, "ors") as remote:
+        assert remote.task_ids(Split.TRAIN) == local.task_ids(Split.TRAIN)
+        task_id = "parallel-t0-train-2"
+        assert remote.task(task_id).prompt == local.task(task_id).prompt
+        [sub] = local.spec(task_id).subtasks
+        chat = word_chat(local)
+        steps = {"ceo": [Step("Plan: solve s1."),  # plan mode: no work in the first turn
+                         Step("", (("solve", {"id": "s1", "answer": sub.answer}),))]}
+        result = run_teacher(ScriptedPolicy(chat, Playbook(steps)), chat,
+                             [remote.session(task_id, 0)], [0])
+        assert totals(result).tolist() == [1.0]
