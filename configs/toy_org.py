@@ -19,7 +19,9 @@ organisation (budget 3) with a single agent (budget 0) on the same held-out task
 environment under its own clock. `get_config("smoke")` shrinks everything for a quick check:
 a half-width model started from a seed shipped with the package (SMOKE_SEED, made by
 `get_config("smoke_seed")`: the SFT recipe on that model), so its few minutes show an
-organisation that hires, messages and reviews.
+organisation that hires, messages and reviews. `get_config("tiers")`: all three environments with
+`SMALL_MODEL_TIERS`, easier tiers below each (`python -m avalon.tools.env_baselines
+--config=configs/toy_org.py:tiers --by_tier` measures each tier's baselines).
 
 History (experiments/bench/RESULTS.md): the earlier toy trained on environment 1 with answers
 unchecked and no dependencies, where a silent script reaches the optimum; its organisation
@@ -98,7 +100,7 @@ SMOKE_SEED = os.path.join(os.path.dirname(avalon.__file__), "data", "toy_smoke_s
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    arg = config_arg(arg, ("", "smoke", "smoke_seed"))
+    arg = config_arg(arg, ("", "smoke", "smoke_seed", "tiers"))
     smoke, seed = arg == "smoke", arg == "smoke_seed"
     c = ml_collections.ConfigDict()
     c.seed = 0
@@ -154,6 +156,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.env.parallel_tiers = ()
     c.env.profile_tiers = ()
     c.env.verification_tiers = ()
+    if arg == "tiers":  # the three environments with SMALL_MODEL_TIERS (env_baselines --by_tier)
+        c.env.three_environments = True
+        c.env.update(SMALL_MODEL_TIERS)
     c.make_environments = make_environments
     c.make_teacher = make_teacher
     c.budget = ml_collections.ConfigDict({"p_single": 0.2, "max_budget": 3})

@@ -156,10 +156,7 @@ def test_sft_teacher_makes_traces_at_every_tier():
 
 
 def test_easier_tiers_are_easier_by_the_scripted_baselines():
-    config = toy_org.get_config()
-    config.env.three_environments = True
-    config.env.update(toy_org.SMALL_MODEL_TIERS)
-    table = run(config, Split.HELDOUT, 12, by_tier=True)
+    table = run(toy_org.get_config("tiers"), Split.HELDOUT, 12, by_tier=True)
     for env, tiers in table.items():
         names = list(tiers)
         assert names == ["t0", "t1", "t2", "t3"]
