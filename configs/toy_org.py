@@ -19,7 +19,9 @@ organisation (budget 3) with a single agent (budget 0) on the same held-out task
 environment under its own clock. `get_config("smoke")` shrinks everything for a quick check:
 a half-width model started from a seed shipped with the package (SMOKE_SEED, made by
 `get_config("smoke_seed")`: the SFT recipe on that model), so its few minutes show an
-organisation that hires, messages and reviews.
+organisation that hires, messages and reviews. `get_config("tiers")`: all three environments with
+`SMALL_MODEL_TIERS`, easier tiers below each (`python -m avalon.tools.env_baselines
+--config=configs/toy_org.py:tiers --by_tier` measures each tier's baselines).
 
 History (experiments/bench/RESULTS.md): the earlier toy trained on environment 1 with answers
 unchecked and no dependencies, where a silent script reaches the optimum; its organisation
@@ -39,23 +41,36 @@ from avalon.envs.parallel.tasks import Op
 from avalon.envs.parallel.teacher import HirePolicy, ParallelTeacherConfig
 from avalon.envs.verification import Verification, VerificationConfig, VerifyTeacherConfig
 from avalon.org.config import PromptStyle
-from avalon.train.config import config_arg, mesh_section
+from avalon.train.config import config_arg, curriculum_section, mesh_section
 
 
 def make_environments(env):
-    """The environments of this run, from the `env` section (constructed: no name registry)."""
+    """The environments of this run, from the `env` section (constructed: no name registry).
+    Each environment's config above is its top tier (today's tasks); `env.<name>_tiers` adds
+    easier tiers below it (`avalon/envs/tiers.py`)."""
     sizes = dict(n_train=env.n_train, n_heldout=env.n_heldout, seed=env.seed)
-    verification = Verification(VerificationConfig(clock_s=env.verification_clock_s, **sizes))
+    verification = Verification(VerificationConfig(clock_s=env.verification_clock_s, **sizes),
+                                tiers=env.verification_tiers)
     if not env.three_environments:
         return [verification]
     return [
         ParallelSubtasks(ParallelConfig(
             n_subtasks=(env.n_subtasks_min, env.n_subtasks_max), cost_units=(1, 2),
             dep_prob=env.dep_prob, max_depth=1, ops=tuple(Op(o) for o in env.ops),
-            check_answers=env.check_answers, clock_s=env.parallel_clock_s, **sizes)),
-        HiddenProfile(ProfileConfig(n_holders=(2, 3), clock_s=env.profile_clock_s, **sizes)),
+            check_answers=env.check_answers, clock_s=env.parallel_clock_s, **sizes),
+            tiers=[_with_ops(t) for t in env.parallel_tiers]),
+        HiddenProfile(ProfileConfig(n_holders=(2, 3), clock_s=env.profile_clock_s, **sizes),
+                      tiers=env.profile_tiers),
         verification,
     ]
+
+
+def _with_ops(tier):
+    """A parallel tier with its ops (names in the config) as `Op`s."""
+    tier = dict(tier)
+    if "ops" in tier:
+        tier["ops"] = tuple(Op(o) for o in tier["ops"])
+    return tier
 
 
 def make_teacher(env, chat):
@@ -85,7 +100,7 @@ SMOKE_SEED = os.path.join(os.path.dirname(avalon.__file__), "data", "toy_smoke_s
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    arg = config_arg(arg, ("", "smoke", "smoke_seed"))
+    arg = config_arg(arg, ("", "smoke", "smoke_seed", "tiers"))
     smoke, seed = arg == "smoke", arg == "smoke_seed"
     c = ml_collections.ConfigDict()
     c.seed = 0
@@ -134,6 +149,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.env.n_train = 512
     c.env.n_heldout = 64
     c.env.seed = 0
+    # Difficulty tiers below each environment's tasks (avalon/envs/tiers.py), easiest first, each
+    # a dict of the environment's TIER_FIELDS over its config above; () (the toy): today's tasks
+    # alone. SMALL_MODEL_TIERS (below) is a set for a pretrained model too small to score on
+    # today's tasks.
+    c.env.parallel_tiers = ()
+    c.env.profile_tiers = ()
+    c.env.verification_tiers = ()
+    if arg == "tiers":  # the three environments with SMALL_MODEL_TIERS (env_baselines --by_tier)
+        c.env.three_environments = True
+        c.env.update(SMALL_MODEL_TIERS)
     c.make_environments = make_environments
     c.make_teacher = make_teacher
     c.budget = ml_collections.ConfigDict({"p_single": 0.2, "max_budget": 3})
@@ -142,6 +167,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.clock = ml_collections.ConfigDict({"start_s": 300.0, "end_s": 300.0, "ramp_steps": 1})
     c.progress = ml_collections.ConfigDict({"fast_rate": 0.3, "slow_rate": 0.05,
                                             "floor": 0.02, "unvisited_weight": 0.02})
+    # Online difficulty filtering and tier promotion (avalon/envs/difficulty.py): off, so the
+    # learning-progress sampler above draws the tasks (the report's).
+    c.curriculum = curriculum_section()
     c.sft = ml_collections.ConfigDict()
     c.sft.teacher_episodes = 16 if smoke else 1024
     c.sft.steps = 4 if smoke else 600
@@ -194,3 +222,26 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.plots = True
     c.keep_event_logs = False
     return c
+
+
+# Difficulty tiers for a pretrained model too small to score on today's tasks (SmolLM2-135M:
+# a rollout scored with p ~ 0.05-0.1), easiest first; `c.env.update(SMALL_MODEL_TIERS)` adds
+# them. Each tier's scripted baselines: `python -m avalon.tools.env_baselines --by_tier`.
+SMALL_MODEL_TIERS = {
+    "parallel_tiers": (
+        {"n_subtasks": (1, 2), "dep_prob": 0.0},
+        {"n_subtasks": (2, 3), "dep_prob": 0.0},
+        {"n_subtasks": (3, 4), "dep_prob": 0.5},
+    ),
+    "profile_tiers": (
+        {"n_options": 2, "n_holders": (0, 0)},
+        {"n_options": 2, "n_holders": (1, 1)},
+        {"n_options": 3, "n_holders": (1, 1)},
+    ),
+    "verification_tiers": (
+        {"n_items": (1, 2), "cost_units": (1, 4), "defect_rates": (0.0, 0.1), "n_train": 24,
+         "n_heldout": 8},
+        {"n_items": (2, 3), "defect_rates": (0.1, 0.2), "n_train": 64, "n_heldout": 16},
+        {"n_items": (3, 5), "defect_rates": (0.2, 0.3), "n_train": 256, "n_heldout": 32},
+    ),
+}

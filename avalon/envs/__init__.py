@@ -13,10 +13,13 @@
 - `safety/`: the 11 safety and co-operation scenarios of SPEC §5, played by no-CEO teams
   (`avalon/org/peers.py`); evaluation only (`experiments/safety/run.py`).
 - `curriculum.py` (`ClockSchedule`), `samplers.py` (`LearningProgressSampler`, `BudgetSampler`).
+- `tiers.py`: difficulty tiers below an environment's tasks (environments 1, 2 and 5 take
+  them); `difficulty.py` (`DifficultySampler`): online difficulty filtering and tier promotion.
 """
 
 from avalon.envs.base import Environment, Split, TaskTable, UnknownTaskError
 from avalon.envs.curriculum import ClockSchedule
+from avalon.envs.difficulty import DifficultyConfig, DifficultySampler
 from avalon.envs.hidden_profile import HiddenProfile, ProfileConfig
 from avalon.envs.ors import EnvRequestError, EnvServerError, OrsEnvironment
 from avalon.envs.ors_server import OrsServer
@@ -37,7 +40,8 @@ from avalon.envs.teacher import Baselines, TeacherPolicy
 from avalon.envs.verification import Verification, VerificationConfig
 from avalon.envs.wealth import Wealth, WealthConfig
 
-__all__ = ["Baselines", "BudgetConfig", "BudgetSampler", "ClockSchedule", "EnvRequestError",
+__all__ = ["Baselines", "BudgetConfig", "BudgetSampler", "ClockSchedule", "DifficultyConfig",
+           "DifficultySampler", "EnvRequestError",
            "EnvServerError", "Environment", "HiddenProfile", "HirePolicy",
            "LearningProgressSampler", "OrsEnvironment", "OrsServer",
            "ParallelConfig", "ParallelSubtasks",

@@ -107,19 +107,23 @@ class TaskTable(Generic[T]):
     j])` for j = 0, 1, ... and are kept only if their signature is new (not in train, not an
     earlier held-out task), so held-out content never repeats a training task. `make_heldout`
     (default `make`) draws held-out specs from their own space where an environment keeps the
-    splits' content apart (software build: held-out functions no training task has).
+    splits' content apart (software build: held-out functions no training task has). `stream`
+    (default none) goes between the seed and the split in every draw's seed list, so tables of
+    one seed with different streams (an environment's difficulty tiers, `tiers.py`) draw
+    independently.
     """
 
     def __init__(self, prefix: str, make: Callable[[np.random.Generator], T],
                  signature: Callable[[T], Hashable], n_train: int, n_heldout: int, seed: int,
                  max_draws_per_task: int = 64,
-                 make_heldout: Callable[[np.random.Generator], T] | None = None):
+                 make_heldout: Callable[[np.random.Generator], T] | None = None,
+                 stream: tuple[int, ...] = ()):
         for name, n in (("n_train", n_train), ("n_heldout", n_heldout)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
                 raise ValueError(f"{prefix}: {name} must be an int >= 1, got {n!r}")
         self.prefix, self.make, self.signature = prefix, make, signature
         self.n = {Split.TRAIN: n_train, Split.HELDOUT: n_heldout}
-        self.seed, self.max_draws = seed, max_draws_per_task
+        self.seed, self.max_draws, self.stream = seed, max_draws_per_task, tuple(stream)
         self.make_heldout = make if make_heldout is None else make_heldout
         self._specs: dict[Split, list[T]] = {}
 
@@ -144,7 +148,7 @@ class TaskTable(Generic[T]):
 
     def _build(self, split: Split) -> list[T]:
         if split is Split.TRAIN:
-            return [self.make(np.random.default_rng([self.seed, 0, i]))
+            return [self.make(np.random.default_rng([self.seed, *self.stream, 0, i]))
                     for i in range(self.n[split])]
         seen = {self.signature(s) for s in self.specs(Split.TRAIN)}
         out: list[T] = []
@@ -154,7 +158,7 @@ class TaskTable(Generic[T]):
                 raise ValueError(f"{self.prefix}: found only {len(out)} of {self.n[split]} "
                                  f"held-out tasks unlike the {self.n[Split.TRAIN]} training tasks "
                                  f"in {j} draws; the task space is too small for these sizes")
-            spec = self.make_heldout(np.random.default_rng([self.seed, 1, j]))
+            spec = self.make_heldout(np.random.default_rng([self.seed, *self.stream, 1, j]))
             j += 1
             sig = self.signature(spec)
             if sig not in seen:

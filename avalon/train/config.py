@@ -10,6 +10,10 @@ enum member or its value string (so `--config.rl.cap_mode=absolute` works on the
 not data: `make_environments(config) -> list[Environment]` and
 `make_teacher(env, chat) -> Policy` (the SFT teacher organisation of an environment), so
 environments are chosen by constructing them, never by a registry of names.
+
+`curriculum` is the one optional section (`DifficultyConfig`, `avalon/envs/difficulty.py`:
+online difficulty filtering and tier promotion); a config without it gets the default, off
+(tasks drawn by the learning-progress sampler, `progress`, as the report does).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 import ml_collections
 
 from avalon.envs.curriculum import ClockSchedule
+from avalon.envs.difficulty import DifficultyConfig
 from avalon.envs.samplers import BudgetConfig, ProgressConfig
 from avalon.inference.api import SamplingParams
 from avalon.model import presets
@@ -190,6 +195,8 @@ class TrainConfig:
     checkpoint: CheckpointConfig
     plots: bool
     keep_event_logs: bool  # write every rollout's event log under WORKDIR/events/
+    # Online difficulty filtering and tier promotion (optional section; off by default)
+    curriculum: DifficultyConfig = DifficultyConfig()
 
     @property
     def sampling(self) -> SamplingParams:
@@ -204,6 +211,17 @@ def mesh_section(**sizes: int) -> ml_collections.ConfigDict:
             raise ValueError(f"mesh_section: {name}={sizes[name]!r}: unknown mesh axis; the axes "
                              f"are {list(MESH_AXES)}")
     return ml_collections.ConfigDict({a: int(sizes.get(a, 1)) for a in MESH_AXES})
+
+
+def curriculum_section(**fields) -> ml_collections.ConfigDict:
+    """A `curriculum` section naming every `DifficultyConfig` field (its default unless given),
+    so any can be set from the command line (`--config.curriculum.enabled=True`)."""
+    names = [f.name for f in dataclasses.fields(DifficultyConfig)]
+    for name in fields:
+        if name not in names:
+            raise ValueError(f"curriculum_section: {name}={fields[name]!r}: unknown field; "
+                             f"DifficultyConfig has {names}")
+    return ml_collections.ConfigDict({**dataclasses.asdict(DifficultyConfig()), **fields})
 
 
 def config_arg(arg: str, accepted: tuple[str, ...]) -> str:
@@ -319,6 +337,7 @@ def build_dataclass(cls, section, path: str):
 _TOP = {"seed", "model", "init_from", "env", "mesh", "tokenizer", "tokenizer_path", "org",
         "make_environments", "make_teacher", "budget", "clock", "progress", "sft", "rollout",
         "rl", "engine", "eval", "checkpoint", "plots", "keep_event_logs"}
+_OPTIONAL = {"curriculum"}  # sections a config may leave out (their defaults)
 
 
 def _is_gguf(path) -> bool:
@@ -334,9 +353,10 @@ def from_config_dict(config: ml_collections.ConfigDict, *, num_devices: int,
                      num_processes: int = 1) -> TrainConfig:
     """Convert and validate (see the module docstring)."""
     items = dict(config.items())
-    unknown = sorted(set(items) - _TOP)
+    unknown = sorted(set(items) - _TOP - _OPTIONAL)
     if unknown:
-        raise ValueError(f"config: unknown key(s) {unknown}; the sections are {sorted(_TOP)}")
+        raise ValueError(f"config: unknown key(s) {unknown}; the sections are "
+                         f"{sorted(_TOP | _OPTIONAL)}")
     missing = sorted(_TOP - set(items))
     if missing:
         raise ValueError(f"config: missing key(s) {missing}")
@@ -384,6 +404,7 @@ def from_config_dict(config: ml_collections.ConfigDict, *, num_devices: int,
         checkpoint=build_dataclass(CheckpointConfig, items["checkpoint"], "checkpoint"),
         plots=_coerce("plots", items["plots"], bool),
         keep_event_logs=_coerce("keep_event_logs", items["keep_event_logs"], bool),
+        curriculum=build_dataclass(DifficultyConfig, items.get("curriculum", {}), "curriculum"),
     )
     _check_consistency(cfg, num_processes)
     batch_plan.check(cfg, num_processes)  # batch vs mesh, before any episode is played

@@ -21,15 +21,23 @@ are random per task.
 Tool: `choose(option)`, CEO only (not grantable), terminal: reward 1 (label `correct`) for the
 answer, nothing otherwise; one choice per session. Sessions are deterministic (the seed is
 unused).
+
+Difficulty tiers (`avalon/envs/tiers.py`): `HiddenProfile(config, tiers=(...))` adds easier
+tiers below `config` (today's tasks, the top), each setting some of `TIER_FIELDS`: two options
+instead of three (`n_options`), one analyst or none (`n_holders`; with none the answer tops
+the shared facts, the task is the tally alone), a clock. `tasks._shared_scores` says how the
+shared facts are drawn then; every tier keeps the invariant that pooling every brief
+identifies the answer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from avalon.envs.base import Split, TaskTable, check_clock
+from avalon.envs.base import Split, check_clock
 from avalon.envs.hidden_profile.tasks import (
     ATTRIBUTES,
     OPTIONS,
@@ -41,6 +49,7 @@ from avalon.envs.hidden_profile.tasks import (
 )
 from avalon.envs.hidden_profile.teacher import OPTIONS_LINE, TEACHER_WORDS, cast
 from avalon.envs.teacher import Baselines, TeacherPolicy, chance_policy
+from avalon.envs.tiers import TieredTasks, tier_configs
 from avalon.org.env import (
     CallContext,
     EndContext,
@@ -59,9 +68,12 @@ from avalon.validation import FieldChecks
 
 CHOOSE = ToolSpec("choose", "give the final answer (once)", (
     Param("option", ParamType.STRING, "one of the options"),), grantable=False)
+
+
 @dataclasses.dataclass(frozen=True)
 class ProfileConfig:
     n_holders: tuple[int, int] = (2, 3)  # inclusive range of analysts holding facts
+    n_options: int = 3  # 2: an easier tier (see `tasks._shared_scores`)
     clock_s: float = 600.0
     n_train: int = 512
     n_heldout: int = 64
@@ -70,11 +82,23 @@ class ProfileConfig:
     def __post_init__(self):
         check = FieldChecks("ProfileConfig")
         lo, hi = self.n_holders
-        if not 2 <= lo <= hi <= 4:
+        if not 0 <= lo <= hi <= 4:
             check.fail("n_holders", self.n_holders,
-                       "must be 2 <= lo <= hi <= 4 (attributes run out beyond)")
+                       "must be 0 <= lo <= hi <= 4 (attributes run out beyond)")
+        if self.n_options not in (2, 3):
+            check.fail("n_options", self.n_options, "must be 2 or 3")
         if not self.clock_s > 0:
             check.fail("clock_s", self.clock_s, "must be > 0")
+
+
+# What a difficulty tier may change (the rest is the environment's).
+TIER_FIELDS = frozenset({"n_holders", "n_options", "clock_s", "n_train", "n_heldout"})
+
+
+def _maker(config: ProfileConfig):
+    def make(rng: np.random.Generator) -> ProfileTask:
+        return make_task(rng, config.n_holders, config.n_options)
+    return make
 
 
 class ProfileSession:
@@ -116,28 +140,43 @@ class ProfileSession:
 
 
 class HiddenProfile:
-    """Environment 2 (see the module docstring)."""
+    """Environment 2 (see the module docstring). `config` is the top tier (today's tasks);
+    `tiers` the easier ones below it, easiest first (`avalon/envs/tiers.py`)."""
 
     name = "hidden_profile"
     uses_workspace = False
 
-    def __init__(self, config: ProfileConfig = ProfileConfig()):
+    def __init__(self, config: ProfileConfig = ProfileConfig(), tiers: Sequence[Mapping] = ()):
         self.config = config
-        self.table = TaskTable("hidden_profile", lambda rng: make_task(rng, config.n_holders),
-                               signature, config.n_train, config.n_heldout, config.seed)
+        self.tasks = TieredTasks("hidden_profile", tier_configs(config, tiers, TIER_FIELDS),
+                                 _maker, signature)
+
+    @property
+    def n_tiers(self) -> int:
+        return len(self.tasks.configs)
+
+    def tier_of(self, task_id: str) -> int:
+        return self.tasks.tier_of(task_id)
+
+    def tier_config(self, tier: int) -> ProfileConfig:
+        return self.tasks.config(tier)
 
     def task_ids(self, split: Split) -> tuple[str, ...]:
-        return self.table.ids(split)
+        return self.tasks.ids(split)
+
+    def tier_task_ids(self, split: Split, tier: int) -> tuple[str, ...]:
+        return self.tasks.tier_ids(split, tier)
 
     def spec(self, task_id: str) -> ProfileTask:
-        return self.table.get(task_id)
+        return self.tasks.get(task_id)[1]
 
     def task(self, task_id: str, clock_s: float | None = None) -> Task:
         return self.session(task_id, 0, clock_s).task
 
     def session(self, task_id: str, seed: int, clock_s: float | None = None) -> ProfileSession:
-        clock = check_clock(clock_s, self.config.clock_s, f"hidden_profile task {task_id!r}")
-        return ProfileSession(task_id, self.table.get(task_id), clock)
+        config, spec = self.tasks.get(task_id)
+        clock = check_clock(clock_s, config.clock_s, f"hidden_profile task {task_id!r}")
+        return ProfileSession(task_id, spec, clock)
 
     def teacher(self, chat: ChatFormat, silent: bool = False) -> TeacherPolicy:
         """The scripted teacher organisation (`teacher.py`); `silent`: nobody reports."""
@@ -164,4 +203,6 @@ class HiddenProfile:
                  "facts", "Known", "analysts", "each", "hold", "more", "Answer", "choose",
                  "Your", "chose", "already", "no", "option", "options", *OPTIONS, *ATTRIBUTES,
                  *TEACHER_WORDS]
+        if any(c.n_holders[0] <= 1 for c in self.tasks.configs):
+            words += ["analyst", "holds"]  # "1 analyst holds more facts."
         return tuple(dict.fromkeys(words))

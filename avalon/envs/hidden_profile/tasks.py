@@ -60,19 +60,20 @@ def best_option(options, facts) -> str:
 
 def _identifying(shared: Sequence[int], deltas: Sequence[Sequence[int]], subset) -> bool:
     """Whether option 0 (the answer) strictly tops shared + the holders in `subset`."""
-    total = [shared[o] + sum(deltas[h][o] for h in subset) for o in range(3)]
+    total = [shared[o] + sum(deltas[h][o] for h in subset) for o in range(len(shared))]
     return total[0] > max(total[1:])
 
 
 @functools.cache
-def _deals(shared: tuple[int, int, int], m: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
-    """Every deal of held polarities (per holder, +1 / -1 for each of the three options, the
-    answer first) under which pooling all m holders identifies the answer, keeping those in
-    which the fewest proper subsets of holders already do."""
+def _deals(shared: tuple[int, ...], m: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Every deal of held polarities (per holder, +1 / -1 for each option, the answer first)
+    under which pooling all m holders identifies the answer, keeping those in which the
+    fewest proper subsets of holders already do."""
+    k = len(shared)
     best: list = []
     fewest = None
-    for bits in itertools.product((1, -1), repeat=3 * m):
-        deltas = tuple(bits[3 * h:3 * h + 3] for h in range(m))
+    for bits in itertools.product((1, -1), repeat=k * m):
+        deltas = tuple(bits[k * h:k * h + k] for h in range(m))
         if not _identifying(shared, deltas, range(m)):
             continue
         early = sum(_identifying(shared, deltas, sub) for k in range(1, m)
@@ -84,15 +85,30 @@ def _deals(shared: tuple[int, int, int], m: int) -> tuple[tuple[tuple[int, ...],
     return tuple(best)
 
 
-def make_task(rng: np.random.Generator, n_holders: tuple[int, int]) -> ProfileTask:
-    """The construction (see `env.py`): shared scores a random permutation of (+1, 0, -1),
-    the answer's rank in it uniform; holders one fact per option each, drawn uniformly among
-    the deals that identify the answer only once pooled (`_deals`)."""
+def _shared_scores(rng: np.random.Generator, k: int, m: int) -> list[int]:
+    """The shared score of each option, the answer first. Today's tasks (three options, two
+    or more holders): a random permutation of (+1, 0, -1), so the answer's rank is uniform.
+    Easier tiers: with no holder the answer tops the shared facts (the task is the tally);
+    with one holder, whose one fact per option moves a score by 1, the scores are a
+    permutation of (+1, 0, 0)[:k] (a gap of 2 could not be closed); with two options and two
+    or more holders, of (+1, 0)."""
+    if m == 0:
+        rest = (0, -1)[:k - 1]
+        return [1] + [rest[i] for i in rng.permutation(k - 1)]
+    pattern = ((1, 0, -1) if m >= 2 else (1, 0, 0))[:k]
+    return [pattern[i] for i in rng.permutation(k)]
+
+
+def make_task(rng: np.random.Generator, n_holders: tuple[int, int],
+              n_options: int = 3) -> ProfileTask:
+    """The construction (see `env.py`): shared scores from `_shared_scores`; holders one fact
+    per option each, drawn uniformly among the deals that identify the answer only once
+    pooled (`_deals`)."""
     m = int(rng.integers(n_holders[0], n_holders[1] + 1))
-    opts = [OPTIONS[i] for i in rng.choice(len(OPTIONS), size=3, replace=False)]
+    opts = [OPTIONS[i] for i in rng.choice(len(OPTIONS), size=n_options, replace=False)]
     answer = opts[0]  # roles before shuffling the prompt order: answer, then the others
     attrs = iter(ATTRIBUTES[i] for i in rng.permutation(len(ATTRIBUTES)))
-    values = [(1, 0, -1)[i] for i in rng.permutation(3)]  # shared score of opts[0], [1], [2]
+    values = _shared_scores(rng, n_options, m)  # shared score of opts[0], [1], ...
     shared: list[Fact] = []
     for option, v in zip(opts, values):
         if v == 0:  # a balanced pair
@@ -106,7 +122,7 @@ def make_task(rng: np.random.Generator, n_holders: tuple[int, int]) -> ProfileTa
         facts = [Fact(o, d > 0, next(attrs)) for o, d in zip(opts, deltas[h])]
         held.append(tuple(facts[i] for i in rng.permutation(len(facts))))
     shared = [shared[i] for i in rng.permutation(len(shared))]
-    order = tuple(opts[i] for i in rng.permutation(3))
+    order = tuple(opts[i] for i in rng.permutation(n_options))
     decoy = best_option(order, shared)
     task = ProfileTask(order, answer, decoy, tuple(shared), tuple(held))
     _check(task)
@@ -129,8 +145,11 @@ def signature(task: ProfileTask) -> tuple:
 def prompt(task: ProfileTask) -> str:
     opts = ", ".join(task.options)
     known = "; ".join(f.text for f in task.shared)
+    m = len(task.held)
+    holders = f" {m} analysts each hold more facts." if m >= 2 else \
+        " 1 analyst holds more facts." if m == 1 else ""
     return (f"Choose the best of {opts}: the one with the most good minus bad facts. Known: "
-            f"{known}. {len(task.held)} analysts each hold more facts. Answer with choose.")
+            f"{known}.{holders} Answer with choose.")
 
 
 def brief_text(facts) -> str:

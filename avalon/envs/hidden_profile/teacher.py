@@ -25,7 +25,9 @@ from avalon.org.policy import AgentView, Step
 TEACHER_WORDS = ("Analyst", "Report", "your", "to", "ceo", "Tally", "hire", "title", "role",
                  "tools", "report_to_ceo", "status", "done", "wait_for_messages")
 OPTIONS_LINE = re.compile(r"Choose the best of ([a-z, ]+):")
-_HOLDERS = re.compile(r"(\d+) analysts each hold")
+# "3 analysts each hold more facts." (today's tasks), "1 analyst holds more facts.", or no
+# such sentence (an easier tier with no analyst: 0)
+_HOLDERS = re.compile(r"(\d+) analysts? (?:each hold|holds) more facts")
 HIRES_PER_TURN = 2
 
 
@@ -38,12 +40,12 @@ class CeoActor:
     def __init__(self, start: Start, silent: bool = False):
         self.silent = silent
         opts, holders = OPTIONS_LINE.search(start.context), _HOLDERS.search(start.context)
-        if opts is None or holders is None:
+        if opts is None:
             raise ValueError("hidden_profile teacher: no task in the CEO's role card")
         self.options = tuple(o.strip() for o in opts.group(1).split(","))
         known = start.context.split("Known: ", 1)[1].split(". ", 1)[0]
         self.facts = facts_in(known, self.options)
-        self.holders = int(holders.group(1))
+        self.holders = int(holders.group(1)) if holders else 0
         self.hires: list | None = None
         self.hired = 0
         self.reported: set[str] = set()

@@ -30,15 +30,20 @@ The best head-count is computable: `best_hires(task_id, clock_s, max_budget)` an
 `max_solved_for(task_id, hires, clock_s)` (schedule.py, with the work time that fits in
 clock_s - overhead_s); it assumes results are passed on at no cost in time, as a message is.
 Sessions are deterministic; the session seed is unused.
+
+Difficulty tiers (`avalon/envs/tiers.py`): `ParallelSubtasks(config, tiers=(...))` adds easier
+tiers below `config` (today's tasks, the top), each setting some of `TIER_FIELDS` (fewer
+subtasks, no dependencies, cheaper work, fewer ops, answers unchecked, a longer clock, ...).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from avalon.envs.base import Split, TaskTable, check_clock
+from avalon.envs.base import Split, check_clock
 from avalon.envs.parallel import schedule
 from avalon.envs.parallel.tasks import (
     Op,
@@ -56,6 +61,7 @@ from avalon.envs.parallel.teacher import (
     cast,
 )
 from avalon.envs.teacher import Baselines, TeacherPolicy, chance_policy
+from avalon.envs.tiers import TieredTasks, tier_configs
 from avalon.org.env import (
     CallContext,
     EndContext,
@@ -130,6 +136,20 @@ class ParallelConfig:
             check.fail("max_depth", self.max_depth, "must be an int >= 0")
         if self.look_s < 0:
             check.fail("look_s", self.look_s, "must be >= 0")
+
+
+# What a difficulty tier may change; the work unit, overhead, attempts, penalty and tools are
+# the environment's (the teacher reads work in units of unit_s).
+TIER_FIELDS = frozenset({"n_subtasks", "cost_units", "dep_prob", "max_depth", "ops",
+                         "max_operand", "check_answers", "clock_s", "n_train", "n_heldout"})
+
+
+def _maker(c: ParallelConfig):
+    def make(rng: np.random.Generator) -> ParallelTask:
+        return make_task(rng, n_subtasks=c.n_subtasks, cost_units=c.cost_units,
+                         dep_prob=c.dep_prob, ops=c.ops, max_operand=c.max_operand,
+                         max_depth=c.max_depth)
+    return make
 
 
 class ParallelSession:
@@ -221,33 +241,49 @@ class ParallelSession:
 
 
 class ParallelSubtasks:
-    """Environment 1 (see the module docstring)."""
+    """Environment 1 (see the module docstring). `config` is the top tier (today's tasks);
+    `tiers` the easier ones below it, easiest first (`avalon/envs/tiers.py`)."""
 
     name = "parallel"
     uses_workspace = False
 
-    def __init__(self, config: ParallelConfig = ParallelConfig()):
+    def __init__(self, config: ParallelConfig = ParallelConfig(),
+                 tiers: Sequence[Mapping] = ()):
         self.config = config
-        c = config
-        self.table = TaskTable(
-            "parallel", lambda rng: make_task(rng, n_subtasks=c.n_subtasks,
-                                              cost_units=c.cost_units, dep_prob=c.dep_prob,
-                                              ops=c.ops, max_operand=c.max_operand,
-                                              max_depth=c.max_depth),
-            signature, c.n_train, c.n_heldout, c.seed)
+        self.tasks = TieredTasks("parallel", tier_configs(config, tiers, TIER_FIELDS), _maker,
+                                 signature)
+
+    @property
+    def n_tiers(self) -> int:
+        return len(self.tasks.configs)
+
+    def tier_of(self, task_id: str) -> int:
+        return self.tasks.tier_of(task_id)
+
+    def tier_config(self, tier: int) -> ParallelConfig:
+        return self.tasks.config(tier)
 
     def task_ids(self, split: Split) -> tuple[str, ...]:
-        return self.table.ids(split)
+        return self.tasks.ids(split)
+
+    def tier_task_ids(self, split: Split, tier: int) -> tuple[str, ...]:
+        return self.tasks.tier_ids(split, tier)
 
     def spec(self, task_id: str) -> ParallelTask:
-        return self.table.get(task_id)
+        return self.tasks.get(task_id)[1]
 
     def task(self, task_id: str, clock_s: float | None = None) -> Task:
         return self.session(task_id, 0, clock_s).task
 
     def session(self, task_id: str, seed: int, clock_s: float | None = None) -> ParallelSession:
-        clock = check_clock(clock_s, self.config.clock_s, f"parallel task {task_id!r}")
-        return ParallelSession(task_id, self.table.get(task_id), clock, self.config)
+        config, spec, clock = self._lookup(task_id, clock_s)
+        return ParallelSession(task_id, spec, clock, config)
+
+    def _lookup(self, task_id: str, clock_s: float | None
+                ) -> tuple[ParallelConfig, ParallelTask, float]:
+        """The task's tier config, its spec, and the clock (its tier's default if None)."""
+        config, spec = self.tasks.get(task_id)
+        return config, spec, check_clock(clock_s, config.clock_s, f"parallel task {task_id!r}")
 
     def horizon(self, clock_s: float) -> int:
         """Work units that fit in the clock after the overhead."""
@@ -255,14 +291,12 @@ class ParallelSubtasks:
 
     def max_solved_for(self, task_id: str, hires: int, clock_s: float | None = None) -> int:
         """The most subtasks hires + 1 workers (the CEO works too) solve in time."""
-        spec = self.spec(task_id)
-        clock = check_clock(clock_s, self.config.clock_s, f"parallel task {task_id!r}")
+        _, spec, clock = self._lookup(task_id, clock_s)
         return schedule.max_solved(spec.costs(), spec.deps(), hires + 1, self.horizon(clock))
 
     def best_hires(self, task_id: str, clock_s: float | None = None, max_budget: int = 8) -> int:
         """The fewest hires that solve the most subtasks in time (budget permitting)."""
-        spec = self.spec(task_id)
-        clock = check_clock(clock_s, self.config.clock_s, f"parallel task {task_id!r}")
+        _, spec, clock = self._lookup(task_id, clock_s)
         return schedule.best_headcount(spec.costs(), spec.deps(), self.horizon(clock),
                                        max_budget)
 
@@ -282,7 +316,8 @@ class ParallelSubtasks:
             return "solve", {"id": ids[int(rng.integers(len(ids)))],
                              "answer": int(rng.integers(0, 82))}
 
-        n = self.config.n_subtasks[1] * self.config.max_attempts
+        # as many calls as the largest tier's subtasks can take
+        n = max(c.n_subtasks[1] for c in self.tasks.configs) * self.config.max_attempts
         small = dict(hires_per_turn=1, solves_per_turn=3)
         return Baselines(
             chance=lambda: chance_policy(chat, draw, n),
@@ -296,15 +331,23 @@ class ParallelSubtasks:
                                          clock_s))
 
     def vocabulary(self) -> tuple[str, ...]:
-        n = self.config.n_subtasks[1]
-        words = ["Subtasks", "work", "after", "Clock", "Call", "solve", "with", "id", "and",
-                 "answer", "each", "correct", "subtask", "before", "the", "clock", "scores",
-                 "wrong", "closed", "waited", "for", "no", "ids", "are", "already", "solved",
-                 "needs", "first", "which", "is", "look", "to", "see", "result", "shows", "its",
-                 "solver", *(o.value for o in Op)]
-        words += [f"s{i}" for i in range(1, n + 1)] + [f"r{i}" for i in range(1, n + 1)]
-        words += [str(i) for i in range(10, 100)]
-        span = range(self.config.cost_units[0], self.config.cost_units[1] + 1)
-        words += [str(round(u * self.config.unit_s)) for u in span]
-        words += [str(round(self.config.clock_s))]
+        """The top tier's words first (a one-tier environment's are today's), then any other
+        tier's."""
+        words = [w for c in (self.config, *self.tasks.configs) for w in _words(c)]
         return tuple(dict.fromkeys(w for w in words + list(TEACHER_WORDS) if len(w) >= 2))
+
+
+def _words(config: ParallelConfig) -> list[str]:
+    """The words of one tier's prompts and results."""
+    n = config.n_subtasks[1]
+    words = ["Subtasks", "work", "after", "Clock", "Call", "solve", "with", "id", "and",
+             "answer", "each", "correct", "subtask", "before", "the", "clock", "scores",
+             "wrong", "closed", "waited", "for", "no", "ids", "are", "already", "solved",
+             "needs", "first", "which", "is", "look", "to", "see", "result", "shows", "its",
+             "solver", *(o.value for o in Op)]
+    words += [f"s{i}" for i in range(1, n + 1)] + [f"r{i}" for i in range(1, n + 1)]
+    words += [str(i) for i in range(10, 100)]
+    span = range(config.cost_units[0], config.cost_units[1] + 1)
+    words += [str(round(u * config.unit_s)) for u in span]
+    words += [str(round(config.clock_s))]
+    return words

@@ -27,6 +27,12 @@ Ground truth: the session's final outcome carries a `record` (logged in the `end
 `env_record`) of every build in call order (`item`, `code`, `builder`, `defective`) and of what
 was shipped, so the analysis can check each review's verdict against the build's true defect
 (`avalon/analysis/reviews.py`).
+
+Difficulty tiers (`avalon/envs/tiers.py`): `Verification(config, tiers=(...))` adds easier tiers
+below `config` (today's tasks, the top), each setting some of `TIER_FIELDS`: fewer items,
+cheaper work, lower defect rates (at 0 a blind ship always pays: the task is build, pass the
+code on, ship), a clock, and its own task counts (an easy tier's task space is small: a task
+is its items' work and its defect rate).
 """
 
 from __future__ import annotations
@@ -34,11 +40,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import zlib
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from avalon.envs.base import Split, TaskTable, check_clock
+from avalon.envs.base import Split, check_clock
 from avalon.envs.teacher import Baselines, TeacherPolicy, chance_policy
+from avalon.envs.tiers import TieredTasks, tier_configs
 from avalon.envs.verification.teacher import (
     DEFAULT_TEACHER,
     ITEMS,
@@ -112,6 +120,12 @@ class VerificationConfig:
 class VerificationTask:
     units: tuple[int, ...]  # work units of p1..pn
     defect_rate: float
+
+
+# What a difficulty tier may change; work unit, review and ship times, the defect cost and the
+# wrong-code limit are the environment's.
+TIER_FIELDS = frozenset({"n_items", "cost_units", "defect_rates", "clock_s", "n_train",
+                         "n_heldout"})
 
 
 def make_task(rng: np.random.Generator, config: VerificationConfig) -> VerificationTask:
@@ -244,29 +258,45 @@ class VerificationSession:
 
 class Verification:
     """Environment 5 (see the module docstring). Sessions use their seed for defects and
-    result codes."""
+    result codes. `config` is the top tier (today's tasks); `tiers` the easier ones below it,
+    easiest first (`avalon/envs/tiers.py`)."""
 
     name = "verification"
     uses_workspace = False
 
-    def __init__(self, config: VerificationConfig = VerificationConfig()):
+    def __init__(self, config: VerificationConfig = VerificationConfig(),
+                 tiers: Sequence[Mapping] = ()):
         self.config = config
-        self.table = TaskTable("verification", lambda rng: make_task(rng, config),
-                               dataclasses.astuple, config.n_train, config.n_heldout, config.seed)
+        self.tasks = TieredTasks("verification", tier_configs(config, tiers, TIER_FIELDS),
+                                 _maker, dataclasses.astuple)
+
+    @property
+    def n_tiers(self) -> int:
+        return len(self.tasks.configs)
+
+    def tier_of(self, task_id: str) -> int:
+        return self.tasks.tier_of(task_id)
+
+    def tier_config(self, tier: int) -> VerificationConfig:
+        return self.tasks.config(tier)
 
     def task_ids(self, split: Split) -> tuple[str, ...]:
-        return self.table.ids(split)
+        return self.tasks.ids(split)
+
+    def tier_task_ids(self, split: Split, tier: int) -> tuple[str, ...]:
+        return self.tasks.tier_ids(split, tier)
 
     def spec(self, task_id: str) -> VerificationTask:
-        return self.table.get(task_id)
+        return self.tasks.get(task_id)[1]
 
     def task(self, task_id: str, clock_s: float | None = None) -> Task:
         return self.session(task_id, 0, clock_s).task
 
     def session(self, task_id: str, seed: int,
                 clock_s: float | None = None) -> VerificationSession:
-        clock = check_clock(clock_s, self.config.clock_s, f"verification task {task_id!r}")
-        return VerificationSession(task_id, self.table.get(task_id), seed, clock, self.config)
+        config, spec = self.tasks.get(task_id)
+        clock = check_clock(clock_s, config.clock_s, f"verification task {task_id!r}")
+        return VerificationSession(task_id, spec, seed, clock, config)
 
     def teacher(self, chat: ChatFormat,
                 config: VerifyTeacherConfig = DEFAULT_TEACHER) -> TeacherPolicy:
@@ -285,7 +315,7 @@ class Verification:
                 return "build", {"id": item}
             return "ship", {"id": item, "result": str(int(rng.integers(10, 100)))}
 
-        n = self.config.n_items[1] * 2
+        n = max(c.n_items[1] for c in self.tasks.configs) * 2  # the largest tier's
         return Baselines(
             chance=lambda: chance_policy(chat, draw, n),
             single=lambda: self.teacher(chat),
@@ -298,13 +328,27 @@ class Verification:
         return None  # depends on the defects drawn; the teacher's score is the reference
 
     def vocabulary(self) -> tuple[str, ...]:
-        words = re.findall(r"[A-Za-z0-9_]{2,}", prompt(VerificationTask((1,), 0.5), self.config,
-                                                        self.config.clock_s))
-        words += ["built", "defect", "ok", "no", "found", "own", "work", "shipped", "has",
-                  "result", "item", "items", "are", "is", "closed", "after", "wrong", "codes",
-                  "already", "unknown", "tool"]
-        words += [f"p{i}" for i in range(1, 10)] + [str(i) for i in range(10, 100)]
-        span = range(self.config.cost_units[0], self.config.cost_units[1] + 1)
-        words += [str(round(u * self.config.unit_s)) for u in span]
-        words += [str(round(q * 100)) for q in self.config.defect_rates]
-        return tuple(dict.fromkeys(list(words) + list(TEACHER_WORDS)))
+        """The top tier's words first (a one-tier environment's are today's), then any other
+        tier's."""
+        words = [w for c in (self.config, *self.tasks.configs) for w in _words(c)]
+        return tuple(dict.fromkeys(w for w in words + list(TEACHER_WORDS) if len(w) >= 2))
+
+
+def _maker(config: VerificationConfig):
+    def make(rng: np.random.Generator) -> VerificationTask:
+        return make_task(rng, config)
+    return make
+
+
+def _words(config: VerificationConfig) -> list[str]:
+    """The words of one tier's prompts and results."""
+    words = re.findall(r"[A-Za-z0-9_]{2,}", prompt(VerificationTask((1,), 0.5), config,
+                                                    config.clock_s))
+    words += ["built", "defect", "ok", "no", "found", "own", "work", "shipped", "has",
+              "result", "item", "items", "are", "is", "closed", "after", "wrong", "codes",
+              "already", "unknown", "tool"]
+    words += [f"p{i}" for i in range(1, 10)] + [str(i) for i in range(10, 100)]
+    span = range(config.cost_units[0], config.cost_units[1] + 1)
+    words += [str(round(u * config.unit_s)) for u in span]
+    words += [str(round(q * 100)) for q in config.defect_rates]
+    return words
