@@ -45,6 +45,7 @@ from avalon import paths
 from avalon.analysis.logs import IndexEntry, rollout_file, step_dir, write_index
 from avalon.checkpoint.train_state import TrainCheckpointer
 from avalon.envs.base import Split
+from avalon.envs.difficulty import DifficultySampler, train_tiers
 from avalon.envs.samplers import BudgetSampler, LearningProgressSampler
 from avalon.inference.engine import Engine
 from avalon.model import accounting
@@ -103,9 +104,12 @@ class Run:
         self.state: TrainState = self.setup.rl_step.init_state(params)
         self.host = HostState()
         self.budget = BudgetSampler(cfg.budget, seed=cfg.seed + 2)
-        self.progress = LearningProgressSampler(
-            {e.name: e.task_ids(Split.TRAIN) for e in self.setup.envs}, cfg.progress,
-            seed=cfg.seed + 3)
+        # The step's task draws: the report's learning-progress sampler, or (`curriculum`)
+        # online difficulty filtering over the environments' tiers.
+        self.progress = DifficultySampler(train_tiers(self.setup.envs), cfg.curriculum,
+                                          seed=cfg.seed + 3) if cfg.curriculum.enabled else \
+            LearningProgressSampler({e.name: e.task_ids(Split.TRAIN) for e in self.setup.envs},
+                                    cfg.progress, seed=cfg.seed + 3)
         self.ckpt = TrainCheckpointer(paths.join(workdir, "checkpoints"),
                                       max_to_keep=cfg.checkpoint.keep,
                                       ocdbt=cfg.checkpoint.ocdbt)
@@ -379,6 +383,8 @@ class Run:
             "time/update_s": t_update,
             "perf/update_tokens_per_s": tokens_model / max(t_update, 1e-9),
             "processes": info.num_processes,
+            # The sampler's state after this step's update: the same on every process.
+            **(self.progress.metrics() if cfg.curriculum.enabled else {}),
         }
         if self.peak_flops is not None:  # against this device's peak (none known for CPUs)
             record["perf/mfu"] = flops / max(t_update, 1e-9) / (self.peak_flops

@@ -15,12 +15,15 @@ import ml_collections
 from avalon.envs.parallel.env import ParallelConfig, ParallelSubtasks
 from avalon.envs.parallel.teacher import HirePolicy, ParallelTeacherConfig
 from avalon.org.config import PromptStyle
-from avalon.train.config import mesh_section
+from avalon.train.config import curriculum_section, mesh_section
 
 
 def make_environments(env):
+    # `env.tiers`: one easier tier below the tasks (one subtask each), for the curriculum.
+    tiers = ({"n_subtasks": (1, 1), "n_train": 8, "n_heldout": 2},) if env.tiers else ()
     return [ParallelSubtasks(ParallelConfig(n_subtasks=(2, 3), dep_prob=0.0, clock_s=240.0,
-                                            n_train=16, n_heldout=4, seed=env.seed))]
+                                            n_train=16, n_heldout=4, seed=env.seed),
+                             tiers=tiers)]
 
 
 def make_teacher(env, chat):
@@ -41,7 +44,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.org = ml_collections.ConfigDict({"window": 512, "prompt_style": PromptStyle.MINIMAL.value,
                                        "compaction_ratio": 0.75, "max_new_tokens": 64,
                                        "summary_cap": 16, "max_turns": 6})
-    c.env = ml_collections.ConfigDict({"seed": 0})
+    c.env = ml_collections.ConfigDict({"seed": 0, "tiers": False})
     c.make_environments = make_environments
     c.make_teacher = make_teacher
     c.budget = ml_collections.ConfigDict({"p_single": 0.5, "max_budget": 1})
@@ -65,4 +68,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.checkpoint = ml_collections.ConfigDict({"every": 1, "keep": 2, "ocdbt": True})
     c.plots = False
     c.keep_event_logs = False
+    c.curriculum = curriculum_section()  # off: `--config.curriculum.enabled=True`
     return c
