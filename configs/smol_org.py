@@ -12,6 +12,14 @@ RLCR (24 SFT steps, 2 RLCR steps; about 1.5 h on 2 CPU cores shared with other r
 topic 7).
 `smoke` shrinks everything for a quick check.
 
+`learn` is the run meant to make the model a better organisation: the three environments with
+easier tiers below today's tasks (`toy_org.SMALL_MODEL_TIERS`), the curriculum on (each step's
+tasks from the tier the model is at, tasks it always or never passes resting, promotion as it
+learns: `avalon/envs/difficulty.py`), K = 8 rollouts in 4 groups a step with two refills of
+groups that scored alike, and an evaluation of 48 held-out tasks of the easiest tier, paired by
+task and seed across evaluations (20 per environment; verification's easiest tier has 8). The
+transfer to today's tasks is a second evaluation of its checkpoints with `--config.eval.tier=-1`.
+
 The model reads the toy's three co-ordination environments (parallel subtasks, hidden profile,
 collective verification) in English through its own ChatML template. Tool calls are written
 as text, `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (`org.text_tool_calls`):
@@ -28,7 +36,7 @@ import os
 import ml_collections
 
 from avalon.org.config import PromptStyle
-from avalon.train.config import config_arg, mesh_section
+from avalon.train.config import config_arg, curriculum_section, mesh_section
 from configs import toy_org
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -45,7 +53,7 @@ def smollm2_gguf() -> str:
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    arg = config_arg(arg, ("", "zero_shot", "smoke"))
+    arg = config_arg(arg, ("", "zero_shot", "smoke", "learn"))
     smoke, zero = arg == "smoke", arg == "zero_shot"
     c = ml_collections.ConfigDict()
     c.seed = 0
@@ -134,4 +142,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.checkpoint = ml_collections.ConfigDict({"every": 1, "keep": 2})
     c.plots = True
     c.keep_event_logs = False
+    if arg == "learn":
+        c.env.update(toy_org.SMALL_MODEL_TIERS)
+        c.curriculum = curriculum_section(enabled=True, min_tasks=6, window=8, skip_steps=4)
+        c.rollout.steps = 40
+        c.rollout.groups_per_step = 4
+        c.rollout.rollouts_per_group = 8
+        c.rollout.refill_groups = 2
+        c.eval.every = 20
+        c.eval.tasks = 20
+        c.eval.seeds = 1
+        c.eval.tier = 0
     return c

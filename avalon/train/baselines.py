@@ -31,12 +31,11 @@ import os
 from collections.abc import Sequence
 
 from avalon.analysis.logs import IndexEntry, read_index, rollout_file, write_index
-from avalon.envs.base import Split
 from avalon.envs.keep_improving import KeepImprovingSession
 from avalon.org.config import OrgConfig
 from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
 from avalon.org.events import EventKind, read_jsonl
-from avalon.train.eval_seeds import SINGLE_ARM_OFFSET, rollout_seed
+from avalon.train.eval_seeds import SINGLE_ARM_OFFSET, heldout_task_ids, rollout_seed
 from avalon.train.org_metrics import rollout_metrics
 
 _GROUP_BASE = 1_000_000  # baseline group ids never collide with the evaluation's
@@ -88,7 +87,7 @@ def _s8_arms(eval_cfg, envs, log_dir: str, clock_start_s: float) -> list[_Arm]:
 def _best_of_k_arms(eval_cfg, envs, clock_start_s: float) -> list[_Arm]:
     k, out = eval_cfg.best_of_k, []
     for env in envs:
-        for t, task_id in enumerate(env.task_ids(Split.HELDOUT)[:eval_cfg.tasks]):
+        for t, task_id in enumerate(heldout_task_ids(env, eval_cfg)):
             clock = _scaled_clock(env, task_id, eval_cfg.clock_s, clock_start_s)
             for j in range(k):
                 out.append(_Arm("best_of_k", RolloutSpec(
@@ -101,7 +100,7 @@ def _sweep_arms(eval_cfg, envs, seed0: int, clock_start_s: float) -> list[_Arm]:
     out = []
     for sweep_clock in eval_cfg.sweep_clocks:
         for env in envs:
-            for t, task_id in enumerate(env.task_ids(Split.HELDOUT)[:eval_cfg.tasks]):
+            for t, task_id in enumerate(heldout_task_ids(env, eval_cfg)):
                 clock = _scaled_clock(env, task_id, sweep_clock, clock_start_s)
                 for a, (arm, budget) in enumerate((("org", eval_cfg.budget), ("single", 0))):
                     for s in range(eval_cfg.seeds):

@@ -152,6 +152,7 @@ class EngineConfig:
 class EvalConfig:
     every: int = 10  # RL steps between held-out evaluations (and at step 0, after SFT)
     tasks: int = 16  # held-out tasks per evaluation (per environment)
+    tier: int = -1  # the difficulty tier they come from (-1: the top, today's; eval_seeds.py)
     seeds: int = 2  # sampled rollouts per task and arm
     budget: int = 8  # the organisation arm's hire budget (the single agent has 0)
     clock_s: float = 300.0  # wall-clock cap of evaluation rollouts
@@ -417,6 +418,8 @@ def _check_consistency(cfg: TrainConfig, num_processes: int) -> None:
         _fail("budget.max_budget", cfg.budget.max_budget,
               f"is above the organisation's limit of {MAX_HIRES} hires (the report's b <= 8, "
               f"at most 9 agents)")
+    if cfg.eval.tier < -1:
+        _fail("eval.tier", cfg.eval.tier, "must be -1 (the top tier) or a tier >= 0")
     if cfg.eval.budget > cfg.budget.max_budget:
         _fail("eval.budget", cfg.eval.budget,
               f"is above the configured maximum budget.max_budget={cfg.budget.max_budget}")

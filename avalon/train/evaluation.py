@@ -21,11 +21,11 @@ from __future__ import annotations
 import jax
 
 from avalon.analysis.logs import IndexEntry, rollout_file, write_index
-from avalon.envs.base import Environment, Split
+from avalon.envs.base import Environment
 from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
 from avalon.org.engine_policy import EnginePolicy
 from avalon.train import distributed, host_metrics
-from avalon.train.eval_seeds import rollout_seed
+from avalon.train.eval_seeds import heldout_task_ids, rollout_seed
 from avalon.train.org_metrics import rollout_sums
 from avalon.train.setup import Setup
 
@@ -85,7 +85,7 @@ def evaluate(setup: Setup, engine, *, log_dir: str | None = None, at_step: int =
     tasks = []  # per held-out task: [(arm, spec, index entries)] for both arms
     gid = 0
     for env in setup.envs:
-        for t_index, task_id in enumerate(env.task_ids(Split.HELDOUT)[:cfg.eval.tasks]):
+        for t_index, task_id in enumerate(heldout_task_ids(env, cfg.eval)):
             clock = eval_clock(cfg, env, task_id)
             pair = []
             for a_index, (arm, budget) in enumerate(arms):
