@@ -155,8 +155,12 @@ def verification_team() -> LoggedRollout:
                 rewards=[{"value": -2.0, "label": "defect"}])
     builds = [_truth("p1", "47", "a1", True), _truth("p2", "33", "a1", False),
               _truth("p1", "58", "a1", False), _truth("p2", "61", "a1", True)]
+    # As collective verification records it: a2's two reviews of a1's builds (one found
+    # p1 47's defect), four builds, two ships (one defective).
     g.add("end", "ceo", last, reason="env_terminal", rewards=[],
-          env_metrics={"reviews": 2.0, "shipped_defects": 1.0},
+          env_metrics={"items": 2.0, "shipped": 2.0, "shipped_defects": 1.0, "success": 0.5,
+                       "reviews": 2.0, "self_reviews": 0.0, "defects_found": 1.0,
+                       "builds": 4.0},
           env_record={"builds": builds, "shipped": [builds[2], builds[3]]})
     return g.rollout(env="verification")
 
@@ -178,6 +182,9 @@ def verification_single() -> LoggedRollout:
                 rewards=[{"value": -2.0, "label": "defect"}])
     truth = _truth("p1", "20", "ceo", True)
     g.add("end", "ceo", last, reason="env_terminal", rewards=[],
+          env_metrics={"items": 1.0, "shipped": 1.0, "shipped_defects": 1.0, "success": 0.0,
+                       "reviews": 0.0, "self_reviews": 0.0, "defects_found": 0.0,
+                       "builds": 1.0},
           env_record={"builds": [truth], "shipped": [truth]})
     return g.rollout(arm="single", env="verification")
 
