@@ -169,7 +169,8 @@ class RolloutMetrics:
     malformed_turns: int
     tool_error_turns: int  # turns with at least one failed call
     calls: dict[str, dict[str, list[int]]]  # role -> tool -> [calls, failed calls]
-    call_errors: dict[str, dict[str, int]]  # tool -> error text (when logged) -> failed calls
+    # tool -> error text (when logged; numbers as #) -> failed calls
+    call_errors: dict[str, dict[str, int]]
     compactions: int
     end_reason: str
     reviews: int
@@ -281,7 +282,9 @@ def _calls(tool_calls: Sequence[Mapping]) -> tuple[dict, dict]:
         c[0] += 1
         if e["error"]:
             c[1] += 1
-            text = " ".join(str(e.get("result", "(not logged)")).split())[:ERROR_CHARS]
+            # numbers masked, so that one kind of error counts once ("p# has no result '#'")
+            text = re.sub(r"\d+", "#", " ".join(str(e.get("result", "(not logged)")).split()))
+            text = text[:ERROR_CHARS]
             by = errors.setdefault(e["tool"], {})
             by[text] = by.get(text, 0) + 1
     return calls, errors

@@ -145,7 +145,7 @@ def test_verification_rollouts_against_ground_truth():
     assert (e.malformed_turns, e.tool_error_turns, e.compactions) == (1, 1, 1)
     # Calls per role and tool: the CEO's wrong-code ship failed, with its error text.
     assert e.calls == {"ceo": {"build": [1, 0], "ship": [2, 1]}}
-    assert e.call_errors == {"ship": {"p1 has no result '21'": 1}}
+    assert e.call_errors == {"ship": {"p# has no result '#'": 1}}
     assert d.calls == {"ceo": {"hire": [2, 0], "ship": [2, 0]},
                        "specialist": {"build": [4, 0], "dm": [6, 0], "review": [2, 0],
                                       "post": [1, 0]}}

@@ -84,10 +84,10 @@ def test_review_measures_are_the_end_records_by_hand(tmp_path):
     rows = {(r["step"], r["arm"], r["role"], r["tool"]): r for r in report["failed_calls"]}
     ship = rows[(600, "org", "ceo", "ship")]
     assert (ship["calls"], ship["failed"], ship["share"]) == (2, 2, 1.0)
-    assert ship["error"] == "p1 is closed after 2 wrong codes" and ship["error_count"] == 2
+    assert ship["error"] == "p# is closed after # wrong codes" and ship["error_count"] == 2
     review = rows[(600, "org", "specialist", "review")]
     assert (review["calls"], review["failed"]) == (2, 2)
-    assert review["error"] == "p1 has no result '5'"
+    assert review["error"] == "p# has no result '#'"
     assert rows[(600, "org", "specialist", "build")]["failed"] == 0
     assert first["failed_calls_per_rollout"]["estimate"] == 2.0
     assert first["failed_calls_ceo"]["estimate"] == 1.0
