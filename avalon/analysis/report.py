@@ -65,7 +65,7 @@ from avalon.analysis.metrics import (
     shift,
 )
 from avalon.analysis.report_code import run_code
-from avalon.analysis.report_pages import index_html, plots
+from avalon.analysis.report_pages import index_html, plots, shifts_markdown
 from avalon.analysis.report_tables import env_records, failed_calls
 from avalon.analysis.report_timing import read_metrics, timing
 from avalon.analysis.stats import bootstrap_mean, paired_bootstrap, sign_test, wilcoxon
@@ -335,7 +335,8 @@ def write_report(run_dir: str, *, judge: Judge | None = None, audit: Judge | Non
                  embed_images: bool = True) -> str:
     """Analyses `run_dir` (and, for the runs table, `others`) and writes RUN_DIR/report/:
     report.json, the PNGs, index.html (holding the PNGs unless `embed_images` is False),
-    learning.md and the episode pages. Returns the report directory."""
+    learning.md, shifts.md (the shifts tables in Markdown) and the episode pages. Returns the
+    report directory."""
     report, rollouts = analyse(run_dir, judge, audit=audit, commit=commit)
     out = os.path.join(run_dir, "report")
     os.makedirs(os.path.join(out, "episodes"), exist_ok=True)
@@ -367,6 +368,8 @@ def write_report(run_dir: str, *, judge: Judge | None = None, audit: Judge | Non
         json.dump(report, f, indent=1, sort_keys=True)
     with open(os.path.join(out, "learning.md"), "w", encoding="utf-8") as f:
         f.write(report["learning"] + "\n")
+    with open(os.path.join(out, "shifts.md"), "w", encoding="utf-8") as f:
+        f.write(shifts_markdown(report))
     with open(os.path.join(out, "index.html"), "w", encoding="utf-8") as f:
         f.write(index_html(report, images, links, runs, embed_images=embed_images))
     return out

@@ -227,6 +227,34 @@ def _shift_tables(shifts: dict | None) -> str:
     return "".join(parts)
 
 
+def shifts_markdown(report: dict) -> str:
+    """The shifts tables as Markdown (RUN_DIR/report/shifts.md): per arm, each measure, what
+    it counts, its value at the first and the last evaluation, the change with its SE, and
+    for the organisation the published report's figure."""
+    shifts = report.get("shifts")
+    if not shifts:
+        return "One evaluation only: nothing to compare.\n"
+
+    def cell(v):
+        return "n/a" if v is None else f"{v:.3g}"
+
+    out = [f"Shifts from RL step {shifts['first_rl_step']} to {shifts['last_rl_step']}, at "
+           f"{report.get('code') or 'an unrecorded commit'} (`python -m avalon.analyze`; "
+           f"messages labelled by {report.get('judge') or 'the rule judge'})."]
+    for arm, block in shifts["arms"].items():
+        org = arm == "org"
+        out += ["", f"{arm} ({block['pairs']} pairs):", "",
+                "| measure | counts | RL " + str(shifts["first_rl_step"]) + " | RL "
+                + str(shifts["last_rl_step"]) + " | change ± SE |" + (" published |" if org
+                                                                     else ""),
+                "| --- | --- | --- | --- | --- |" + (" --- |" if org else "")]
+        for r in block["rows"]:
+            out.append(f"| {r['measure']} | {r.get('basis') or measure(r['measure']).basis} | "
+                       f"{cell(r.get('first'))} | {cell(r.get('last'))} | {_change(r)} |"
+                       + (f" {r.get('published') or ''} |" if org else ""))
+    return "\n".join(out) + "\n"
+
+
 def _review_tables(evals: Sequence[dict], records: Sequence[dict]) -> str:
     """Reviews the environment ran (its end record), its records summed, and the messages
     that read as reviews, per evaluation."""

@@ -17,7 +17,12 @@ import pytest  # noqa: E402
 from avalon.analysis.learning import describe  # noqa: E402
 from avalon.analysis.logs import IndexEntry, rollout_file, step_dir, write_index  # noqa: E402
 from avalon.analysis.report import PUBLISHED, analyse  # noqa: E402
-from avalon.analysis.report_pages import _curve_panel, index_html, why_empty  # noqa: E402
+from avalon.analysis.report_pages import (  # noqa: E402
+    _curve_panel,
+    index_html,
+    shifts_markdown,
+    why_empty,
+)
 from avalon.org.events import dumps  # noqa: E402
 from tests.analysis.builders import (  # noqa: E402
     single_agent,
@@ -156,3 +161,12 @@ def test_the_paragraph_keeps_a_small_shares_digits():
     row = {"measure": "teams_with_review_message", "first": 0.857, "last": 0.957, "z": 1.6}
     assert describe(row) == "86% -> 96% (+1.6 SE)"
     assert describe({"measure": "hires_per_rollout", "first": 2.54, "last": None}) == "n/a"
+
+
+def test_the_shifts_in_markdown(report):
+    text = shifts_markdown(report)
+    assert text.startswith("Shifts from RL step 0 to 20, at commit abc1234")
+    assert ("| teams_with_review_message | messages | 0.5 | 1 | +0.5 ± 0.5 (+1.0 SE) | "
+            "42% -> 64% |") in text
+    assert "| teams_with_review | actions | n/a | n/a | n/a | not measured |" in text
+    assert "single (2 pairs):" in text
