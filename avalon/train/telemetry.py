@@ -7,8 +7,8 @@ null, strings and lists kept) and the scalar entries to TensorBoard under the sa
 Appending is resume-safe: on restart, lines for steps after the resumed checkpoint's step are
 dropped first (the resumed run logs them again), so a killed run leaves no duplicates. A line
 that reports a timed unit of work (an SFT step, an evaluation, an RLCR step) also carries
-`progress/work_s`, `progress/compile_s` and `progress/first` (`ProgressBar`), which a resumed
-run reads back for its ETA.
+`progress/work_s`, `progress/compile_s`, `progress/first` and `progress/resumed` (`ProgressBar`),
+which a resumed run reads back for its ETA.
 """
 
 from __future__ import annotations
@@ -60,7 +60,9 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 class Telemetry:
     def __init__(self, workdir: str, *, resume_step: int = 0, enabled: bool = True,
                  total_steps: int = 0, stream=sys.stderr, clock=time.perf_counter,
-                 compile_clock=None):
+                 compile_clock=None, compile_cache: bool | None = None):
+        """`compile_cache`: whether JAX's persistent compilation cache is on (None: as JAX's
+        config says), so that a resumed process loads its programs instead of compiling."""
         self.enabled = enabled
         self.path = paths.join(workdir, "metrics.jsonl")
         kept = [r for r in read_metrics(self.path) if r.get("step", -1) <= resume_step] \
@@ -68,7 +70,9 @@ class Telemetry:
         # Units timed before a resume count in the ETA (evaluations, compiles to come).
         self.progress = ProgressBar(total_steps, stream=stream, enabled=enabled,
                                     clock=clock, start=resume_step, past=history(kept),
-                                    compile_clock=compile_clock or CompileClock.process())
+                                    compile_clock=compile_clock or CompileClock.process(),
+                                    compile_cache=(_cache_on() if compile_cache is None
+                                                   else compile_cache))
         self._tb = None
         if not enabled:
             return
@@ -92,7 +96,7 @@ class Telemetry:
             _, unit = self.progress.last_unit
             self.progress.last_unit = None
             record |= {"progress/work_s": unit.work_s, "progress/compile_s": unit.compile_s,
-                       "progress/first": unit.first}
+                       "progress/first": unit.first, "progress/resumed": unit.resumed}
         paths.append_text(self.path, json.dumps(record, sort_keys=True) + "\n")
         values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v))
                   for k, v in record.items()
@@ -118,6 +122,11 @@ class Telemetry:
             if self._tb_local is not None:
                 shutil.rmtree(self._tb_local, ignore_errors=True)
         self.progress.close()
+
+
+def _cache_on() -> bool:
+    import jax
+    return bool(jax.config.jax_compilation_cache_dir)
 
 
 class CompileClock:
@@ -176,16 +185,18 @@ class Unit:
     """One timed unit of work (an SFT step, an evaluation, an RLCR step): its seconds after
     compilation, the seconds it compiled, and whether it was its phase's first unit in its
     process (the one that compiles the phase's programs, or loads them from the persistent
-    cache after a resume)."""
+    cache after a resume), and whether its process resumed a run."""
 
     work_s: float
     compile_s: float
     first: bool
+    resumed: bool = False
 
 
 def history(records: list[dict]) -> dict[str, list[Unit]]:
     """The units timed before a resume, per phase, from metrics.jsonl's records: a line's
-    `progress/work_s`, `progress/compile_s` and `progress/first` (what `Telemetry.log` adds),
+    `progress/work_s`, `progress/compile_s`, `progress/first` and `progress/resumed` (what
+    `Telemetry.log` adds),
     or for lines written without them its phase's time field (`PHASE_TIME`) less
     `time/compile_s` where the line has it; without either split, a phase's first such line
     is taken as its first unit, its compile the excess over the phase's later lines' mean."""
@@ -198,7 +209,8 @@ def history(records: list[dict]) -> dict[str, list[Unit]]:
         if isinstance(r.get("progress/work_s"), (int, float)):
             out.setdefault(phase, []).append(Unit(float(r["progress/work_s"]),
                                                   float(r.get("progress/compile_s") or 0.0),
-                                                  bool(r.get("progress/first"))))
+                                                  bool(r.get("progress/first")),
+                                                  bool(r.get("progress/resumed"))))
         elif isinstance(r.get(PHASE_TIME[phase]), (int, float)):
             wall, compiled = float(r[PHASE_TIME[phase]]), r.get("time/compile_s")
             if isinstance(compiled, (int, float)):
@@ -224,8 +236,11 @@ class ProgressBar:
     with work the mean post-compile seconds of its last `window` units, recurring compile the
     mean compile of its last `window` units that were not a process's first (a new batch
     shape compiles mid-run), and the first unit's compile what the phase's latest first unit
-    compiled: a phase this process has not run yet compiles (or loads from the persistent
-    cache) its programs again. Units timed before a resume count (`history`, from
+    compiled: a phase this process has not run yet compiles its programs again. A resumed
+    process with the persistent compilation cache on (`compile_cache`) loads them instead:
+    its first unit's compile is what the latest first unit of a resumed process compiled,
+    or, before any, the recurring compile (a toy smoke run's evaluation compiled 131 s in its
+    first process, 2.6 s in a resumed one). Units timed before a resume count (`history`, from
     metrics.jsonl), so a resumed run knows its evaluations and compiles from the start. The
     unit in progress counts what is left of it: its estimate less its elapsed work and
     compile (each at most its estimate). A phase with work left and nothing ever timed shows
@@ -236,7 +251,8 @@ class ProgressBar:
 
     def __init__(self, total: int, *, stream=sys.stderr, enabled: bool = True, width: int = 28,
                  clock=time.perf_counter, compile_clock=None, window: int = 10,
-                 start: int = 0, past: dict[str, list[Unit]] | None = None):
+                 start: int = 0, past: dict[str, list[Unit]] | None = None,
+                 compile_cache: bool = False):
         self.total, self.stream, self.enabled, self.width = total, stream, enabled, width
         self.clock, self.window = clock, window
         self.compile_clock = compile_clock if compile_clock is not None else (lambda: 0.0)
@@ -245,6 +261,7 @@ class ProgressBar:
         self.units: dict[str, list[Unit]] = {k: list(v) for k, v in (past or {}).items()}
         self.compile_s = 0.0
         self.start, self.step, self.note = start, start, ""
+        self.cached_resume = compile_cache and start > 0  # programs load from the cache
         self.last_unit: tuple[str, Unit] | None = None  # for the next metrics line
         self._t0 = clock()
         self._begun: dict[str, tuple[float, float]] = {}
@@ -267,7 +284,7 @@ class ProgressBar:
         else:
             wall, compiled = float(seconds or 0.0), 0.0
         self.compile_s += compiled
-        unit = Unit(wall - compiled, compiled, phase not in self.seconds)
+        unit = Unit(wall - compiled, compiled, phase not in self.seconds, self.start > 0)
         self.seconds.setdefault(phase, []).append(unit.work_s)
         self.units.setdefault(phase, []).append(unit)
         self.last_unit = (phase, unit)
@@ -293,8 +310,10 @@ class ProgressBar:
         work = sum(u.work_s for u in recent) / len(recent)
         later = [u.compile_s for u in units if not u.first][-self.window:]
         recurring = sum(later) / len(later) if later else 0.0
-        firsts = [u.compile_s for u in units if u.first]
-        first = firsts[-1] if firsts and phase not in self.seconds else 0.0
+        firsts = [u.compile_s for u in units if u.first and (u.resumed or not self.cached_resume)]
+        first = 0.0
+        if phase not in self.seconds:
+            first = firsts[-1] if firsts else recurring if self.cached_resume else 0.0
         # the first unit here compiles `first`; the others what later units compiled
         total = left * work + (left - bool(first)) * recurring + first
         if phase in self._begun:  # the unit in progress: what is left of it

@@ -113,13 +113,28 @@ def test_a_resumed_run_knows_what_was_timed_before(tmp_path):
             for r in kept] == [(2.0, 50.0, True), (2.0, 0.0, False), (8.0, 40.0, True),
                                (10.0, 30.0, True), (12.0, 0.0, False)]
 
+    # With the persistent compilation cache on, a resumed process loads its programs: 2
+    # RLCR steps of 11 s plus what later RLCR steps compiled (0 s), an evaluation of 8 s.
+    cached = Telemetry(str(tmp_path), resume_step=4, total_steps=6, stream=io.StringIO(),
+                       clock=clocks.wall, compile_clock=clocks.compile, compile_cache=True)
+    cached.progress.plan({"sft": 0, "eval": 1, "rl": 2})
+    assert cached.progress.eta_seconds() == (2 * 11.0 + 8.0, [])
+    _unit(cached.progress, clocks, "eval", 8.0, compiling=3.0)
+    cached.log(5, {"phase": "eval"})
+    again = Telemetry(str(tmp_path), resume_step=5, total_steps=6, stream=io.StringIO(),
+                      clock=clocks.wall, compile_clock=clocks.compile, compile_cache=True)
+    again.progress.plan({"eval": 1})  # a resumed process's first evaluation compiled 3 s
+    assert again.progress.eta_seconds() == (8.0 + 3.0, [])
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])[
+        "progress/resumed"] is True
+
     out = io.StringIO()
     resumed = Telemetry(str(tmp_path), resume_step=4, total_steps=6, stream=out,
-                        clock=clocks.wall, compile_clock=clocks.compile)
+                        clock=clocks.wall, compile_clock=clocks.compile, compile_cache=False)
     bar = resumed.progress
     bar.plan({"sft": 0, "eval": 1, "rl": 2})  # RLCR steps 3 and 4, the last evaluation
-    # 2 RLCR steps of 11 s plus the RL programs' compile (30 s), an evaluation of 8 s plus
-    # its compile (40 s): nothing is "?" after a resume.
+    # Without the cache: 2 RLCR steps of 11 s plus the RL programs' compile (30 s), an
+    # evaluation of 8 s plus its compile (40 s): nothing is "?" after a resume.
     assert bar.eta_seconds() == (2 * 11.0 + 30.0 + 8.0 + 40.0, [])
     bar.status("RL 3/4: rollouts")
     assert "] 4/6  RL 3/4" in out.getvalue() and "?" not in out.getvalue()
