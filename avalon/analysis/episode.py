@@ -2,15 +2,25 @@
 
     html = render_episode(events, title="group0_rollout1")   # `python -m avalon.tools.view`
 
+The header says how the episode ended (`outcome`): the collective reward, the end reason, the
+failed tool calls, and what the environment recorded at the end (its `env_metrics`, and of
+its ground truth `env_record` how many builds, defective ones and ships), then task, budget,
+derived latency and critical-path share.
+
 Every event is placed at its agent's derived clock (`avalon/org/latency.py`), drawn on a time
 axis of that clock: model calls and tool calls as bars from start to end, hires, fires, waits,
 wakes, compactions, stops and rewards as marks, and each delivered message as an arrow from the
 sender's clock at the send to the receiver's clock at the delivery; a legend names every colour
-and mark. Hovering shows an event's text (a turn's output, a tool call's arguments and result,
-a message's text); clicking shows every field of the event. Zoom (buttons, Ctrl + wheel, or
+and mark. A failed tool call (a tool error) is drawn in the error colour, at least
+`FAILED_MIN_PX` wide and above the lane's other bars, so a call that took no time still shows.
+Hovering shows an event's text (a turn's output, a tool call's arguments and result, a
+message's text); clicking shows every field of the event. Zoom (buttons, Ctrl + wheel, or
 `#zoom=4` in the URL) widens the clock; the chart scrolls; at 1x (fit) the whole episode fills
-the chart's box. The page holds its data as JSON and draws itself with a small inline script
-(SVG); it loads nothing from anywhere.
+the chart's box. "Fit events" (or `#fit=events`) draws every idle stretch of the clock (longer
+than `IDLE_SHARE` of the episode, where no event starts or ends: a long build, a long wait) as
+a short break marked with its length, so the turns and messages around it fill the chart. The
+page holds its data as JSON and draws itself with a small inline script (SVG); it loads nothing
+from anywhere.
 """
 
 from __future__ import annotations
@@ -19,10 +29,13 @@ import html
 import json
 from collections.abc import Mapping, Sequence
 
+from avalon.analysis.logs import reward_of
 from avalon.org.events import EventKind
 from avalon.org.latency import ClockReplay
 
 HOVER_CHARS = 400  # text shown on hover (a click shows every field in full)
+FAILED_MIN_PX = 6  # a failed call's least width on screen
+IDLE_SHARE = 0.05  # "fit events": idle stretches longer than this share of the episode break
 
 
 def _hover(e: Mapping, kind: str) -> str:
@@ -94,21 +107,60 @@ def episode_data(events: Sequence[Mapping]) -> dict:
             "arrows": arrows, "messages": messages, "events": list(events),
             "latency_s": report.task_latency_s,
             "critical_path": report.critical_path,
-            "critical_token_share": report.critical_token_share}
+            "critical_token_share": report.critical_token_share,
+            "outcome": outcome(events), "failed_min_px": FAILED_MIN_PX,
+            "idle_share": IDLE_SHARE}
+
+
+def outcome(events: Sequence[Mapping]) -> dict:
+    """How the episode ended: `reward` (the collective reward, `logs.reward_of`), `end_reason`
+    (None: the log has no end event), `tool_calls`, `failed_calls`, `env_metrics` (the
+    environment's end record, {} when it keeps none) and from its ground truth `env_record`
+    the numbers of `builds`, `defective_builds` and `shipped` (None without one)."""
+    end = next((e for e in reversed(events) if e["kind"] == EventKind.END.value), None)
+    calls = [e for e in events if e["kind"] == EventKind.TOOL_CALL.value]
+    record = (end or {}).get("env_record") or {}
+    builds = record.get("builds")
+    return {"reward": reward_of(events), "end_reason": (end or {}).get("reason"),
+            "tool_calls": len(calls), "failed_calls": sum(bool(e.get("error")) for e in calls),
+            "env_metrics": dict((end or {}).get("env_metrics") or {}),
+            "builds": len(builds) if builds is not None else None,
+            "defective_builds": sum(bool(b.get("defective")) for b in builds)
+            if builds is not None else None,
+            "shipped": len(record["shipped"]) if "shipped" in record else None}
+
+
+def _number(v) -> str:
+    return f"{v:g}" if isinstance(v, (int, float)) else str(v)
+
+
+def outcome_lines(o: Mapping) -> tuple[str, str]:
+    """The header's two lines: the ending, and what the environment recorded."""
+    ending = (f"reward {o['reward']:g} · end: {o['end_reason'] or 'no end event'} · failed "
+              f"tool calls {o['failed_calls']} of {o['tool_calls']}")
+    recorded = ", ".join(f"{k} {_number(v)}" for k, v in sorted(o["env_metrics"].items()))
+    truth = ""
+    if o["builds"] is not None:
+        truth = (f"; ground truth: {o['builds']} builds ({o['defective_builds']} defective), "
+                 f"{o['shipped']} shipped")
+    env = (f"the environment recorded: {recorded or 'nothing'}{truth}"
+           if recorded or truth else "the environment keeps no end record")
+    return ending, env
 
 
 # (class, what it is) for the legend; the classes are the ones the script draws with.
 LEGEND = (("model_call", "model call (a turn)"), ("tool_call", "tool call"),
-          ("err", "error or malformed turn"), ("crit", "on the critical path"),
+          ("err", "failed tool call or malformed turn"), ("crit", "on the critical path"),
           ("hire", "hire"), ("fire", "fire"), ("compaction", "compaction"),
           ("end", "end of the episode"), ("mark", "other event (wait, wake, stop, ...)"),
-          ("msg", "message, send -> delivery"), ("reward", "reward"))
+          ("msg", "message, send -> delivery"), ("reward", "reward"),
+          ("idle", "idle stretch drawn as a break (fit events)"))
 
 
 def _legend_html() -> str:
     keys = []
     for cls, text in LEGEND:
-        if cls in ("model_call", "tool_call", "err", "crit"):
+        if cls in ("model_call", "tool_call", "err", "crit", "idle"):
             shape = (f'<rect x="1" y="2" width="18" height="8" class="'
                      f'{"model_call " + cls if cls == "crit" else cls}"/>')
         elif cls == "msg":
@@ -141,6 +193,8 @@ white-space:pre-wrap;font:12px monospace}
 .msg{stroke:#555;stroke-width:1;fill:none;marker-end:url(#arrow)}
 .msg:hover,.sel{stroke:#d00;stroke-width:2}
 .axis{stroke:#888}.grid{stroke:#eee}.tick-label{font-size:10px;fill:#555}
+.idle{fill:#f4f4f4;stroke:#bbb;stroke-dasharray:3,3}
+rect.err{fill:#e06666;stroke:#900;stroke-width:1}
 .axis-title{font-size:11px;fill:#555}
 """
 
@@ -148,16 +202,31 @@ _SCRIPT = r"""
 (function () {
   const data = JSON.parse(document.getElementById('episode-data').textContent);
   const NS = 'http://www.w3.org/2000/svg';
-  const laneH = 36, left = 150, top = 40, minWidth = 600;
+  const laneH = 36, left = 150, top = 40, minWidth = 600, breakPx = 28;
   const span = Math.max(data.latency_s, 1e-9);
   const bySeq = {};
   data.events.forEach(e => { bySeq[e.seq] = e; });
   const crit = new Set(data.critical_path);
   const lane = {};
   data.agents.forEach((a, i) => { lane[a.id] = top + i * laneH; });
-  let zoom = 1;
+  let zoom = 1, events = false;
   const fromHash = /zoom=([0-9.]+)/.exec(window.location.hash);
   if (fromHash) zoom = Math.min(64, Math.max(1, parseFloat(fromHash[1])));
+  if (/fit=events/.test(window.location.hash)) events = true;
+
+  // "Fit events": the clock's idle stretches (no item or arrow starts or ends inside, longer
+  // than idle_share of the episode) become breaks of breakPx pixels.
+  const idle = (function () {
+    const ts = [0, span];
+    data.items.forEach(it => { ts.push(it.t0, it.t1); });
+    data.arrows.forEach(a => { ts.push(a.t0, a.t1); });
+    ts.sort((a, b) => a - b);
+    const out = [];
+    for (let i = 1; i < ts.length; i++) {
+      if (ts[i] - ts[i - 1] > data.idle_share * span) out.push([ts[i - 1], ts[i]]);
+    }
+    return out;
+  })();
 
   function show(seqs) {
     const out = seqs.map(s => JSON.stringify(bySeq[s], null, 1)).join('\n\n');
@@ -173,12 +242,29 @@ _SCRIPT = r"""
     const m = Math.floor(t / 60), s = Math.round(t - 60 * m);
     return m + 'm' + (s < 10 ? '0' : '') + s + 's';
   }
+  function scale(width) {  // the clock -> pixels, linear or with idle stretches as breaks
+    const px = width - left - 20;
+    const gaps = events ? idle : [];
+    const active = span - gaps.reduce((a, g) => a + g[1] - g[0], 0);
+    const perS = Math.max(px - breakPx * gaps.length, px / 4) / Math.max(active, 1e-9);
+    return function (t) {
+      let x = left, from = 0;
+      for (const g of gaps) {
+        if (t <= g[0]) break;
+        x += (g[0] - from) * perS;
+        if (t < g[1]) return x + breakPx * (t - g[0]) / (g[1] - g[0]);
+        x += breakPx;
+        from = g[1];
+      }
+      return x + (t - from) * perS;
+    };
+  }
 
   function draw() {
     // 1x fits the whole episode in the chart's box (the page's width less the detail pane)
     const base = Math.max(minWidth, document.getElementById('chart').clientWidth - 4);
     const width = left + (base - left) * zoom;
-    const x = t => left + (t / span) * (width - left - 20);
+    const x = scale(width);
     const height = top + data.agents.length * laneH + 20;
     const old = document.querySelector('#chart svg');
     if (old) old.remove();
@@ -200,15 +286,34 @@ _SCRIPT = r"""
       title.textContent = text;
       n.appendChild(title);
     }
-    // The time axis: the derived clock, ticks every 1, 2 or 5 x 10^k seconds.
-    const step = niceStep(span / Math.max(4, Math.round(10 * zoom)));
     el('line', {x1: left, x2: x(span), y1: top - 8, y2: top - 8, class: 'axis'});
     el('text', {x: 4, y: top - 22, class: 'axis-title'}, 'derived clock');
-    for (let t = 0; t <= span + 1e-9; t += step) {
+    function tick(t) {
       el('line', {x1: x(t), x2: x(t), y1: top - 8, y2: height - 20, class: 'grid'});
       el('line', {x1: x(t), x2: x(t), y1: top - 12, y2: top - 4, class: 'axis tick',
                   'data-tick': t.toFixed(3)});
-      el('text', {x: x(t) + 2, y: top - 16, class: 'tick-label'}, clockText(t));
+      const end = x(t) > width - 60;  // the last label ends at its tick, inside the chart
+      el('text', {x: end ? x(t) - 2 : x(t) + 2, y: top - 16, class: 'tick-label',
+                  'text-anchor': end ? 'end' : 'start'}, clockText(t));
+    }
+    if (!events) {
+      // The time axis: the derived clock, ticks every 1, 2 or 5 x 10^k seconds.
+      const step = niceStep(span / Math.max(4, Math.round(10 * zoom)));
+      for (let t = 0; t <= span + 1e-9; t += step) tick(t);
+    } else {
+      // A tick at each end of every stretch drawn to scale, a break mark over every gap.
+      const ends = [0];
+      idle.forEach(g => { ends.push(g[0], g[1]); });
+      ends.push(span);
+      let last = -Infinity;
+      ends.forEach(t => { if (x(t) - last > 40) { tick(t); last = x(t); } });
+      idle.forEach(g => {
+        const x0 = x(g[0]), x1 = x(g[1]);
+        el('rect', {x: x0, y: top - 8, width: x1 - x0, height: height - top - 12,
+                    class: 'idle', 'data-idle': (g[1] - g[0]).toFixed(3)});
+        el('text', {x: x0 + 1, y: height - 8, class: 'tick-label'},
+           '+' + clockText(g[1] - g[0]));
+      });
     }
     data.agents.forEach(a => {
       el('line', {x1: left, x2: width - 10, y1: lane[a.id] + laneH / 2,
@@ -217,14 +322,25 @@ _SCRIPT = r"""
                             'data-agent': a.id}, a.id + ' ' + a.title);
       t.addEventListener('click', () => show([]));
     });
-    data.items.forEach(it => {
+    // Bars first, failed calls last: a call that took no time sits where the agent's next
+    // turn starts, and would be hidden under it.
+    const failed = it => it.kind === 'tool_call' && it.error;
+    const order = data.items.filter(it => !failed(it)).concat(data.items.filter(failed));
+    order.forEach(it => {
       const y = lane[it.agent];
       let n;
       if (it.kind === 'model_call' || it.kind === 'tool_call') {
-        const w = Math.max(x(it.t1) - x(it.t0), 2);
+        let x0 = x(it.t0), w = Math.max(x(it.t1) - x0, 2);
         const cls = it.kind + (it.error ? ' err' : '') + (crit.has(it.seq) ? ' crit' : '');
-        const h = it.kind === 'model_call' ? 14 : 10;
-        n = el('rect', {x: x(it.t0), y: y + (laneH - h) / 2, width: w, height: h, class: cls,
+        let h = it.kind === 'model_call' ? 14 : 10;
+        if (failed(it)) {  // at least failed_min_px wide, centred, taller than a turn
+          if (w < data.failed_min_px) {
+            x0 -= (data.failed_min_px - w) / 2;
+            w = data.failed_min_px;
+          }
+          h = 20;
+        }
+        n = el('rect', {x: x0, y: y + (laneH - h) / 2, width: w, height: h, class: cls,
                         'data-seq': it.seq});
       } else {
         const cls = ['hire', 'fire', 'compaction', 'end'].includes(it.kind) ? it.kind : 'mark';
@@ -245,10 +361,11 @@ _SCRIPT = r"""
       p.addEventListener('click', () => { show([a.seq, a.deliver_seq]); });
     });
     document.getElementById('chart').appendChild(svg);
-    document.getElementById('zoom-level').textContent = zoom + 'x';
+    document.getElementById('zoom-level').textContent = zoom + 'x' +
+      (events ? ', idle stretches as breaks' : '');
   }
 
-  function setZoom(z, anchor) {  // keep the clock under `anchor` (chart px) in place
+  function setZoom(z, anchor) {  // keep the point under `anchor` (chart px) in place
     const chart = document.getElementById('chart');
     const before = (chart.scrollLeft + (anchor || 0) - left) / zoom;
     zoom = Math.min(64, Math.max(1, z));
@@ -257,7 +374,12 @@ _SCRIPT = r"""
   }
   document.getElementById('zoom-in').addEventListener('click', () => setZoom(zoom * 2));
   document.getElementById('zoom-out').addEventListener('click', () => setZoom(zoom / 2));
-  document.getElementById('zoom-fit').addEventListener('click', () => setZoom(1));
+  document.getElementById('zoom-fit').addEventListener('click', () => {
+    events = false; setZoom(1);
+  });
+  document.getElementById('fit-events').addEventListener('click', () => {
+    events = true; setZoom(1);
+  });
   document.getElementById('chart').addEventListener('wheel', ev => {
     if (!ev.ctrlKey) return;
     ev.preventDefault();
@@ -290,17 +412,22 @@ def render_episode(events: Sequence[Mapping], title: str = "episode") -> str:
     # `</` inside a JSON string would end the script element; `<\/` is the same JSON string.
     payload = json.dumps(data, sort_keys=True, ensure_ascii=True).replace("</", "<\\/")
     start = events[0]
+    ending, env = outcome_lines(data["outcome"])
     head = (f"task {start.get('task_id', '?')} · budget {start.get('budget', '?')} · "
             f"latency {data['latency_s']:.1f} s · critical-path token share "
             f"{data['critical_token_share']:.2f}")
     return (
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
-        f"<h2>{html.escape(title)}</h2><p>{html.escape(head)}</p>"
+        f"<h2>{html.escape(title)}</h2>"
+        f"<p id=\"outcome\"><b>{html.escape(ending)}</b><br>{html.escape(env)}</p>"
+        f"<p>{html.escape(head)}</p>"
         "<p id=\"status\">loading</p>"
         "<div id=\"toolbar\">zoom <button id=\"zoom-out\" title=\"zoom out\">&minus;</button>"
         "<button id=\"zoom-in\" title=\"zoom in\">+</button>"
         "<button id=\"zoom-fit\" title=\"the whole episode\">fit</button> "
+        "<button id=\"fit-events\" title=\"idle stretches of the clock drawn as short breaks\">"
+        "fit events</button> "
         "<span id=\"zoom-level\"></span></div>"
         f"{_legend_html()}"
         "<div id=\"wrap\"><div id=\"chart\"></div>"

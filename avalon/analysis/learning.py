@@ -4,26 +4,40 @@
 evaluation, paired by task and seed) and its last org-against-single comparison, and says each
 number with its shift in standard errors; nothing in it is typed by hand. A shift is called
 real at 3 SE or more (`REAL_Z`). Written by the report as RUN_DIR/report/learning.md.
+
+Reviews are said in two kinds, never mixed: the reviews the environment ran (its end record:
+`teams_with_review`, `reviews_per_team`, ...) and the messages that read as reviews
+(`teams_with_review_message`, ... , labelled by the report's judge). Where the environment
+recorded no review, the paragraph says so and calls the messages words, not reviews; where it
+keeps no record of reviews, it says that no review is known to have run.
 """
 
 from __future__ import annotations
 
 REAL_Z = 3.0
-_PERCENT = ("teams_with_review", "review_precision", "review_recall", "rubber_stamp_share",
-            "teams_with_help_offer", "lead_title_share", "reviewer_title_share",
-            "verifier_title_share", "coordination_time_share", "shipped_defect_share")
+_PERCENT = ("teams_with_review", "self_review_share", "reviewed_ship_share",
+            "shipped_defect_share", "teams_with_review_message", "review_message_precision",
+            "review_message_recall", "rubber_stamp_share", "teams_with_help_offer",
+            "lead_title_share", "reviewer_title_share", "verifier_title_share",
+            "coordination_time_share", "failed_call_share")
 _NAMES = {
     "reward": "held-out reward",
     "teams_with_review": "teams with a review",
-    "reviews_per_team": "review messages per team",
-    "review_precision": "review precision",
-    "review_recall": "review recall",
-    "rubber_stamps_per_team": "rubber stamps (approvals of a defective build) per team",
+    "reviews_per_team": "reviews per team",
+    "defects_found_per_team": "defects found per team",
+    "reviewed_ship_share": "shipped builds a teammate reviewed first",
     "shipped_defects_per_rollout": "shipped defects per rollout",
+    "teams_with_review_message": "teams with a review message",
+    "review_messages_per_team": "review messages per team",
+    "review_message_precision": "review-message precision",
+    "review_message_recall": "review-message recall",
+    "rubber_stamps_per_team": "rubber stamps (approvals of a defective build) per team",
     "hires_per_rollout": "hires per rollout",
     "messages_per_agent": "messages per agent",
     "verifier_title_share": "verifier titles",
     "coordination_time_share": "co-ordination share of working time",
+    "failed_calls_per_rollout": "failed tool calls per rollout",
+    "failed_call_share": "failed share of tool calls",
 }
 
 
@@ -45,6 +59,40 @@ def describe(row: dict) -> str:
     elif row.get("diff") == 0:
         text += " (no change)"
     return text
+
+
+def _reviews(rows: dict, shifts: dict, judge: str, said) -> list[str]:
+    """The sentences on reviews: those the environment ran (its end record), then the
+    messages that read as reviews, which are never called reviews."""
+    out = []
+    ran = rows.get("teams_with_review") or {}
+    first, last = ran.get("first"), ran.get("last")
+    done = said(("teams_with_review", "reviews_per_team", "defects_found_per_team",
+                 "reviewed_ship_share", "shipped_defects_per_rollout"))
+    if first is not None and last is not None:
+        out.append(f"Reviews the environment ran (its end record): {done}.")
+        steps = (f"RL step {shifts['first_rl_step']} or {shifts['last_rl_step']}"
+                 if first == 0 else f"RL step {shifts['last_rl_step']}")
+        if last == 0:
+            out.append(f"No review succeeded at {steps} (the environment recorded 0 reviews "
+                       "in every team): there the organisation does not review.")
+    words = said(("teams_with_review_message", "review_messages_per_team"))
+    verdicts = said(("review_message_precision", "review_message_recall",
+                     "rubber_stamps_per_team"))
+    if words or verdicts:
+        if first is None or last is None:
+            why = ("no record of reviews by the environment at both evaluations, so none is "
+                   "known to have run; ")
+        elif last == 0:
+            why = (f"at RL step {shifts['last_rl_step']} words only, no review ran behind "
+                   "them; ")
+        else:
+            why = ""
+        text = f"Messages that read as reviews ({why}labelled by {judge}): {words or 'n/a'}"
+        if verdicts:
+            text += (f"; their verdicts against the environment's ground truth: {verdicts}")
+        out.append(text + ".")
+    return out
 
 
 def paragraph(report: dict) -> str:
@@ -74,15 +122,9 @@ def paragraph(report: dict) -> str:
         return "; ".join(f"{_NAMES.get(n, n)} {describe(rows[n])}" for n in names
                          if n in rows and describe(rows[n]) != "n/a")
 
-    volume = said(("teams_with_review", "reviews_per_team"))
-    if volume:
-        parts.append(f"Review volume: {volume}.")
-    quality = said(("review_precision", "review_recall", "rubber_stamps_per_team",
-                    "shipped_defects_per_rollout"))
-    if quality:
-        parts.append(f"Review quality against the environment's ground truth: {quality}.")
+    parts += _reviews(rows, shifts, report.get("judge") or "the rule judge", said)
     team = said(("hires_per_rollout", "messages_per_agent", "verifier_title_share",
-                 "coordination_time_share"))
+                 "coordination_time_share", "failed_calls_per_rollout", "failed_call_share"))
     if team:
         parts.append(f"The team: {team}.")
     real = [n for n, r in rows.items() if r.get("z") is not None and abs(r["z"]) >= REAL_Z]

@@ -21,10 +21,16 @@ the loop's `eval/<arm>/<measure>` under the rule judge):
   final answer's rollouts).
 - `curves`: per measure of `CURVES`, per arm, [rl_step, estimate, low, high] over the
   evaluations (points where the measure is n/a are left out).
-- `shifts`: each SPEC §5 measure (and review quality) at the first and last evaluation, paired
-  rollout by rollout (same environment, task and seed), the difference with its SE, beside
-  the figure the published report gives (`PUBLISHED`); `coordination_by_team_size` beside the
-  report's 9% (one specialist) and 32% (eight).
+- `shifts`: each SPEC §5 measure (reviews both as the environment recorded them and as
+  messages, failed calls) at the first and last evaluation, paired rollout by rollout (same
+  environment, task and seed), the difference with its SE and what it counts (`basis`:
+  actions or messages), beside the figure the published report gives (`PUBLISHED`);
+  `coordination_by_team_size` beside the report's 9% (one specialist) and 32% (eight).
+- `env_records`: per checkpoint, the environment's end records summed as it wrote them
+  (`report_tables.py`); `failed_calls`: per checkpoint, role and tool, calls, failed calls and
+  the commonest error.
+- `timing`: where the run's time went, from metrics.jsonl (`report_timing.py`).
+- `judge`: which judge labelled the messages.
 - `code`: the code the run ran (`report_code.py`: its commit, read from the run's record),
   and `commit` (`--commit`, or the recorded commit when one is known).
 - `learning`: the paragraph the README quotes (`learning.py`), from these numbers.
@@ -59,7 +65,9 @@ from avalon.analysis.metrics import (
     shift,
 )
 from avalon.analysis.report_code import run_code
-from avalon.analysis.report_pages import index_html, plots
+from avalon.analysis.report_pages import index_html, plots, shifts_markdown
+from avalon.analysis.report_tables import env_records, failed_calls
+from avalon.analysis.report_timing import read_metrics, timing
 from avalon.analysis.stats import bootstrap_mean, paired_bootstrap, sign_test, wilcoxon
 from avalon.org.events import EventKind
 from avalon.org.tools import OrgTool
@@ -70,18 +78,23 @@ _ORG_TOOLS = frozenset(t.value for t in OrgTool)
 # The measures drawn over checkpoints (report_pages.py lays them out).
 CURVES = ("hires_per_rollout", "lead_title_share", "reviewer_title_share",
           "verifier_title_share", "messages_per_agent", "teams_with_help_offer",
-          "coordination_time_share", "critical_token_share", "latency_s", "teams_with_review",
-          "review_tokens_per_org_hour", "opening_plan_pipeline",
-          "reviews_per_team", "review_precision", "review_recall", "rubber_stamp_share",
-          "rubber_stamps_per_team", "shipped_defects_per_rollout")
+          "coordination_time_share", "critical_token_share", "latency_s",
+          "teams_with_review_message", "review_message_tokens_per_org_hour",
+          "opening_plan_pipeline",
+          "teams_with_review", "reviews_per_team", "defects_found_per_team",
+          "reviewed_ship_share", "shipped_per_rollout", "shipped_defects_per_rollout",
+          "review_messages_per_team", "review_message_precision", "review_message_recall",
+          "rubber_stamp_share", "rubber_stamps_per_team",
+          "failed_calls_per_rollout", "failed_call_share", "failed_calls_ceo",
+          "failed_calls_per_specialist")
 # What the published report gives for the same measure (SPEC §5; seeds/). Over training,
 # "a -> b"; a hub statistic, its value at the end of training.
 PUBLISHED = {
     "lead_title_share": "0.4% -> 12.5%",
     "reviewer_title_share": "13% -> 26%",
     "verifier_title_share": "8% -> 17%",
-    "teams_with_review": "42% -> 64%",
-    "review_tokens_per_org_hour": "0.4k -> 2.9k",
+    "teams_with_review_message": "42% -> 64%",
+    "review_message_tokens_per_org_hour": "0.4k -> 2.9k",
     "opening_plan_component": "71% -> 31%",
     "opening_plan_pipeline": "16% -> 54%",
     "teams_with_help_offer": "about 5% -> over 60%",
@@ -94,21 +107,30 @@ PUBLISHED = {
     "lead_most_contacted": "78%",
     "lead_coordination_call_share": "6.5%",
     "peer_coordination_call_share": "31%",
-    "review_precision": "not measured",
-    "review_recall": "not measured",
+    "teams_with_review": "not measured",
+    "review_message_precision": "not measured",
+    "review_message_recall": "not measured",
     "rubber_stamp_share": "not measured",
     "rubber_stamps_per_team": "not measured",
 }
 SHIFT_MEASURES = (
     "reward", "hires_per_rollout", "messages_per_agent", "lead_title_share",
-    "reviewer_title_share", "verifier_title_share", "teams_with_review", "reviews_per_team",
-    "review_tokens_per_org_hour", "opening_plan_component", "opening_plan_pipeline",
+    "reviewer_title_share", "verifier_title_share",
+    # reviews the environment ran, and what it shipped (its end record)
+    "teams_with_review", "reviews_per_team", "self_review_share", "defects_found_per_team",
+    "reviewed_ship_share", "shipped_per_rollout", "shipped_defects_per_rollout",
+    "shipped_defect_share",
+    # messages that read as reviews, and their verdicts against the environment's truth
+    "teams_with_review_message", "review_messages_per_team",
+    "review_message_tokens_per_org_hour", "verdicts_per_team", "review_message_precision",
+    "review_message_recall", "rubber_stamp_share", "rubber_stamps_per_team",
+    "opening_plan_component", "opening_plan_pipeline",
     "teams_with_help_offer", "teams_with_help_plan", "coordination_time_share",
     "critical_token_share", "trace_reads_lead_vs_peer", "messages_lead_vs_peer",
     "ceo_reads_lead_vs_peer", "lead_most_contacted", "lead_coordination_call_share",
-    "peer_coordination_call_share", "verdicts_per_team", "review_precision", "review_recall",
-    "rubber_stamp_share", "rubber_stamps_per_team", "shipped_defects_per_rollout",
-    "shipped_defect_share")
+    "peer_coordination_call_share",
+    "failed_calls_per_rollout", "failed_call_share", "failed_calls_ceo",
+    "failed_calls_per_specialist")
 
 
 def final_answer(events: Sequence[dict]) -> str:
@@ -194,7 +216,8 @@ def _shifts(at: dict[tuple[int, str], list], first: int, last: int, rl_steps: di
         a, b = paired_rollouts(at.get((first, arm), []), at.get((last, arm), []))
         if not a:
             continue
-        rows = [{"measure": name, "published": PUBLISHED.get(name) if arm == ORG else None,
+        rows = [{"measure": name, "basis": measure(name).basis,
+                 "published": PUBLISHED.get(name) if arm == ORG else None,
                  **(shift(measure(name), a, b) or {"n": len(a), "first": None, "last": None})}
                 for name in SHIFT_MEASURES]
         out["arms"][arm] = {"pairs": len(a), "rows": rows}
@@ -220,6 +243,10 @@ def analyse(run_dir: str, judge: Judge | None = None, *, audit: Judge | None = N
     groups: dict[tuple[str, int, str], list[int]] = collections.defaultdict(list)
     for i, r in enumerate(rollouts):
         groups[(r.phase, r.step, r.arm)].append(i)
+    rl_of = {(r.phase, r.step): r.rl_step for r in rollouts}
+    records = env_records({k: [rollouts[i].events for i in idx] for k, idx in groups.items()},
+                          rl_of)
+    failures = failed_calls({k: [ms[i] for i in idx] for k, idx in groups.items()}, rl_of)
     checkpoints = []
     for (phase, step, arm), idx in sorted(groups.items()):
         checkpoints.append({"phase": phase, "step": step, "rl_step": rollouts[idx[0]].rl_step,
@@ -276,8 +303,12 @@ def analyse(run_dir: str, judge: Judge | None = None, *, audit: Judge | None = N
         with open(summary_path) as f:
             summary = json.load(f)
     code, recorded = run_code(run_dir, summary)
+    judge_name = "the rule judge" if judge is None or isinstance(judge, RuleJudge) \
+        else f"a model judge ({type(judge).__name__})"
     report = {"run": os.path.abspath(run_dir), "rollouts": len(rollouts),
               "commit": commit or recorded, "code": f"commit {commit}" if commit else code,
+              "judge": judge_name, "env_records": records, "failed_calls": failures,
+              "timing": timing(read_metrics(run_dir)),
               "summary": summary, "checkpoints": checkpoints, "comparisons": comparisons,
               "baselines": baselines, "best_of_k": bok, "curves": curves,
               "shifts": (_shifts(at, eval_steps[0], eval_steps[-1], rl_steps)
@@ -304,7 +335,8 @@ def write_report(run_dir: str, *, judge: Judge | None = None, audit: Judge | Non
                  embed_images: bool = True) -> str:
     """Analyses `run_dir` (and, for the runs table, `others`) and writes RUN_DIR/report/:
     report.json, the PNGs, index.html (holding the PNGs unless `embed_images` is False),
-    learning.md and the episode pages. Returns the report directory."""
+    learning.md, shifts.md (the shifts tables in Markdown) and the episode pages. Returns the
+    report directory."""
     report, rollouts = analyse(run_dir, judge, audit=audit, commit=commit)
     out = os.path.join(run_dir, "report")
     os.makedirs(os.path.join(out, "episodes"), exist_ok=True)
@@ -336,6 +368,8 @@ def write_report(run_dir: str, *, judge: Judge | None = None, audit: Judge | Non
         json.dump(report, f, indent=1, sort_keys=True)
     with open(os.path.join(out, "learning.md"), "w", encoding="utf-8") as f:
         f.write(report["learning"] + "\n")
+    with open(os.path.join(out, "shifts.md"), "w", encoding="utf-8") as f:
+        f.write(shifts_markdown(report))
     with open(os.path.join(out, "index.html"), "w", encoding="utf-8") as f:
         f.write(index_html(report, images, links, runs, embed_images=embed_images))
     return out

@@ -18,6 +18,9 @@ ground truth and count in none of these numbers.
 - A verdict *flags* a build when it rejects it. Flagged and defective: a true flag.
 - *Rubber stamp*: a verdict that approves a defective build.
 - *Shipped defects*: shipped builds that were defective.
+- *Reviewed ships*: shipped builds that a successful `review` call by someone other than the
+  build's builder checked before the ship (the calls' arguments name item and code; a log
+  without them, text logging off, has no count).
 
 Build times come from the log's successful `build` tool calls (their `args.id` and the code in
 their `result`); with text logging off, a build's time is unknown and an item-only verdict
@@ -58,10 +61,12 @@ class ReviewTally:
     approvals: int  # verdicts that approve
     shipped: int
     shipped_defects: int
+    shipped_reviewed: int  # shipped builds a teammate's review call checked first
+    calls_logged: bool  # the log holds the calls' arguments (shipped_reviewed is known)
 
     @staticmethod
     def none() -> ReviewTally:
-        return ReviewTally(False, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        return ReviewTally(False, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, False)
 
 
 def ground_truth(events: Sequence[Mapping]) -> tuple[list[Build], list[dict]] | None:
@@ -101,6 +106,30 @@ def named_builds(text: str, seq: int, builds: Sequence[Build]) -> list[Build]:
     return out
 
 
+def _call_key(e: Mapping) -> tuple[str, str]:
+    args = e.get("args") or {}
+    return str(args.get("id", "")).strip(), str(args.get("result", "")).strip()
+
+
+def reviewed_ships(events: Sequence[Mapping], builds: Sequence[Build]) -> int | None:
+    """Successful `ship` calls whose build a successful `review` call by another agent than
+    its builder checked earlier in the log; None when the calls' arguments were not logged."""
+    calls = [e for e in events if e["kind"] == _TC and e["tool"] in ("review", "ship")
+             and not e["error"]]
+    if any("args" not in e for e in calls):
+        return None
+    builder = {(b.item, b.code): b.builder for b in builds}
+    reviewed: set[tuple[str, str]] = set()
+    n = 0
+    for e in calls:
+        key = _call_key(e)
+        if e["tool"] == "review" and builder.get(key) not in (None, e["agent"]):
+            reviewed.add(key)
+        elif e["tool"] == "ship":
+            n += key in reviewed
+    return n
+
+
 def tally(events: Sequence[Mapping], review_labels: Mapping[int, str]) -> ReviewTally:
     """The rollout's verdicts against the truth; `review_labels`: send seq -> REVIEW label."""
     truth = ground_truth(events)
@@ -124,5 +153,7 @@ def tally(events: Sequence[Mapping], review_labels: Mapping[int, str]) -> Review
             else:
                 approvals += 1
                 stamps += b.defective
+    checked = reviewed_ships(events, builds)
     return ReviewTally(True, verdicts, unmatched, flags, true_flags, on_defective, stamps,
-                       approvals, len(shipped), sum(bool(s["defective"]) for s in shipped))
+                       approvals, len(shipped), sum(bool(s["defective"]) for s in shipped),
+                       checked or 0, checked is not None)

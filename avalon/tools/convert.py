@@ -24,7 +24,10 @@ A trained run (`RUN`, its newest checkpoint, or `RUN/checkpoints/N`) exports its
 (`avalon.train.run_dir`) to either format; the tokenizer files and extra HF config keys come
 from the run's `tokenizer_path` or `init_from` HF directory when it has one; a run trained with
 the word tokenizer (the toy) gets its word list (RUN/tokenizer_record.json) written as
-tokenizer.json, so `transformers` alone encodes and decodes for it.
+tokenizer.json, so `transformers` alone encodes and decodes for it. A run's export carries a
+model card of the run (README.md, `avalon/checkpoint/model_card.py`: the step, the updates
+behind it, its evaluations, code and command), never the README of the checkpoint it started
+from.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from absl import app, flags
 
 from avalon import command
 from avalon.checkpoint import avalon_format, hf, hf_config
+from avalon.checkpoint.model_card import run_card
 from avalon.sharding import make_mesh
 from avalon.tokenizer.hf_files import write_tokenizer_files
 from avalon.tokenizer.record import RECORD_FILE, from_record
@@ -49,6 +53,7 @@ from avalon.tokenizer.word_export import as_tokenizers
 from avalon.train import run_dir
 
 HF_CONFIG_COPY = "hf_config.json"
+CARD = "README.md"  # a run's export: the model card of the run itself (`model_card.py`)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
                     ".partial")
 _NOT_COPIED = {"config.json", HF_CONFIG_COPY, "model.safetensors.index.json",
@@ -96,10 +101,10 @@ def parse_mesh(spec: str) -> dict[str, int]:
     return out
 
 
-def _copy_aux_files(src: Path, dst: Path) -> list[str]:
+def _copy_aux_files(src: Path, dst: Path, skip: frozenset[str] = frozenset()) -> list[str]:
     copied = []
     for f in sorted(src.iterdir()):
-        if f.is_file() and f.name not in _NOT_COPIED and not f.name.startswith(".") \
+        if f.is_file() and f.name not in _NOT_COPIED | skip and not f.name.startswith(".") \
                 and not f.name.endswith(_WEIGHT_SUFFIXES):
             shutil.copy2(f, dst / f.name)
             copied.append(f.name)
@@ -152,7 +157,7 @@ def convert(src: str | Path, dst: str | Path, to: Target, *, mesh_spec: str = ""
         _convert_gguf(src, dst, to, mesh, overrides, max_shard_bytes, progress)
         return
     if run_dir.is_run(src):  # a trained run: RUN or RUN/checkpoints/N
-        cfg, params, _ = run_dir.load_run_params(src, mesh)
+        cfg, params, step = run_dir.load_run_params(src, mesh)
         if param_dtype is not None:
             cfg = cfg.replace(param_dtype=param_dtype, dtype=param_dtype)
             params = jax.tree.map(lambda a: a.astype(param_dtype), params)
@@ -170,13 +175,15 @@ def convert(src: str | Path, dst: str | Path, to: Target, *, mesh_spec: str = ""
             bar = ProgressBar("writing HF") if progress else None
             hf.save(dst, cfg, params, max_shard_bytes=max_shard_bytes, extra_config=extra,
                     progress=bar)
-        if aux is not None:
-            _copy_aux_files(aux, dst)
+        if aux is not None:  # its tokenizer files; its card describes the base, not the run
+            _copy_aux_files(aux, dst, skip=frozenset({CARD}))
         elif gguf_src is not None:
             from avalon.tokenizer.gguf import write_gguf_tokenizer_files
             write_gguf_tokenizer_files(gguf_src, dst, model_max_length=cfg.max_context)
         else:
             _write_word_tokenizer(run, dst)
+        (dst / CARD).write_text(run_card(run, step=step, exported_as=to.value,
+                                         param_dtype=param_dtype), encoding="utf-8")
         return
     if to == Target.AVALON:
         if avalon_format.is_avalon_checkpoint(src):

@@ -2,9 +2,11 @@
 
     python -m avalon.tools.view EVENTS.jsonl --out=episode.html
 
+The header tells the outcome: reward, end reason, failed calls, the environment's end record.
 Agents are lanes on the derived clock, messages arrows from send to delivery, model and tool
-calls bars, hires, fires, compactions and rewards marks; click anything for its text
-(`avalon/analysis/episode.py`).
+calls bars (failed calls in the error colour, never too thin to see), hires, fires, compactions
+and rewards marks; click anything for its text; "fit events" (`#fit=events`) draws idle
+stretches as breaks (`avalon/analysis/episode.py`).
 """
 
 from __future__ import annotations

@@ -321,8 +321,11 @@ class Run:
         log_dir = step_dir(self.workdir, "rl", self.host.step) if logged else None
         # More agents than engine slots: rollouts are admitted as slots free up (the driver's
         # `max_agents`), so a pod host plays its share in waves of what its HBM holds.
+        note = f"RL {self.host.rl_step + 1}/{cfg.rollout.steps}: rollouts"
         driver = RolloutDriver(policy, setup.chat, cfg.org, log_dir=log_dir,
-                               max_agents=cfg.engine.slots, continuous=cfg.engine.continuous)
+                               max_agents=cfg.engine.slots, continuous=cfg.engine.continuous,
+                               progress=lambda done, n: self.telemetry.progress.status(
+                                   f"{note} {done}/{n}{first}"))
         stats0 = self.engine.stats.snapshot()
         # Groups without signal are replaced as they end (one process: the refills' task
         # draws would differ between hosts otherwise; `train.config` refuses it there).

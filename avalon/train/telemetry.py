@@ -5,12 +5,16 @@ after the cross-host reductions, so one writer is the record). Each `log(step, m
 one JSON object per line (`{"step": ..., "name": value, ...}`; non-finite numbers are written as
 null, strings and lists kept) and the scalar entries to TensorBoard under the same names.
 Appending is resume-safe: on restart, lines for steps after the resumed checkpoint's step are
-dropped first (the resumed run logs them again), so a killed run leaves no duplicates.
+dropped first (the resumed run logs them again), so a killed run leaves no duplicates. A line
+that reports a timed unit of work (an SFT step, an evaluation, an RLCR step) also carries
+`progress/work_s`, `progress/compile_s`, `progress/first` and `progress/resumed` (`ProgressBar`),
+which a resumed run reads back for its ETA.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import math
 import os
@@ -55,16 +59,24 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 class Telemetry:
     def __init__(self, workdir: str, *, resume_step: int = 0, enabled: bool = True,
-                 total_steps: int = 0, stream=sys.stderr):
+                 total_steps: int = 0, stream=sys.stderr, clock=time.perf_counter,
+                 compile_clock=None, compile_cache: bool | None = None):
+        """`compile_cache`: whether JAX's persistent compilation cache is on (None: as JAX's
+        config says), so that a resumed process loads its programs instead of compiling."""
         self.enabled = enabled
         self.path = paths.join(workdir, "metrics.jsonl")
+        kept = [r for r in read_metrics(self.path) if r.get("step", -1) <= resume_step] \
+            if enabled else []
+        # Units timed before a resume count in the ETA (evaluations, compiles to come).
         self.progress = ProgressBar(total_steps, stream=stream, enabled=enabled,
-                                    compile_clock=CompileClock.process())
+                                    clock=clock, start=resume_step, past=history(kept),
+                                    compile_clock=compile_clock or CompileClock.process(),
+                                    compile_cache=(_cache_on() if compile_cache is None
+                                                   else compile_cache))
         self._tb = None
         if not enabled:
             return
         paths.path(workdir).mkdir(parents=True, exist_ok=True)
-        kept = [r for r in read_metrics(self.path) if r.get("step", -1) <= resume_step]
         paths.replace_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n"
                                               for r in kept))
         self._tb_dir = paths.join(workdir, "tensorboard")
@@ -80,6 +92,11 @@ class Telemetry:
         if not self.enabled:
             return
         record = {"step": int(step), **_jsonable(metrics)}
+        if self.progress.last_unit is not None:  # the unit this line reports (a resume's ETA)
+            _, unit = self.progress.last_unit
+            self.progress.last_unit = None
+            record |= {"progress/work_s": unit.work_s, "progress/compile_s": unit.compile_s,
+                       "progress/first": unit.first, "progress/resumed": unit.resumed}
         paths.append_text(self.path, json.dumps(record, sort_keys=True) + "\n")
         values = [summary_pb2.Summary.Value(tag=k, simple_value=float(v))
                   for k, v in record.items()
@@ -105,6 +122,11 @@ class Telemetry:
             if self._tb_local is not None:
                 shutil.rmtree(self._tb_local, ignore_errors=True)
         self.progress.close()
+
+
+def _cache_on() -> bool:
+    import jax
+    return bool(jax.config.jax_compilation_cache_dir)
 
 
 class CompileClock:
@@ -155,28 +177,93 @@ class CompileClock:
         return self._total
 
 
+PHASE_TIME = {"sft": "time/step_s", "eval": "time/eval_s", "rl": "time/step_s"}  # old lines
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """One timed unit of work (an SFT step, an evaluation, an RLCR step): its seconds after
+    compilation, the seconds it compiled, and whether it was its phase's first unit in its
+    process (the one that compiles the phase's programs, or loads them from the persistent
+    cache after a resume), and whether its process resumed a run."""
+
+    work_s: float
+    compile_s: float
+    first: bool
+    resumed: bool = False
+
+
+def history(records: list[dict]) -> dict[str, list[Unit]]:
+    """The units timed before a resume, per phase, from metrics.jsonl's records: a line's
+    `progress/work_s`, `progress/compile_s`, `progress/first` and `progress/resumed` (what
+    `Telemetry.log` adds),
+    or for lines written without them its phase's time field (`PHASE_TIME`) less
+    `time/compile_s` where the line has it; without either split, a phase's first such line
+    is taken as its first unit, its compile the excess over the phase's later lines' mean."""
+    out: dict[str, list[Unit]] = {}
+    bare: dict[str, list[float]] = {}
+    for r in records:
+        phase = r.get("phase")
+        if phase not in PHASE_TIME:
+            continue
+        if isinstance(r.get("progress/work_s"), (int, float)):
+            out.setdefault(phase, []).append(Unit(float(r["progress/work_s"]),
+                                                  float(r.get("progress/compile_s") or 0.0),
+                                                  bool(r.get("progress/first")),
+                                                  bool(r.get("progress/resumed"))))
+        elif isinstance(r.get(PHASE_TIME[phase]), (int, float)):
+            wall, compiled = float(r[PHASE_TIME[phase]]), r.get("time/compile_s")
+            if isinstance(compiled, (int, float)):
+                first = phase not in out
+                out.setdefault(phase, []).append(Unit(wall - compiled, float(compiled), first))
+            else:
+                bare.setdefault(phase, []).append(wall)
+    for phase, walls in bare.items():
+        later = walls[1:]
+        work = sum(later) / len(later) if later else walls[0]
+        units = [Unit(min(walls[0], work), max(walls[0] - work, 0.0), True)]
+        out[phase] = units + [Unit(w, 0.0, False) for w in later] + out.get(phase, [])
+    return out
+
+
 class ProgressBar:
     """`[#####.....] 12/40  RL 2/30 reward 0.41  ETA 3m12s  compiled 4m10s` on one line.
 
-    Compilation is a phase of its own: a unit of work (an SFT step, an evaluation, an RLCR step)
-    is timed between `begin(phase)` and `record(phase)`, and the seconds JAX spent compiling in
-    between (`compile_clock`) go to the compile phase's elapsed time, not to the unit's. The
-    ETA is then each phase's remaining units (`plan`) times its mean post-compile seconds per
-    unit (over the last `window` units: steps that lengthen as the organisation grows move it).
-    Compiles still to come are not forecast; the time spent so far is shown beside the ETA. A
-    phase with work left and nothing measured yet shows as `+ PHASE ?`, so SFT step times are
-    never extrapolated over RLCR steps. `status(text)` redraws the line with a note of what is
-    happening now (compiling, evaluating)."""
+    A unit of work (an SFT step, an evaluation, an RLCR step) is timed between `begin(phase)`
+    and `record(phase)`; the seconds JAX spent compiling in between (`compile_clock`) are kept
+    apart from the unit's work. The ETA of a phase with `n` units left (`plan`) is
+        n x (work + recurring compile) + the first unit's compile, if still to come here
+    with work the mean post-compile seconds of its last `window` units, recurring compile the
+    mean compile of its last `window` units that were not a process's first (a new batch
+    shape compiles mid-run), and the first unit's compile what the phase's latest first unit
+    compiled: a phase this process has not run yet compiles its programs again. A resumed
+    process with the persistent compilation cache on (`compile_cache`) loads them instead:
+    its first unit's compile is what the latest first unit of a resumed process compiled,
+    or, before any, the recurring compile (a toy smoke run's evaluation compiled 131 s in its
+    first process, 2.6 s in a resumed one). Units timed before a resume count (`history`, from
+    metrics.jsonl), so a resumed run knows its evaluations and compiles from the start. The
+    unit in progress counts what is left of it: its estimate less its elapsed work and
+    compile (each at most its estimate). A phase with work left and nothing ever timed shows
+    as `+ PHASE ?`: the number before it is then a lower bound, and SFT step times are never
+    extrapolated over RLCR steps. `status(text)` redraws the line (compiling, evaluating,
+    rollouts done). The bar starts at `start` (the step a resumed run restarts from), and
+    `close` ends the line with what this invocation did."""
 
     def __init__(self, total: int, *, stream=sys.stderr, enabled: bool = True, width: int = 28,
-                 clock=time.perf_counter, compile_clock=None, window: int = 10):
+                 clock=time.perf_counter, compile_clock=None, window: int = 10,
+                 start: int = 0, past: dict[str, list[Unit]] | None = None,
+                 compile_cache: bool = False):
         self.total, self.stream, self.enabled, self.width = total, stream, enabled, width
         self.clock, self.window = clock, window
         self.compile_clock = compile_clock if compile_clock is not None else (lambda: 0.0)
         self.remaining: dict[str, int] = {}
-        self.seconds: dict[str, list[float]] = {}
+        self.seconds: dict[str, list[float]] = {}  # this process's units' work seconds
+        self.units: dict[str, list[Unit]] = {k: list(v) for k, v in (past or {}).items()}
         self.compile_s = 0.0
-        self.step, self.note = 0, ""
+        self.start, self.step, self.note = start, start, ""
+        self.cached_resume = compile_cache and start > 0  # programs load from the cache
+        self.last_unit: tuple[str, Unit] | None = None  # for the next metrics line
+        self._t0 = clock()
         self._begun: dict[str, tuple[float, float]] = {}
         self._width = 0
 
@@ -192,29 +279,57 @@ class ProgressBar:
         """One unit of `phase` finished: since its `begin`, or in `seconds` (of which nothing
         compiled) when it was not begun. Returns (post-compile seconds, compile seconds)."""
         if phase in self._begun:
-            t0, c0 = self._begun.pop(phase)
-            wall, compiled = self.clock() - t0, self.compile_clock() - c0
-            compiled = min(max(compiled, 0.0), wall)
+            wall, compiled = self._elapsed(phase)
+            del self._begun[phase]
         else:
             wall, compiled = float(seconds or 0.0), 0.0
         self.compile_s += compiled
-        self.seconds.setdefault(phase, []).append(wall - compiled)
+        unit = Unit(wall - compiled, compiled, phase not in self.seconds, self.start > 0)
+        self.seconds.setdefault(phase, []).append(unit.work_s)
+        self.units.setdefault(phase, []).append(unit)
+        self.last_unit = (phase, unit)
         if self.remaining.get(phase, 0) > 0:
             self.remaining[phase] -= 1
-        return wall - compiled, compiled
+        return unit.work_s, unit.compile_s
+
+    def _elapsed(self, phase: str) -> tuple[float, float]:
+        """(wall, compile) seconds of the unit of `phase` in progress."""
+        t0, c0 = self._begun[phase]
+        wall, compiled = self.clock() - t0, self.compile_clock() - c0
+        return wall, min(max(compiled, 0.0), wall)
+
+    def phase_estimate(self, phase: str) -> float | None:
+        """Seconds left in `phase` (see the class docstring); None: nothing timed yet."""
+        left = self.remaining.get(phase, 0)
+        units = self.units.get(phase, [])
+        if left <= 0:
+            return 0.0
+        if not units:
+            return None
+        recent = units[-self.window:]
+        work = sum(u.work_s for u in recent) / len(recent)
+        later = [u.compile_s for u in units if not u.first][-self.window:]
+        recurring = sum(later) / len(later) if later else 0.0
+        firsts = [u.compile_s for u in units if u.first and (u.resumed or not self.cached_resume)]
+        first = 0.0
+        if phase not in self.seconds:
+            first = firsts[-1] if firsts else recurring if self.cached_resume else 0.0
+        # the first unit here compiles `first`; the others what later units compiled
+        total = left * work + (left - bool(first)) * recurring + first
+        if phase in self._begun:  # the unit in progress: what is left of it
+            wall, compiled = self._elapsed(phase)
+            total -= min(wall - compiled, work) + min(compiled, first or recurring)
+        return max(total, 0.0)
 
     def eta_seconds(self) -> tuple[float, list[str]]:
-        """(seconds of measured phases' remaining work, phases with work left but no unit
-        measured yet)."""
+        """(seconds left in the timed phases, phases with work left and nothing timed)."""
         known, unknown = 0.0, []
-        for phase, left in self.remaining.items():
-            if left <= 0:
-                continue
-            times = self.seconds.get(phase, [])[-self.window:]
-            if not times:
+        for phase in self.remaining:
+            est = self.phase_estimate(phase)
+            if est is None:
                 unknown.append(phase)
-                continue
-            known += left * sum(times) / len(times)
+            else:
+                known += est
         return known, unknown
 
     def eta(self) -> str:
@@ -241,9 +356,26 @@ class ProgressBar:
         self._width = len(line)
         self.stream.flush()
 
+    def done_text(self) -> str:
+        """What this invocation did: `this run: steps 4 -> 7 (3 RLCR steps, 1 evaluation) in
+        2m10s, 1m30s of it compiling`."""
+        names = {"sft": ("SFT step", "SFT steps"), "eval": ("evaluation", "evaluations"),
+                 "rl": ("RLCR step", "RLCR steps")}
+        done = [f"{len(v)} {names.get(p, (p, p))[len(v) != 1]}" for p, v in self.seconds.items()
+                if v]
+        what = ", ".join(done) or "nothing"
+        steps = (f"steps {self.start} -> {self.step}" if self.step != self.start
+                 else f"at step {self.step}")
+        return (f"this run: {steps} ({what}) in {fmt_seconds(self.clock() - self._t0)}, "
+                f"{fmt_seconds(self.compile_s)} of it compiling")
+
     def close(self) -> None:
+        """Ends the line with what this invocation did (`done_text`)."""
         if self.enabled and self.total > 0:
-            self.stream.write("\n")
+            frac = min(1.0, self.step / self.total)
+            bar = "#" * int(frac * self.width) + "." * (self.width - int(frac * self.width))
+            line = f"[{bar}] {self.step}/{self.total}  {self.done_text()}"
+            self.stream.write("\r" + line.ljust(self._width) + "\n")
             self.stream.flush()
             self.total = 0  # closed: nothing more is drawn on this line
 

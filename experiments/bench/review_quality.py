@@ -3,9 +3,10 @@
     python -m experiments.bench.review_quality RUN_DIR [--markdown]
 
 For each held-out evaluation and arm (org, single), the measures of review volume
-(`VOLUME`: teams with a review, review messages and matched verdicts per team) and of review
-quality against the environment's ground truth (`QUALITY`: precision and recall of the
-verdicts, the share of approvals that were rubber stamps, rubber stamps per team, review
+(`VOLUME`: teams with a review and reviews per team as the environment recorded them, teams
+with a review message, review messages and matched verdicts per team) and of review quality
+against the environment's ground truth (`QUALITY`: precision and recall of the verdicts in
+review messages, the share of approvals that were rubber stamps, rubber stamps per team, review
 messages that named no build, shipped defects), each with its 95% interval and standard error
 (`metrics.estimate`), and its paired change from the first evaluation (`metrics.shift`: the
 rollouts with the same environment, task and seed index, the SE of the difference with the
@@ -25,8 +26,10 @@ from avalon.analysis.metrics import estimate, measure, shift
 from avalon.analysis.report import paired_rollouts
 from experiments.bench.toy_gain import ARMS, evaluations
 
-VOLUME = ("teams_with_review", "reviews_per_team", "verdicts_per_team")
-QUALITY = ("review_precision", "review_recall", "rubber_stamp_share", "rubber_stamps_per_team",
+VOLUME = ("teams_with_review", "reviews_per_team", "teams_with_review_message",
+          "review_messages_per_team", "verdicts_per_team")
+QUALITY = ("review_message_precision", "review_message_recall", "rubber_stamp_share",
+           "rubber_stamps_per_team",
            "unmatched_review_share", "shipped_defects_per_rollout", "shipped_defect_share")
 MEASURES = VOLUME + QUALITY
 

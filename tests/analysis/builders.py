@@ -155,8 +155,12 @@ def verification_team() -> LoggedRollout:
                 rewards=[{"value": -2.0, "label": "defect"}])
     builds = [_truth("p1", "47", "a1", True), _truth("p2", "33", "a1", False),
               _truth("p1", "58", "a1", False), _truth("p2", "61", "a1", True)]
+    # As collective verification records it: a2's two reviews of a1's builds (one found
+    # p1 47's defect), four builds, two ships (one defective).
     g.add("end", "ceo", last, reason="env_terminal", rewards=[],
-          env_metrics={"reviews": 2.0, "shipped_defects": 1.0},
+          env_metrics={"items": 2.0, "shipped": 2.0, "shipped_defects": 1.0, "success": 0.5,
+                       "reviews": 2.0, "self_reviews": 0.0, "defects_found": 1.0,
+                       "builds": 4.0},
           env_record={"builds": builds, "shipped": [builds[2], builds[3]]})
     return g.rollout(env="verification")
 
@@ -178,6 +182,9 @@ def verification_single() -> LoggedRollout:
                 rewards=[{"value": -2.0, "label": "defect"}])
     truth = _truth("p1", "20", "ceo", True)
     g.add("end", "ceo", last, reason="env_terminal", rewards=[],
+          env_metrics={"items": 1.0, "shipped": 1.0, "shipped_defects": 1.0, "success": 0.0,
+                       "reviews": 0.0, "self_reviews": 0.0, "defects_found": 0.0,
+                       "builds": 1.0},
           env_record={"builds": [truth], "shipped": [truth]})
     return g.rollout(arm="single", env="verification")
 
@@ -196,3 +203,32 @@ def parallel_team() -> LoggedRollout:
     last = g.send("a1", g.tc("a1", m, "dm"), "m2", "dm", ["ceo"], "s3 8")
     g.add("end", "ceo", last, reason="deadlock", rewards=[], env_metrics={"handoffs": 1.0})
     return g.rollout(env="parallel")
+
+
+def verification_failing_team() -> LoggedRollout:
+    """Collective verification as the smoke run played it: Builder a1 builds p1 (code 47)
+    and passes on a code it never built ("p1 5"); Verifier a2's review of it fails, yet a2
+    tells the CEO "p1 defect ok"; the CEO's ship fails too and the team deadlocks. The
+    environment records no review and no ship."""
+    g = Log()
+    g.add("start", "ceo", None, task_id="v1", budget=3, seed=5, clock_s=480.0)
+    mc = g.mc("ceo", 0, 200, 20, "Plan: a builder and a verifier.")
+    h1 = g.hire("ceo", g.tc("ceo", mc, "hire"), "a1", "Builder", "Build p1.")
+    h2 = g.hire("ceo", g.tc("ceo", mc, "hire"), "a2", "Verifier", "Review what you get.")
+    m = g.mc("a1", h1, 50, 10)
+    g.tc("a1", m, "build", 40.0, args={"id": "p1"}, result="p1 built 47")
+    g.send("a1", g.tc("a1", m, "dm"), "m1", "dm", ["a2"], "p1 5")
+    m = g.mc("a2", h2, 50, 10)
+    g.tc("a2", m, "review", 0.0, error=True, args={"id": "p1", "result": "5"},
+         result="p1 has no result '5'")
+    a2 = g.send("a2", g.tc("a2", m, "dm"), "m2", "dm", ["ceo"], "p1 defect ok")
+    m = g.mc("ceo", a2, 30, 10)
+    last = g.tc("ceo", m, "ship", 0.0, error=True, args={"id": "p1", "result": "5"},
+                result="p1 is closed after 2 wrong codes")
+    build = _truth("p1", "47", "a1", False)
+    g.add("end", "ceo", last, reason="deadlock", rewards=[],
+          env_metrics={"items": 1.0, "shipped": 0.0, "shipped_defects": 0.0, "success": 0.0,
+                       "reviews": 0.0, "self_reviews": 0.0, "defects_found": 0.0,
+                       "builds": 1.0},
+          env_record={"builds": [build], "shipped": []})
+    return g.rollout(env="verification")

@@ -143,6 +143,17 @@ def test_verification_rollouts_against_ground_truth():
                         0.4 + 200 / 15000 + a1 / 3 + a1 / 2 + b1 / 2 + b1 * 3 / 4 + b1 / 2)
     assert (d.tool_calls, d.coordination_calls) == (17, 9)
     assert (e.malformed_turns, e.tool_error_turns, e.compactions) == (1, 1, 1)
+    # Calls per role and tool: the CEO's wrong-code ship failed, with its error text.
+    assert e.calls == {"ceo": {"build": [1, 0], "ship": [2, 1]}}
+    assert e.call_errors == {"ship": {"p# has no result '#'": 1}}
+    assert d.calls == {"ceo": {"hire": [2, 0], "ship": [2, 0]},
+                       "specialist": {"build": [4, 0], "dm": [6, 0], "review": [2, 0],
+                                      "post": [1, 0]}}
+    assert (d.failed_calls(), e.failed_calls("ceo"), e.failed_calls("specialist")) == (0, 1, 0)
+    # The environment's record (D: a2 reviewed a1's p1 47 and p1 58 before the CEO shipped
+    # p1 58 and p2 61): one of the two ships was reviewed first.
+    assert (t.shipped_reviewed, t.calls_logged) == (1, True)
+    assert d.env_metrics["reviews"] == 2.0 and d.env_metrics["defects_found"] == 1.0
     assert e.review_tally.ground_truth and e.review_tally.shipped_defects == 1
     assert math.isclose(e.latency_s, 0.4 + 200 / 15000 + 40 + 2 * b1 + 5)
     assert (e.tokens, e.tokens_out, e.tool_calls) == (280, 40, 3)
@@ -169,11 +180,22 @@ BY_HAND = {
     "messages_per_agent": (4 + 7) / AGENTS,
     "trace_reads_per_agent": 3 / AGENTS,
     "malformed_turns": 1 / 5, "tool_error_turns": 1 / 5, "compactions": 1 / 5,
+    # One failed call, E's ship with a wrong code, of 13 + 2 + 5 + 17 + 3 calls; no
+    # specialist's call failed.
+    "failed_calls_per_rollout": 1 / 5, "failed_call_share": 1 / 40,
+    "failed_calls_ceo": 1 / 5, "failed_calls_per_specialist": 0.0,
     # Hires: Lead Engineer, QA Reviewer, Data Analyst, Engineer, Tester, Builder, Verifier.
     "lead_title_share": 1 / 7, "reviewer_title_share": 1 / 7,
     "verifier_title_share": 3 / 7, "builder_title_share": 4 / 7,
-    "teams_with_review": 2 / 3, "reviews_per_team": (1 + 0 + 5) / 3,
-    "review_tokens_per_org_hour": (100 + 0 + 30) / TEAM_HOURS,
+    # Reviews the environment recorded: only D is a team whose environment records them (2
+    # reviews by a2, none of its own work, one defect found); D ships 2 and E 1, and of the 3
+    # ships only D's p1 58 was reviewed first (by a2, not its builder).
+    "teams_with_review": 1.0, "reviews_per_team": 2.0, "self_review_share": 0.0,
+    "defects_found_per_team": 1.0, "shipped_per_rollout": (2 + 1) / 2,
+    "reviewed_ship_share": 1 / 3,
+    # Review messages (the labels): A one, C none, D five.
+    "teams_with_review_message": 2 / 3, "review_messages_per_team": (1 + 0 + 5) / 3,
+    "review_message_tokens_per_org_hour": (100 + 0 + 30) / TEAM_HOURS,
     # Teams of two or more: A (a3 offers help and plans it), C, D.
     "teams_with_help_offer": 1 / 3, "teams_with_help_plan": 1 / 3,
     "opening_plan_component": 1 / 3, "opening_plan_pipeline": 2 / 3, "opening_plan_other": 0.0,
@@ -185,7 +207,8 @@ BY_HAND = {
     "lead_coordination_call_share": 1 / 2, "peer_coordination_call_share": 5 / 5,
     "result_messages": None, "result_handoffs": None,  # no parallel rollout here
     # Only D and E have ground truth; D is the only team with it.
-    "review_precision": 1 / 2, "review_recall": 1 / 2, "rubber_stamp_share": 1 / 2,
+    "review_message_precision": 1 / 2, "review_message_recall": 1 / 2,
+    "rubber_stamp_share": 1 / 2,
     "rubber_stamps_per_team": 1.0, "verdicts_per_team": 4.0, "unmatched_review_share": 1 / 5,
     "shipped_defects_per_rollout": (1 + 1) / 2, "shipped_defect_share": 2 / 3,
 }
@@ -219,18 +242,22 @@ def test_single_agents_are_n_a_where_a_measure_needs_a_team():
     single = five()[1::3]  # B and E
     a = aggregate(single)
     for name in ("budget_use", "lead_title_share", "teams_with_review", "reviews_per_team",
-                 "teams_with_help_offer", "opening_plan_pipeline", "coordination_time_share",
-                 "coordination_call_share", "lead_most_contacted", "review_precision",
-                 "rubber_stamps_per_team"):
+                 "defects_found_per_team", "teams_with_review_message",
+                 "review_messages_per_team", "teams_with_help_offer", "opening_plan_pipeline",
+                 "coordination_time_share", "coordination_call_share", "lead_most_contacted",
+                 "review_message_precision", "rubber_stamps_per_team",
+                 "failed_calls_per_specialist"):
         assert a[name] is None, name
     assert a["reward"]["estimate"] == (1.5 - 2.0) / 2
     assert a["shipped_defects_per_rollout"]["estimate"] == 1.0  # E ships blind
+    assert a["shipped_per_rollout"]["estimate"] == 1.0 and a["reviewed_ship_share"] == {
+        **a["reviewed_ship_share"], "estimate": 0.0, "count": 0, "of": 1}
     assert a["coordination_time_share_by_hires"] == {}
 
 
 def test_intervals_and_standard_errors():
     ms = five()
-    e = estimate(measure("teams_with_review"), ms)
+    e = estimate(measure("teams_with_review_message"), ms)
     w = wilson(2, 3)
     assert (e["estimate"], e["low"], e["high"], e["count"], e["of"]) == (
         w.estimate, w.low, w.high, 2, 3)
@@ -242,7 +269,8 @@ def test_intervals_and_standard_errors():
     rewards = [2.0, 1.5, 1.0, -1.0, -2.0]
     assert math.isclose(r["se"], statistics.stdev(rewards) / math.sqrt(5))
     assert r["low"] < 0.3 < r["high"] and "count" not in r
-    assert estimate(measure("review_precision"), ms[:3]) is None  # no ground truth: n/a
+    assert estimate(measure("review_message_precision"), ms[:3]) is None  # no ground truth
+    assert estimate(measure("teams_with_review"), ms[:3]) is None  # no environment record
 
 
 def test_paired_shift_by_hand():
@@ -252,18 +280,31 @@ def test_paired_shift_by_hand():
     assert s["n"] == 3 and math.isclose(s["diff"], 0.5 / 3)
     assert math.isclose(s["se"], statistics.stdev([-0.5, -2.0, 3.0]) / math.sqrt(3))
     assert math.isclose(s["z"], s["diff"] / s["se"])
-    # teams_with_review, pairs (A, C), (B, D): first 1/1, last 1/2. z_i = (c_i - R2 d_i) /
-    # mean(d) - (a_i - R1 b_i) / mean(b): (0 - 0.5) / 1 - 0 = -0.5 and (1 - 0.5) / 1 - 0 = 0.5.
-    s = shift(measure("teams_with_review"), [a, b], [c, d])
+    # teams_with_review_message, pairs (A, C), (B, D): first 1/1, last 1/2. z_i = (c_i - R2
+    # d_i) / mean(d) - (a_i - R1 b_i) / mean(b): (0 - 0.5) / 1 - 0 = -0.5, (1 - 0.5) / 1 - 0.
+    s = shift(measure("teams_with_review_message"), [a, b], [c, d])
     assert (s["first"], s["last"], s["diff"]) == (1.0, 0.5, -0.5)
     assert math.isclose(s["se"], math.sqrt(0.5) / math.sqrt(2)) and math.isclose(s["z"], -1.0)
-    assert shift(measure("teams_with_review"), [b], [e]) is None  # no team either side
+    assert shift(measure("teams_with_review_message"), [b], [e]) is None  # no team
 
 
 def test_measures_are_documented_and_old_names_are_aliases():
     for m in MEASURES:
         assert len(m.doc) > 40 and (" over " in m.doc or "Over " in m.doc), m.name
+        assert m.basis in metrics.BASES, m.name
+    # Every review measure of messages says so in its name; those of the environment's
+    # record count actions.
+    for m in MEASURES:
+        if "review" in m.name and m.basis == metrics.MESSAGES:
+            assert "message" in m.name or m.name in ("verdicts_per_team",
+                                                       "unmatched_review_share"), m.name
+    for name in ("teams_with_review", "reviews_per_team", "defects_found_per_team",
+                 "shipped_per_rollout", "shipped_defects_per_rollout"):
+        assert measure(name).basis == metrics.ACTIONS, name
     assert measure("review_share") is measure("teams_with_review")
+    assert measure("review_precision") is measure("review_message_precision")
+    assert measure("review_tokens_per_org_hour") is measure(
+        "review_message_tokens_per_org_hour")
     assert measure("coordination_share") is measure("coordination_time_share")
     assert measure("help_offer_share") is measure("teams_with_help_offer")
     with pytest.raises(ValueError, match="no measure 'teams_reviewed'"):

@@ -2,8 +2,12 @@
 all (no errors, no warnings) and shows every agent, every message and one arrow per delivery of
 a real driver run's log, a time axis on the derived clock with labelled ticks, a legend of every
 colour and mark, each message's text and each tool call's result on hover, and zoom (the clock
-drawn wider, with finer ticks). `.ci/run` installs Chromium and sets AVALON_REQUIRE_BROWSER=1,
-so CI fails rather than skips when the browser is missing."""
+drawn wider, with finer ticks). On a failing episode of collective verification (a wrong result
+code passed on, so the review and the ship fail and the team deadlocks) the header tells the
+outcome (reward, end reason, the environment's record), every failed call is drawn in the error
+colour, wide enough to see and above the bars it would hide behind, and "fit events" draws the
+two-minute build as a break. `.ci/run` installs Chromium and sets AVALON_REQUIRE_BROWSER=1, so
+CI fails rather than skips when the browser is missing."""
 
 import html
 import os
@@ -15,7 +19,9 @@ import sys
 import pytest
 
 from avalon import command
-from avalon.analysis.episode import LEGEND
+from avalon.analysis.episode import FAILED_MIN_PX, LEGEND
+from avalon.envs.base import Split
+from avalon.envs.verification import Verification, VerificationConfig
 from avalon.org import GroupSpec, OrgConfig, RolloutDriver, RolloutSpec
 from avalon.org.latency import replay
 from avalon.org.policy import Playbook, ScriptedPolicy
@@ -134,3 +140,87 @@ def test_view_cli_rejects_an_empty_log(tmp_path):
     with pytest.raises(command.Stop, match="no events"):
         view.main([str(empty), f"--out={tmp_path / 'x.html'}"])
     assert not (tmp_path / "x.html").exists()
+
+
+# The builder passes on a code it never built ("5": codes are 10..99), so the verifier's review
+# and the CEO's ship fail; the verifier still says "p1 defect ok", and everyone ends waiting.
+FAILING = {
+    "ceo": [step(call("hire", title="Builder", role="build p1", tools=["build"]),
+                 call("hire", title="Verifier", role="review what you get", tools=["review"]),
+                 call("wait_for_messages")),
+            step(call("ship", id="p1", result="5"), call("wait_for_messages"))],
+    "a1": [step(call("build", id="p1"), call("dm", to="a2", text="p1 5"),
+                call("dm", to="ceo", text="p1 5"), call("wait_for_messages"))],
+    "a2": [step(call("wait_for_messages")),
+           step(call("review", id="p1", result="5"), call("dm", to="ceo", text="p1 defect ok"),
+                call("wait_for_messages"))],
+}
+
+
+@pytest.fixture(scope="module")
+def failing_log(tmp_path_factory):
+    d = tmp_path_factory.mktemp("failing")
+    # one item of 3 work units: a 120 s build
+    env = Verification(VerificationConfig(n_items=(1, 1), cost_units=(3, 3), n_train=1,
+                                          n_heldout=1))
+    task = env.task_ids(Split.TRAIN)[0]
+    driver = RolloutDriver(ScriptedPolicy(CHAT, Playbook(FAILING)), CHAT, OrgConfig.scaled(8192),
+                           log_dir=d)
+    session = env.session(task, seed=0, clock_s=480.0)
+    result = driver.run([GroupSpec(0, (RolloutSpec(session, 2, 0),))])
+    return d / "group0_rollout0.jsonl", result.logs[0][0].events
+
+
+def _rects(dom):
+    """{seq: (x, width, class)} of the chart's bars, in drawing order."""
+    out = {}
+    for attrs in re.findall(r"<rect ([^>]*data-seq=[^>]*)>", dom):
+        a = dict(re.findall(r'([a-z-]+)="([^"]*)"', attrs))
+        out[int(a["data-seq"])] = (float(a["x"]), float(a["width"]), a["class"])
+    return out
+
+
+def test_viewer_tells_the_outcome_of_a_failing_episode(failing_log, tmp_path):
+    browser = _browser()
+    path, events = failing_log
+    end = events[-1]
+    failed = [e for e in events if e["kind"] == "tool_call" and e["error"]]
+    calls = [e for e in events if e["kind"] == "tool_call"]
+    # What the page must show: the environment's own record of this episode.
+    assert end["reason"] == "deadlock" and {e["tool"] for e in failed} == {"review", "ship"}
+    assert end["env_metrics"]["reviews"] == 0 and end["env_metrics"]["shipped"] == 0
+    out = tmp_path / "failing.html"
+    view.main([str(path), f"--out={out}"])
+    dom, console = _dom(browser, out, tmp_path)
+    assert console == [], console
+    head = html.unescape(re.search(r'<p id="outcome">(.*?)</p>', dom, re.S)[1])
+    assert (f"reward 0 · end: deadlock · failed tool calls {len(failed)} of {len(calls)}"
+            in head), head
+    assert "the environment recorded: " in head and "reviews 0" in head and "shipped 0" in head
+    assert "defects_found 0" in head and "ground truth: 1 builds (" in head, head
+
+    # Every failed call: the error colour, at least FAILED_MIN_PX wide though it took no
+    # time, drawn after (above) every other bar.
+    rects = _rects(dom)
+    order = list(rects)
+    for e in failed:
+        x, w, cls = rects[e["seq"]]
+        assert "err" in cls.split() and w >= FAILED_MIN_PX, (e["tool"], w, cls)
+        assert e["duration_s"] == 0.0
+        assert all(order.index(e["seq"]) > order.index(q) for q, (_, _, c) in rects.items()
+                   if "err" not in c.split()), e["tool"]
+    assert not any("err" in c.split() for s, (_, _, c) in rects.items()
+                   if s not in {e["seq"] for e in failed} and events[s]["kind"] == "tool_call")
+
+    # Fit events: the two-minute build is an idle stretch drawn as a break, so the verifier's
+    # review turn (after it) is drawn wider than on the plain clock.
+    fit, console = _dom(browser, out, tmp_path, "#fit=events")
+    assert console == []
+    gaps = [float(g) for g in re.findall(r'class="idle" data-idle="([0-9.]+)"', fit)]
+    build = next(e for e in events if e["kind"] == "tool_call" and e["tool"] == "build")
+    assert gaps and max(gaps) >= 0.9 * build["duration_s"] == 0.9 * 120.0
+    turn = next(e["seq"] for e in events if e["kind"] == "model_call" and e["agent"] == "a2"
+                and e["turn"] == 1)
+    assert _rects(fit)[turn][1] > 5 * _rects(dom)[turn][1]
+    assert "idle stretches as breaks" in fit
+    assert set(re.findall(r'data-seq="(\d+)"', fit)) == set(re.findall(r'data-seq="(\d+)"', dom))

@@ -17,9 +17,10 @@ def test_loop_report_and_bench_agree_on_a_small_run(tmp_path):
     numbers = {(r["arm"], r["measure"]) for r in rows if r["report"] is not None}
     # The organisation has a number for the measures of teams, titles, reviews and their
     # quality; the single agent for none of those (n/a everywhere, in all three).
-    for name in ("teams_with_review", "verifier_title_share", "review_precision",
-                 "review_recall", "shipped_defects_per_rollout", "coordination_time_share",
-                 "messages_per_agent", "reward"):
+    for name in ("teams_with_review", "teams_with_review_message", "verifier_title_share",
+                 "review_message_precision", "review_message_recall", "reviews_per_team",
+                 "shipped_defects_per_rollout", "coordination_time_share",
+                 "messages_per_agent", "failed_call_share", "reward"):
         assert ("org", name) in numbers, name
     assert ("single", "reward") in numbers and ("single", "teams_with_review") not in numbers
     assert len(numbers) >= 40

@@ -22,7 +22,7 @@ def test_review_quality_of_a_truthful_verifier_and_the_report_agree(tmp_path):
     # No verifier: no review at all, so review quality is n/a (nothing to count), while the
     # team's shipped defects are counted.
     assert at[(600, "org", "teams_with_review")]["estimate"]["estimate"] == 0.0
-    for name in ("review_precision", "review_recall", "rubber_stamp_share"):
+    for name in ("review_message_precision", "review_message_recall", "rubber_stamp_share"):
         assert at[(600, "org", name)]["estimate"] is None, name
     assert at[(600, "org", "shipped_defects_per_rollout")]["estimate"] is not None
 
@@ -32,7 +32,7 @@ def test_review_quality_of_a_truthful_verifier_and_the_report_agree(tmp_path):
     last = {n: at[(610, "org", n)]["estimate"] for n in MEASURES}
     assert last["teams_with_review"]["estimate"] == 1.0
     assert last["verdicts_per_team"]["estimate"] > 0
-    for name in ("review_precision", "review_recall"):  # 29 of 29 with these seeds
+    for name in ("review_message_precision", "review_message_recall"):  # 29 of 29 here
         e = last[name]
         assert e["estimate"] == 1.0 and e["count"] == e["of"] > 0, name
     assert last["rubber_stamp_share"]["estimate"] == 0.0
@@ -47,7 +47,7 @@ def test_review_quality_of_a_truthful_verifier_and_the_report_agree(tmp_path):
     assert at[(600, "org", "teams_with_review")]["shift"] is None  # the first evaluation
 
     # The single agent has no team: volume and review quality n/a; it ships blind.
-    for name in ("teams_with_review", "reviews_per_team", "review_precision",
+    for name in ("teams_with_review", "reviews_per_team", "review_message_precision",
                  "rubber_stamps_per_team"):
         assert at[(610, "single", name)]["estimate"] is None, name
     assert at[(610, "single", "shipped_defects_per_rollout")]["estimate"] is not None

@@ -62,10 +62,10 @@ def test_paired_rise_and_org_vs_single(tmp_path):
     assert (h["first"], h["last"], h["diff"]) == (2.5, 2.5, 0.0)
     # The rule judge: team_with_lead's "LGTM" and "reviewed a" are reviews; the verification
     # team's five; team_without_lead has none.
-    t = out["rise"]["org/all/teams_with_review"]
+    t = out["rise"]["org/all/teams_with_review_message"]
     assert (t["first"], t["last"]) == (0.5, 1.0)
-    assert "org/all/review_precision" not in out["rise"]  # no ground truth at step 10
-    assert "single/all/teams_with_review" not in out["rise"]  # n/a: no team
+    assert "org/all/review_message_precision" not in out["rise"]  # no ground truth at step 10
+    assert "single/all/teams_with_review_message" not in out["rise"]  # n/a: no team
     assert out["rise"]["single/all/reward"]["diff"] == 0.0
     ovs = out["org_vs_single"]["last"]  # pairs t1: -1 vs 1.5, t2: 2 vs 1.5
     assert (ovs["n"], ovs["diff"]) == (2, -1.0)

@@ -117,3 +117,36 @@ def test_export_a_run_to_hf_and_load_it_in_transformers(tmp_path):
     mesh = sharding.make_mesh(cfg.mesh)
     _, got = initial_params(_config(init_from=str(tmp_path / "hf7"))[1], mesh)
     _same(got, saved[7])
+
+
+def test_an_export_carries_the_card_of_the_run_not_of_its_base(tmp_path):
+    """A run started from an HF directory with a README of its own (the shipped seed's, say):
+    its export keeps the base's tokenizer files but writes the card of the run: the step
+    exported, the updates behind it, the evaluations up to it, the code and the command."""
+    run = tmp_path / "run"
+    save_run(run)
+    base = tmp_path / "base"
+    convert.convert(run / "checkpoints" / "3", base, convert.Target.HF, progress=False)
+    (base / "README.md").write_text("# The seed\n\nHow the seed was made.\n")
+    (base / "tokenizer_config.json").write_text("{}")
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "init_from": str(base)}))
+    (run / "config_history.jsonl").write_text(json.dumps(
+        {"step": 0, "command": ["python", "-m", "avalon.main", "--workdir=run"],
+         "code": {"commit": "c0ffee" * 7, "dirty": False}}) + "\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"step": 3, "phase": "eval", "rl_step": 0, "eval/org_reward": 0.25,
+         "eval/single_reward": 0.5},
+        {"step": 9, "phase": "eval", "rl_step": 6, "eval/org_reward": 1.0,
+         "eval/single_reward": 0.5}]))
+    out = tmp_path / "hf"
+    convert.convert(run, out, convert.Target.HF, param_dtype="bfloat16", progress=False)
+    card = (out / "README.md").read_text()
+    assert "The seed" not in card and (out / "tokenizer_config.json").read_text() == "{}"
+    sft = micro_config.get_config().sft.steps
+    assert "# `run`, step 7: an Avalon training run" in card
+    assert f"at checkpoint step 7: {min(7, sft)} SFT updates, then {7 - min(7, sft)} RLCR" in card
+    assert f"Started from: `{base}` (that checkpoint's own card describes it" in card
+    assert "commit c0ffeec0ffee" in card and "`python -m avalon.main --workdir=run`" in card
+    assert "parameters stored as bfloat16" in card
+    assert "| 3 | 0 | 0.25 | 0.50 |" in card and "| 9 |" not in card  # after step 7: not this

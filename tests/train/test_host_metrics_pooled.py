@@ -60,10 +60,11 @@ def test_measures_over_processes_are_the_measures_over_the_union():
     assert record["reward/std"] == pytest.approx(np.std([r.reward for r in union]), rel=1e-12)
     # The old reduction's numbers differ from the report's on these shares.
     old = _weighted_mean_of_ratios(phase, arm)
-    for name in ("teams_with_review", "coordination_time_share", "messages_per_agent",
-                 "lead_title_share", "review_tokens_per_org_hour"):
+    for name in ("teams_with_review_message", "coordination_time_share", "messages_per_agent",
+                 "lead_title_share", "review_message_tokens_per_org_hour"):
         assert old[_key(name)] != pytest.approx(report[name]["estimate"], rel=1e-6), name
-    assert record["org/teams_with_review"] == 0.5 and old["org/teams_with_review"] == 2 / 3
+    assert record["org/teams_with_review_message"] == 0.5
+    assert old["org/teams_with_review_message"] == 2 / 3
 
 
 def test_a_share_one_process_never_saw_counts_zero_of_its_rollouts():
@@ -130,5 +131,5 @@ def test_two_processes_of_four_devices_log_the_reports_numbers(tmp_path):
             row["reward"]["estimate"], rel=1e-12)
         assert pooled_worker.mismatches(records["eval"], row, arm) == []
     # The evaluation's uneven shares: 2 of 2 teams reviewed in 3 rollouts beside 0 of 1 in 1.
-    assert records["eval"]["eval/org/teams_with_review"] == pytest.approx(2 / 3)
-    assert _weighted_mean_of_ratios("eval", "org")["org/teams_with_review"] == 0.75
+    assert records["eval"]["eval/org/teams_with_review_message"] == pytest.approx(2 / 3)
+    assert _weighted_mean_of_ratios("eval", "org")["org/teams_with_review_message"] == 0.75

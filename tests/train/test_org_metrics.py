@@ -50,9 +50,11 @@ def test_the_loop_logs_the_reports_numbers():
     assert loop["reward/mean"] == pytest.approx(2.5 / 6)
     assert loop["reward/std"] == pytest.approx(np.std([2, 1.5, 1, -1, -2, 1]))
     assert loop["org/hires_per_rollout"] == pytest.approx(8 / 6)
-    # Teams A, C, D, F; the rule judge finds reviews in A ("LGTM", "reviewed a") and D.
-    assert loop["org/teams_with_review"] == pytest.approx(2 / 4)
-    assert loop["org/review_precision"] == 0.5 and loop["org/result_messages"] == 1.0
+    # Teams A, C, D, F; the rule judge finds review messages in A ("LGTM", "reviewed a") and
+    # D; only D's environment records reviews (2: a2 reviewed a1's builds).
+    assert loop["org/teams_with_review_message"] == pytest.approx(2 / 4)
+    assert loop["org/teams_with_review"] == 1.0 and loop["org/reviews_per_team"] == 2.0
+    assert loop["org/review_message_precision"] == 0.5 and loop["org/result_messages"] == 1.0
     assert loop["org/end_final_message"] == pytest.approx(2 / 6)
     assert loop["org/titles"]["Builder"] == 1 and len(loop["org/titles"]) == 8
     for old in metrics.ALIASES:  # old names are gone from the loop's metrics

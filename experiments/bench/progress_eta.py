@@ -1,0 +1,126 @@
+"""How true is the console's ETA? A training run played with every progress line timed, and each
+line's ETA set against the time that invocation really had left.
+
+    python -m experiments.bench.progress_eta --workdir=/tmp/eta -- --config=configs/toy_org.py:smoke
+    python -m experiments.bench.progress_eta --workdir=/tmp/eta --kill_at='RL 3/3: rollouts' \
+        -- --config=configs/toy_org.py:smoke
+
+runs `python -m avalon.main --workdir=WORKDIR ARGS...`, reading its stderr as it comes and
+stamping each progress line (the bar redraws with a carriage return) with the time its first
+character arrived. With `--kill_at=TEXT` the run is killed (SIGKILL) at the first line holding
+TEXT and started again with the same command, which resumes from its newest checkpoint; only
+the lines of the invocation that ran to the end are scored (a killed one has no "time left").
+A line's ETA (`ETA 1m10s`, or `ETA 0m06s + EVAL ?`: a lower bound while a phase is untimed) is
+scored as `eta / left`, `left` being the seconds from the line to the invocation's last output.
+Prints a JSON summary (and every line with `--lines`): lines with a full ETA, how many within a
+factor of 2 (or within the display's 1 s), the worst ratios; lines with an untimed phase, how
+many are lower bounds (at most `left`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+_SPAN = re.compile(r"(\d+)h(\d\d)m|(\d+)m(\d\d)s")
+
+
+def eta_of(line: str) -> tuple[float | None, bool]:
+    """(the seconds a line's ETA says, whether a phase is still untimed); None: no ETA."""
+    if "ETA " not in line:
+        return None, False
+    text = line.split("ETA ", 1)[1].split("  compiled")[0]
+    m = _SPAN.search(text)
+    seconds = 0.0
+    if m:
+        seconds = (int(m[1]) * 3600 + int(m[2]) * 60) if m[1] else int(m[3]) * 60 + int(m[4])
+    return seconds, "?" in text
+
+
+def play(command: list[str], kill_at: str = "") -> tuple[list[tuple[float, str]], float, bool]:
+    """Runs `command`; returns (lines with the time each began, the time of the last output,
+    whether it was killed at `kill_at`)."""
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    lines, current, began, last = [], b"", None, time.time()
+    killed = False
+    while True:
+        chunk = proc.stderr.read1(4096)
+        if not chunk:
+            break
+        now = time.time()
+        last = now
+        for byte in chunk:
+            if byte in (13, 10):  # \r or \n ends a line
+                text = current.decode(errors="replace").strip()
+                if text:
+                    lines.append((began, text))
+                    if kill_at and kill_at in text:
+                        proc.send_signal(signal.SIGKILL)
+                        killed = True
+                current, began = b"", None
+            else:
+                if began is None:
+                    began = now
+                current += bytes([byte])
+        if killed:
+            break
+    proc.wait()
+    if current.strip():
+        lines.append((began or last, current.decode(errors="replace").strip()))
+    return lines, last, killed
+
+
+def score(lines: list[tuple[float, str]], end: float) -> dict:
+    full, bounds, rows = [], [], []
+    for t, text in lines:
+        eta, untimed = eta_of(text)
+        if eta is None:
+            continue
+        left = end - t
+        row = {"t": round(t - lines[0][0], 1), "left": round(left, 1), "eta": eta,
+               "untimed": untimed, "line": re.sub(r"\s+", " ", text)[:160]}
+        rows.append(row)
+        if untimed:
+            bounds.append(eta <= left + 1.0)
+        else:
+            ok = (0.5 * left <= eta <= 2.0 * left) or abs(eta - left) <= 1.0
+            full.append((ok, eta / left if left > 0 else None, row))
+    worst = sorted((r for _, r, _ in full if r is not None),
+                   key=lambda r: abs(math.log(r)) if r > 0 else math.inf, reverse=True)[:5]
+    return {"full_eta_lines": len(full), "within_2x": sum(ok for ok, _, _ in full),
+            "worst_ratios": [round(r, 2) for r in worst],
+            "untimed_lines": len(bounds), "lower_bounds": sum(bounds), "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--kill_at", default="")
+    parser.add_argument("--lines", action="store_true")
+    parser.add_argument("args", nargs="*", help="avalon.main's arguments (after --)")
+    a = parser.parse_args(argv)
+    if os.path.exists(a.workdir) and os.listdir(a.workdir):
+        raise SystemExit(f"--workdir={a.workdir}: not empty (the run must start fresh)")
+    command = [sys.executable, "-m", "avalon.main", f"--workdir={a.workdir}", *a.args]
+    out = {"command": command, "kill_at": a.kill_at}
+    lines, end, killed = play(command, a.kill_at)
+    if killed:
+        out["killed_after_s"] = round(end - lines[0][0], 1)
+        lines, end, _ = play(command)
+    out["wall_s"] = round(end - lines[0][0], 1)
+    out |= score(lines, end)
+    if not a.lines:
+        out.pop("rows")
+    json.dump(out, sys.stdout, indent=1)
+    print()
+
+
+if __name__ == "__main__":
+    main()
