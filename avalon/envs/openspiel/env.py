@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import re
 
 import numpy as np
@@ -462,5 +463,4 @@ def game_words(game: pyspiel.Game, config: OpenSpielConfig) -> list[str]:
 
 def _first_joints(legal: list[list[int]], limit: int) -> list[tuple[int, ...]]:
     """Up to `limit` joint actions of a simultaneous node, in product order."""
-    import itertools
     return list(itertools.islice(itertools.product(*legal), limit))
