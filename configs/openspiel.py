@@ -63,10 +63,8 @@ def make_environments(env):
 
 
 def make_teacher(env, chat):
-    """The game's teacher: its policy, each move uniform with `teacher_noise`; one hire a turn
-    keeps the CEO's turns short."""
-    return env.teacher(chat, GameTeacherConfig(noise=env.config.teacher_noise,
-                                               hires_per_turn=1))
+    """The game's teacher: its policy, each move uniform with `teacher_noise`."""
+    return env.teacher(chat, GameTeacherConfig(noise=env.config.teacher_noise))
 
 
 def word_vocab_size(env: OpenSpiel) -> int:

@@ -36,7 +36,7 @@ _ACTION_ID = re.compile(r"^(\d+) ")
 @dataclasses.dataclass(frozen=True)
 class GameTeacherConfig:
     noise: float = 0.0  # chance a move is uniform over the legal actions instead of the policy's
-    hires_per_turn: int = 2
+    hires_per_turn: int = 1  # one hire a turn keeps a toy's turns short
 
     def __post_init__(self):
         check = FieldChecks("GameTeacherConfig")

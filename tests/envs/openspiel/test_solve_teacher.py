@@ -69,8 +69,10 @@ def _teacher_run(env, budgets, noise=0.0, talk=True):
     org = OrgConfig(**{**ORG.__dict__, "permissions": Permissions(talk=talk)})
     groups = [GroupSpec(i, (RolloutSpec(env.session(ids[i % len(ids)], i), b, i),))
               for i, b in enumerate(budgets)]
-    policy = env.teacher(chat, GameTeacherConfig(noise=noise, hires_per_turn=1))
-    return chat, RolloutDriver(policy, chat, org).run(groups)
+    policy = env.teacher(chat, GameTeacherConfig(noise=noise))
+    result = RolloutDriver(policy, chat, org).run(groups)
+    assert policy.cut_turns == 0  # every teacher turn fits the toy's 64-token turns
+    return chat, result
 
 
 @pytest.mark.parametrize("talk", [True, False])
