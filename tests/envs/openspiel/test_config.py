@@ -16,6 +16,7 @@ from configs import openspiel
 from tests.train.runner import CACHE, REPO, environment
 
 REPEATED_SH = "repeated_game(stage_game=matrix_sh(),num_repetitions=2)"
+GOOFSPIEL = "goofspiel(num_cards=3)"
 
 
 @pytest.mark.parametrize("arg,model,game", [
@@ -26,7 +27,7 @@ def test_the_argument_names_the_model_and_the_game(arg, model, game):
     assert openspiel.parse_arg(arg) == (model, game)
 
 
-@pytest.mark.parametrize("arg", ["tiny_hanabi", "smoke:kuhn_poker", REPEATED_SH,
+@pytest.mark.parametrize("arg", ["tiny_hanabi", "smoke:kuhn_poker", REPEATED_SH, GOOFSPIEL,
                                  "tiny_hanabi(num_chance=3,num_actions=2,payoff="
                                  + ";".join(["1"] * 36) + ")"])
 def test_toy_configs_validate_and_their_words_fit(arg):
@@ -76,23 +77,36 @@ def test_smollm2_variant_validates_and_its_teacher_traces_parse_back():
 @pytest.mark.slow
 @pytest.mark.ci
 def test_evaluation_only_run_on_an_untuned_game(tmp_path):
+    # Goofspiel with three cards: simultaneous, zero-sum, a parameter the config never saw,
+    # and none of its words among the dilemmas' (the toy's word list is built from it).
     workdir = tmp_path / "run"
     r = subprocess.run(
-        [sys.executable, "-m", "avalon.main", f"--config=configs/openspiel.py:smoke:{REPEATED_SH}",
+        [sys.executable, "-m", "avalon.main", f"--config=configs/openspiel.py:{GOOFSPIEL}",
          f"--workdir={workdir}", f"--jax_cache_dir={CACHE}", "--config.sft.steps=0",
-         "--config.rollout.steps=0", "--config.eval.tasks=2", "--config.org.max_turns=4"],
+         "--config.rollout.steps=0", "--config.eval.tasks=2", "--config.eval.seeds=1"],
         cwd=REPO, env=environment(), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
+    game = pyspiel.load_game(GOOFSPIEL)
     logs = sorted((workdir / "events" / "eval").glob("step0/group*.jsonl"))
     assert len(logs) == 4  # 2 tasks x (organisation, single agent)
+    totals = {}
     for log in logs:
         events = [json.loads(line) for line in log.read_text().splitlines()]
         end = events[-1]
-        assert end["kind"] == "end" and end["env_record"]["game"] == REPEATED_SH
+        assert end["kind"] == "end" and end["env_record"]["game"] == GOOFSPIEL
         rewards = [rw for e in events for rw in e.get("rewards", ())]
-        if end["env_record"]["returns"] is None:  # unfinished: the game's minimum, each seat
-            assert rewards == [{"value": 0.0, "label": "unfinished"}]
-        else:
-            assert [rw["value"] for rw in rewards] == end["env_record"]["returns"]
+        returns = end["env_record"]["returns"]
+        totals[log.name] = [rw["value"] for rw in rewards]
+        if returns is None:  # unfinished: every seat scores the game's minimum (-1 each)
+            assert rewards == [{"value": game.num_players() * game.min_utility(),
+                                "label": "unfinished"}]
+        else:  # general-sum: one event per seat, each its return
+            assert [rw["value"] for rw in rewards] == returns
+            assert [rw["label"] for rw in rewards] == ["seat0", "seat1"]
+    # The evaluation's reward is the mean of the organisation arm's logged rewards.
+    index = [json.loads(line) for line in
+             (workdir / "events" / "eval" / "step0" / "index.jsonl").read_text().splitlines()]
+    org = [sum(totals[e["file"]]) for e in index if e["arm"] == "org"]
     record = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert [rec["phase"] for rec in record] == ["eval"]
+    assert len(org) == 2 and record[0]["eval/org_reward"] == pytest.approx(np.mean(org))
