@@ -39,6 +39,9 @@ EXTRAS = {
     # The Open Reward Standard's SDK: only the ORS tests use it (a reference server and
     # client); OrsEnvironment and the ORS server are stdlib.
     "ors": ["openreward>=0.1.160,<0.2"],
+    # OpenSpiel's games as environments (avalon/envs/openspiel/, configs/openspiel.py, the
+    # social dilemmas' co-operation measurement); its manylinux wheels include Hanabi.
+    "games": ["open_spiel==2.0.2"],
     # The update step's fp32 products on Intel MKL on an x86-64 CPU (avalon/backends/cpu_blas.py:
     # 1.1-1.6x XLA:CPU's products at SmolLM2's shapes; without it XLA's are used). The wheel
     # holds MKL's single dynamic library, found under the environment's lib/.

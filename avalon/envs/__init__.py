@@ -10,6 +10,8 @@
 - `parallel/` (1: parallel subtasks under a clock, the toy organisation's environment),
   `hidden_profile/` (2), `software/` (3: software build, hardened grader), `wealth/` (4: GKPO),
   `verification/` (5: collective verification: hidden defects only a teammate's review finds).
+- `openspiel/`: any OpenSpiel game as an environment, each seat an agent (the `games` extra;
+  not imported here, so the package needs no OpenSpiel), its social dilemmas as a measurement.
 - `safety/`: the 11 safety and co-operation scenarios of SPEC §5, played by no-CEO teams
   (`avalon/org/peers.py`); evaluation only (`experiments/safety/run.py`).
 - `curriculum.py` (`ClockSchedule`), `samplers.py` (`LearningProgressSampler`, `BudgetSampler`).

@@ -30,6 +30,11 @@ class Permissions:
     specialists_fire: bool = False
     specialists_create_channels: bool = False
     read_traces: bool = True  # every agent may read every teammate's trace
+    # False: nobody gets a tool that carries text or files from one agent to another
+    # (`tools.TALK_TOOLS`: channels, messages, reports, traces, archive, workspace), so agents
+    # meet only in the environment's tools (a game as defined, without cheap talk). The CEO
+    # still hires (its role texts are its only words to a hire) and sends the final message.
+    talk: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,6 +76,7 @@ from avalon.org.tools import (
     NOT_COORDINATION,
     PLAN_MODE_REFUSED,
     SPECS,
+    TALK_TOOLS,
     WORKSPACE_TOOLS,
     ArchiveWrite,
     CountTraceRead,
@@ -185,13 +186,16 @@ class Organisation:
     # ----- tools and role cards -----
 
     def _ceo_tools(self) -> tuple[str, ...]:
+        perms = self.config.permissions
         names = [t.value for t in OrgTool if t is not OrgTool.REPORT_TO_CEO
-                 and (t is not OrgTool.READ_TRACE or self.config.permissions.read_traces)]
+                 and (t is not OrgTool.READ_TRACE or perms.read_traces)
+                 and (perms.talk or t not in TALK_TOOLS)]
         return tuple(names) + tuple(self.env_specs)
 
     def grantable_tools(self) -> tuple[str, ...]:
         """Tools the CEO may give a specialist at hire."""
-        return tuple(t.value for t in WORKSPACE_TOOLS) + tuple(
+        workspace = WORKSPACE_TOOLS if self.config.permissions.talk else ()
+        return tuple(t.value for t in workspace) + tuple(
             n for n, s in self.env_specs.items() if s.grantable)
 
     def _specialist_tools(self, granted: tuple[str, ...]) -> tuple[str, ...]:
@@ -205,6 +209,8 @@ class Organisation:
             withheld.add(OrgTool.CREATE_CHANNEL)
         if not perms.read_traces:
             withheld.add(OrgTool.READ_TRACE)
+        if not perms.talk:
+            withheld.update(TALK_TOOLS)
         base = [t.value for t in OrgTool if t not in withheld]
         ws = [t.value for t in WORKSPACE_TOOLS if t.value in granted]
         return tuple(base + ws + [n for n in self.env_specs if n in granted])
@@ -217,7 +223,8 @@ class Organisation:
         for agent in peer_agents(team, channel, self.session.brief, self.task.prompt,
                                  self.env_specs, self.config, self.chat, start_seq):
             self.post.add_agent(agent.id)
-            self.post.subs[agent.id][channel] = Subscription.FULL
+            if self.config.permissions.talk:  # else nobody may post or read: no subscription
+                self.post.subs[agent.id][channel] = Subscription.FULL
             self.agents[agent.id] = agent
 
     def _card(self, a_id: str, title: str, role: str, brief: str, tools: tuple[str, ...],

@@ -24,7 +24,7 @@ from avalon.org.channels import channel_key
 from avalon.org.context import AgentContext
 from avalon.org.errors import ToolError
 from avalon.org.prompts import role_card
-from avalon.org.tools import SPECS, OrgTool
+from avalon.org.tools import SPECS, TALK_TOOLS, OrgTool
 
 if TYPE_CHECKING:
     from avalon.org.config import OrgConfig
@@ -66,8 +66,10 @@ def peer_agents(team: PeerTeam, channel: str, brief: Callable[[str, int, str, st
     """The peers of a fresh rollout, in order, each with its card and first observation;
     `brief` is the session's (called once per peer, in order). The organisation adds them and
     subscribes them to `channel` (already open) in full."""
+    perms = config.permissions
     tools = tuple(t.value for t in PEER_TOOLS
-                  if t is not OrgTool.READ_TRACE or config.permissions.read_traces)
+                  if (t is not OrgTool.READ_TRACE or perms.read_traces)
+                  and (perms.talk or t not in TALK_TOOLS))
     tools += tuple(env_specs)
     ids = peer_ids(team.n)
     specs = [SPECS[OrgTool(n)] if n not in env_specs else env_specs[n] for n in tools]
@@ -76,13 +78,15 @@ def peer_agents(team: PeerTeam, channel: str, brief: Callable[[str, int, str, st
         text = brief(pid, index, team.title, team.role)
         roster = [(pid, team.title)] + [(q, team.title) for q in ids if q != pid]
         card = role_card(agent=pid, title=team.title, role=team.role, task=task_prompt,
-                         brief=text, roster=roster, subscriptions=[(channel, "full")],
+                         brief=text, roster=roster,
+                         subscriptions=[(channel, "full")] if perms.talk else [],
                          budget_left=None, commitments="", tools=specs,
                          style=config.prompt_style, json_calls=chat.json_calls)
         agent = Agent(id=pid, index=index, title=team.title, role=team.role, brief=text,
                       tools=tools, context=AgentContext(chat.system(card), pid, team.title),
                       last_seq=start_seq, card=card)
         agent.mark_trace()
-        agent.pending.append(f"Start. Post to {channel}; everyone reads it.")
+        agent.pending.append(f"Start. Post to {channel}; everyone reads it." if perms.talk
+                             else "Start.")
         agents.append(agent)
     return agents

@@ -6,7 +6,8 @@ Who has which tool:
   read_message, read_channel, roster, read_trace, wait_for_messages, archive_*) plus the tools
   granted at hire: any of the workspace tools (read_file, write_file, list_files, run_code) and
   the environment tools marked grantable. `Permissions` can give specialists hire, fire and
-  create_channel, or take read_trace from everyone.
+  create_channel, or take read_trace from everyone, or (`talk=False`) every tool of
+  `TALK_TOOLS` from everyone.
 Plan mode (the CEO's first turn when `OrgConfig.plan_mode`): write_file, run_code,
 final_message and environment tools are refused with a tool error.
 
@@ -108,6 +109,12 @@ WORKSPACE_TOOLS = (OrgTool.READ_FILE, OrgTool.WRITE_FILE, OrgTool.LIST_FILES, Or
 CEO_ONLY = (OrgTool.HIRE, OrgTool.FIRE, OrgTool.CREATE_CHANNEL, OrgTool.FINAL_MESSAGE)
 PLAN_MODE_REFUSED = (OrgTool.WRITE_FILE, OrgTool.RUN_CODE, OrgTool.FINAL_MESSAGE)
 NOT_COORDINATION = (*WORKSPACE_TOOLS, OrgTool.FINAL_MESSAGE)
+# What `Permissions.talk=False` takes from everyone: every tool through which one agent's words
+# or files reach another (and waiting for messages, which could then never come).
+TALK_TOOLS = (OrgTool.CREATE_CHANNEL, OrgTool.SUBSCRIBE, OrgTool.POST, OrgTool.DM, OrgTool.REACT,
+              OrgTool.REPORT_TO_CEO, OrgTool.READ_MESSAGE, OrgTool.READ_CHANNEL,
+              OrgTool.READ_TRACE, OrgTool.WAIT_FOR_MESSAGES, OrgTool.ARCHIVE_WRITE,
+              OrgTool.ARCHIVE_READ, OrgTool.ARCHIVE_LIST, *WORKSPACE_TOOLS)
 
 
 # ----- effects: what a successful call changes, applied by the organisation in order -----

@@ -1,0 +1,1 @@
+"""Co-operation of checkpoints in OpenSpiel's social dilemmas (`run.py`)."""
