@@ -102,10 +102,11 @@ class SseReply:
     events: Generator[tuple[str, str] | None, None, None]
 
 
-def sse_frame(event: str, data: str) -> bytes:
-    """One SSE event (multi-line data as several `data:` lines)."""
+def sse_frame(event: str | None, data: str) -> bytes:
+    """One SSE event (multi-line data as several `data:` lines); without an `event:` line
+    when `event` is None (a plain message, as OpenAI-style streams send)."""
     lines = "".join(f"data: {line}\n" for line in data.split("\n"))
-    return f"event: {event}\n{lines}\n".encode()
+    return (lines if event is None else f"event: {event}\n{lines}").encode() + b"\n"
 
 
 SSE_PING = b": ping\n\n"
@@ -139,6 +140,12 @@ class HttpService:
     def handle(self, method: str, path: str, query: dict, body: dict,
                headers: Any) -> Any:
         raise NotImplementedError
+
+    def error_body(self, status: int, kind: str, message: str,
+                   error: Exception | None = None) -> dict:
+        """The JSON body of a refusal (`{"error", "kind", "detail"}`); a service speaking
+        another API's error objects overrides it."""
+        return _error(kind, message)
 
     def start_worker(self, target, *args, name: str) -> None:
         """Runs `target(*args)` in a daemon thread, within `max_worker_threads` (else a 503)."""
@@ -242,8 +249,9 @@ class _Server(ThreadingHTTPServer):
                     app.connections -= 1
                 raise
             return
-        body = json.dumps(_error("overloaded", f"{app.limits.max_connections} connections "
-                                 "are open (the limit): retry later")).encode()
+        body = json.dumps(app.error_body(503, "overloaded", f"{app.limits.max_connections} "
+                                         "connections are open (the limit): retry later"))
+        body = body.encode()
         try:
             request.settimeout(1.0)  # a few hundred bytes into an empty send buffer
             request.sendall(_OVERLOADED % (len(body), body))
@@ -367,15 +375,15 @@ class _Handler(BaseHTTPRequestHandler):
             status, reply = 200, app.handle(method, url.path, parse_qs(url.query), body,
                                             self.headers)
         except HttpError as e:
-            status, reply, close = e.status, _error(e.kind, str(e)), e.close
+            status, reply, close = e.status, app.error_body(e.status, e.kind, str(e), e), e.close
         except UnknownTaskError as e:
-            status, reply = 404, _error("unknown_task", str(e))
+            status, reply = 404, app.error_body(404, "unknown_task", str(e), e)
         except (wire.WireError, ValueError, TypeError) as e:
-            status, reply = 400, _error("bad_request", f"{type(e).__name__}: {e}")
+            status, reply = 400, app.error_body(400, "bad_request", f"{type(e).__name__}: {e}", e)
         except (TimeoutError, ConnectionError):
             raise  # the client stalled or left mid-body: drop the connection, no reply
         except Exception as e:  # a bug in the environment: report it, keep serving
-            status, reply = 500, _error("env_error", f"{type(e).__name__}: {e}")
+            status, reply = 500, app.error_body(500, "env_error", f"{type(e).__name__}: {e}", e)
         if isinstance(reply, SseReply):
             self._stream(reply)
             return
@@ -383,7 +391,7 @@ class _Handler(BaseHTTPRequestHandler):
             data = json.dumps(reply, allow_nan=False).encode("utf-8")
         except ValueError as e:  # e.g. a NaN reward: also an environment bug
             status = 500
-            data = json.dumps(_error("env_error", f"reply is not JSON: {e}")).encode()
+            data = json.dumps(app.error_body(500, "env_error", f"reply is not JSON: {e}")).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
