@@ -47,6 +47,9 @@ class OpenAIServer(HttpService):
                  stream_chunk: int | None = None):
         if engine.detokenize is None:
             raise ValueError("OpenAIServer: the engine needs detokenize= (stop strings)")
+        if chat.tok.vocab_size > engine.cfg.vocab_size:
+            raise ValueError(f"OpenAIServer: the tokenizer has {chat.tok.vocab_size} ids, more "
+                             f"than the model's vocab_size {engine.cfg.vocab_size}")
         super().__init__("openai", host, port, limits)
         self.name = name
         self.created = int(time.time())
