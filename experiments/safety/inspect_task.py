@@ -1,0 +1,230 @@
+"""The safety and co-operation suite as an inspect-ai task, played by any OpenAI-compatible model.
+
+    python -m avalon.serve --checkpoint=SmolLM2-135M-Instruct.Q4_1.gguf --port=8000 &
+    inspect eval experiments/safety/inspect_task.py --model openai/SmolLM2-135M-Instruct.Q4_1 \
+        --model-base-url http://127.0.0.1:8000/v1 -T scenarios=whistleblowing -T runs=2 \
+        --temperature 0        # OPENAI_API_KEY may be anything
+    inspect view               # the log
+
+One sample per (scenario, run): the scenario's no-CEO team plays one rollout through
+Avalon's organisation (`avalon/org/`), the same rollout `experiments/safety/run.py` plays
+(seed `seed * 1_000_003 + run`, the scripted confederates, the rule judge), except that every
+model turn is a chat-completions request through inspect's model (`get_model()`): an agent's
+context, which the organisation lays out in tokens, is read back as messages (the role card as
+the system message, each observation a user message, each earlier output the assistant
+message it was), and the answer's token ids (`return_token_ids`, which Avalon's server returns)
+join the context as the policy's output. Against `python -m avalon.serve` on the same
+checkpoint, with temperature 0 (or the same temperature: the seeds are the organisation's), a
+rollout sees the ids the suite's own engine run sees, so the counts equal
+`python -m experiments.safety.run ... --greedy`'s (RESULTS.md, "The safety suite through
+inspect-ai"). Each sample's score holds its counts: agents, harmful and escalating agents,
+agents that decided anything, co-operative and non-co-operative moves; the metrics sum them.
+`mismatched_prompts` counts requests whose prompt ids (as the server rendered the messages)
+differed from the organisation's context: an agent that acts again after an output cut at
+`max_new_tokens` (the organisation leaves a cut output without its end-of-turn token; the
+chat template closes every assistant message).
+
+Task options (`-T`): scenarios (comma-separated, default all 11), runs (1), seed (0), window
+(2048), max_turns (8), max_new_tokens (window / 16), prompt_style (compact), tokenizer (the
+served checkpoint's tokenizer as `hf:PATH`; default SmolLM2's GGUF), text_tool_calls (true).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+
+import numpy as np
+from inspect_ai import Task, task
+from inspect_ai.dataset import Sample
+from inspect_ai.log import transcript
+from inspect_ai.model import (
+    ChatMessageAssistant,
+    ChatMessageSystem,
+    ChatMessageUser,
+    GenerateConfig,
+    ModelEvent,
+    get_model,
+)
+from inspect_ai.scorer import Score, Target, metric, scorer
+from inspect_ai.solver import Generate, TaskState, solver
+
+from avalon.envs.base import Split
+from avalon.envs.safety import ConfederateScript, by_name, count_run, mix, rollout_confederates
+from avalon.envs.safety.scenario import Label, ScenarioEnv
+from avalon.inference.api import StopReason
+from avalon.org.config import OrgConfig, PromptStyle
+from avalon.org.driver import GroupSpec, RolloutDriver, RolloutSpec
+from avalon.org.policy import ScriptedPolicy, TurnOutput
+from avalon.tokenizer import ChatFormat
+
+COUNTS = ("agents", "harmful_agents", "escalate_agents", "false_alarm_agents", "decided_agents",
+          "cooperate", "defect", "harmful_run", "escalate_run", "mismatched_prompts")
+
+
+def outputs_digest(events) -> str:
+    """A digest of every model output of a rollout's event log, in order (agent, text): equal
+    digests, equal rollouts."""
+    calls = [[e["agent"], e.get("text", "")] for e in events if e["kind"] == "model_call"]
+    return hashlib.sha256(json.dumps(calls).encode()).hexdigest()[:16]
+
+
+def context_messages(ids: list[int], chat: ChatFormat) -> tuple[list, int]:
+    """An agent's context (system segment, then observations and outputs, ending with the
+    answer header) as chat messages; and how many outputs in it were cut (no end token)."""
+    r = chat.rendering
+    tok = chat.tok
+    opening = [*r.sep, *r.obs_open]
+    header = [r.end, *r.sep, *r.agent_open]
+
+    def at(i, seq):
+        return ids[i:i + len(seq)] == list(seq)
+
+    if not at(0, r.system_open):
+        raise ValueError("context does not start with the system segment")
+    end = ids.index(r.end, len(r.system_open))
+    messages = [ChatMessageSystem(content=tok.decode(ids[len(r.system_open):end]))]
+    i, cut = end + 1, 0
+    while i < len(ids):
+        if not at(i, opening):
+            raise ValueError(f"context: no observation at token {i}")
+        start = i + len(opening)
+        stop = next(j for j in range(start, len(ids)) if at(j, header))
+        messages.append(ChatMessageUser(content=tok.decode(ids[start:stop])))
+        i = stop + len(header)
+        if i == len(ids):
+            break
+        j = i
+        while j < len(ids) and ids[j] != r.end and not at(j, opening):
+            j += 1
+        messages.append(ChatMessageAssistant(content=tok.decode(ids[i:j])))
+        cut += j == len(ids) or ids[j] != r.end
+        i = j + 1 if j < len(ids) and ids[j] == r.end else j
+    return messages, cut
+
+
+@dataclasses.dataclass
+class _Context:
+    segment: int
+    ids: list
+
+
+class InspectPolicy:
+    """The organisation's `Policy` over inspect's model: each turn a chat completion (the
+    driver's thread waits on the event loop inspect runs on)."""
+
+    def __init__(self, chat: ChatFormat, loop, temperature: float):
+        self.chat, self.loop, self.temperature = chat, loop, temperature
+        self.contexts: dict = {}
+        self.mismatched = 0
+
+    def act(self, turns):
+        for t in turns:
+            c = self.contexts.get(t.key)
+            if c is None or c.segment != t.segment:
+                c = self.contexts[t.key] = _Context(t.segment, [])
+            c.ids += [int(x) for x in t.new_tokens]
+        work = asyncio.gather(*(self._one(t) for t in turns))
+        return asyncio.run_coroutine_threadsafe(work, self.loop).result()
+
+    async def _one(self, t) -> TurnOutput:
+        c = self.contexts[t.key]
+        messages, _ = context_messages(c.ids, self.chat)
+        out = await get_model().generate(messages, config=GenerateConfig(
+            temperature=self.temperature, seed=int(t.seed), max_tokens=int(t.max_new_tokens),
+            extra_body={"return_token_ids": True}))
+        response = next(e.call.response for e in reversed(transcript().events)
+                        if isinstance(e, ModelEvent) and e.call is not None
+                        and e.call.response.get("id") == out.response_id)
+        ids = [int(x) for x in response["choices"][0]["token_ids"]]
+        self.mismatched += response.get("prompt_token_ids") != c.ids
+        c.ids += ids
+        stop = StopReason.STOP if ids and ids[-1] == self.chat.end_id else StopReason.LENGTH
+        return TurnOutput(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32), None, stop)
+
+    def release(self, key) -> None:
+        self.contexts.pop(key, None)
+
+    def prefill_shared(self, keys, prefix) -> None:
+        pass
+
+
+def _chat(tokenizer: str) -> ChatFormat:
+    from avalon.serve import load_tokenizer
+    if not tokenizer:
+        from configs.smol_org import smollm2_gguf
+        tokenizer = "hf:" + smollm2_gguf()
+    tok = load_tokenizer("", tokenizer)
+    return ChatFormat(tok, getattr(tok, "rendering", None))
+
+
+@solver
+def play(scenarios: str, seed: int, org: OrgConfig, tokenizer: str):
+    chat = _chat(tokenizer)
+    known = {s.name: s for s in by_name(scenarios)}
+
+    async def solve(state: TaskState, generate: Generate) -> TaskState:
+        s, run = known[state.metadata["scenario"]], state.metadata["run"]
+        rollout_seed = seed * 1_000_003 + run
+        env = ScenarioEnv(s)
+        session = env.session(env.task_ids(Split.HELDOUT)[0], seed=rollout_seed)
+        group = GroupSpec(0, (RolloutSpec(session, budget=0, seed=rollout_seed,
+                                          peers=s.team),))
+        temperature = state.metadata["temperature"]
+        policy = InspectPolicy(chat, asyncio.get_running_loop(), temperature)
+        mixed = mix(policy, ScriptedPolicy(chat, ConfederateScript([s])),
+                    rollout_confederates([s], 1))
+        result = await asyncio.to_thread(RolloutDriver(mixed, chat, org).run, [group])
+        counts = count_run(result.logs[0][0].events, s)
+        agents = counts.agents
+        state.metadata["counts"] = {
+            "agents": len(agents),
+            "harmful_agents": sum(Label.HARMFUL in a.labels for a in agents),
+            "escalate_agents": sum(Label.ESCALATE in a.labels for a in agents),
+            "false_alarm_agents": sum(Label.FALSE_ALARM in a.labels for a in agents),
+            "decided_agents": sum(a.decided for a in agents),
+            "cooperate": sum(a.cooperate for a in agents),
+            "defect": sum(a.defect for a in agents),
+            "harmful_run": int(counts.any(Label.HARMFUL)),
+            "escalate_run": int(counts.any(Label.ESCALATE)),
+            "mismatched_prompts": policy.mismatched}
+        state.metadata["outputs_digest"] = outputs_digest(result.logs[0][0].events)
+        state.output.completion = str(state.metadata["counts"])
+        return state
+
+    return solve
+
+
+@metric
+def total():
+    def compute(scores) -> dict:
+        return {k: float(sum(s.score.value[k] for s in scores)) for k in COUNTS}
+    return compute
+
+
+@scorer(metrics=[total()])
+def suite_counts():
+    async def score(state: TaskState, target: Target) -> Score:
+        return Score(value=state.metadata["counts"], metadata={
+            "scenario": state.metadata["scenario"], "run": state.metadata["run"],
+            "outputs_digest": state.metadata["outputs_digest"]})
+    return score
+
+
+@task
+def safety(scenarios: str = "", runs: int = 1, seed: int = 0, window: int = 2048,
+           max_turns: int = 8, max_new_tokens: int = 0, prompt_style: str = "compact",
+           tokenizer: str = "", text_tool_calls: bool = True, temperature: float = 0.0) -> Task:
+    """The suite's scenarios x runs (see the module docstring)."""
+    limits = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}
+    org = dataclasses.replace(OrgConfig.scaled(window, max_turns=max_turns,
+                                               prompt_style=PromptStyle(prompt_style),
+                                               text_tool_calls=text_tool_calls, **limits),
+                              log_text=True)
+    samples = [Sample(input=f"{s.name} run {j}", id=f"{s.name}-{j}",
+                      metadata={"scenario": s.name, "run": j, "temperature": temperature})
+               for s in by_name(scenarios) for j in range(runs)]
+    return Task(dataset=samples, solver=play(scenarios, seed, org, tokenizer),
+                scorer=suite_counts(), config=GenerateConfig(temperature=temperature))
