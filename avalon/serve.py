@@ -86,7 +86,7 @@ def load_tokenizer(checkpoint: str, spec: str = ""):
 def build_server(checkpoint: str, *, tokenizer: str = "", name: str = "",
                  host: str = "127.0.0.1", port: int = 0, slots: int = 64,
                  max_context: int | None = None, prefill_chunk: int = 256,
-                 kv_pages: int = 256):
+                 kv_pages: int = 256, open_cut_answers: bool = False):
     """The server (not started) over the checkpoint; see the module docstring."""
     from avalon.inference.engine import Engine
     from avalon.serving.server import OpenAIServer
@@ -101,7 +101,8 @@ def build_server(checkpoint: str, *, tokenizer: str = "", name: str = "",
     engine = Engine(cfg, params, num_slots=slots, max_context=max_context,
                     prefill_chunk=prefill_chunk, kv_pages=kv_pages, detokenize=tok.decode)
     name = name or Path(checkpoint.rstrip("/")).name.removesuffix(".gguf")
-    return OpenAIServer(engine, chat, name=name, host=host, port=port)
+    return OpenAIServer(engine, chat, name=name, host=host, port=port,
+                        open_cut_answers=open_cut_answers)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,12 +119,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max_context", type=int, default=None, help="tokens per context "
                    "(default: the model's window)")
     p.add_argument("--prefill_chunk", type=int, default=256)
+    p.add_argument("--open_cut_answers", action="store_true",
+                   help="an answer cut at max_tokens continues without an end-of-turn token "
+                        "when the conversation comes back (as Avalon's organisation continues "
+                        "its agents; the safety suite's inspect task needs it), instead of "
+                        "the template closing it")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     if not 0 <= args.port < 65536:
         p.error(f"--port={args.port}: must be in [0, 65535]")
     server = build_server(args.checkpoint, tokenizer=args.tokenizer, name=args.name,
                           host=args.host, port=args.port, slots=args.slots,
-                          max_context=args.max_context, prefill_chunk=args.prefill_chunk)
+                          max_context=args.max_context, prefill_chunk=args.prefill_chunk,
+                          open_cut_answers=args.open_cut_answers)
     print(f"serving {server.name!r} at {server.url}/v1", file=sys.stderr, flush=True)
     server.serve_forever()
 

@@ -70,12 +70,12 @@ def _message_key(content: str | None, calls: Sequence[ToolCall]) -> str:
 
 
 class SampledIds:
-    """Sampled ids by (ids before them, message as returned); the oldest are forgotten past
-    `capacity` entries."""
+    """Sampled ids, and whether they ended with the stop token, by (ids before them, message
+    as returned); the oldest are forgotten past `capacity` entries."""
 
     def __init__(self, capacity: int = 65536):
         self.capacity = capacity
-        self._ids: collections.OrderedDict[bytes, tuple[int, ...]] = collections.OrderedDict()
+        self._ids: collections.OrderedDict[bytes, tuple] = collections.OrderedDict()
 
     @staticmethod
     def _key(prefix: Sequence[int], content: str | None, calls: Sequence[ToolCall]) -> bytes:
@@ -84,14 +84,15 @@ class SampledIds:
         h.update(_message_key(content, calls).encode())
         return h.digest()
 
-    def put(self, prefix, content, calls, ids) -> None:
+    def put(self, prefix, content, calls, ids, ended: bool = True) -> None:
         key = self._key(prefix, content, calls)
-        self._ids[key] = tuple(int(i) for i in ids)
+        self._ids[key] = (tuple(int(i) for i in ids), ended)
         self._ids.move_to_end(key)
         while len(self._ids) > self.capacity:
             self._ids.popitem(last=False)
 
-    def get(self, prefix, content, calls) -> tuple[int, ...] | None:
+    def get(self, prefix, content, calls) -> tuple[tuple[int, ...], bool] | None:
+        """(ids, ended with the stop token) or None."""
         return self._ids.get(self._key(prefix, content, calls))
 
 
@@ -133,8 +134,14 @@ def parse_completion(text: str) -> tuple[str | None, tuple[ToolCall, ...]]:
 class ChatRenderer:
     """Messages (+ tools) -> prompt ids; see the module docstring."""
 
-    def __init__(self, chat: ChatFormat, sampled: SampledIds | None = None):
+    def __init__(self, chat: ChatFormat, sampled: SampledIds | None = None, *,
+                 open_cut_answers: bool = False):
         self.chat = chat
+        # An answer cut at max_tokens ends without the end-of-turn token. The template closes
+        # every assistant message (the default, as other servers render it); open, the
+        # conversation continues from the ids the model has, as Avalon's organisation
+        # continues an agent whose turn was cut (`avalon/org/context.py`).
+        self.open_cut_answers = open_cut_answers
         self.tok = chat.tok
         self.template = getattr(self.tok, "chat_template", None)
         self.template_tools = self.template is not None and "tools" in self.template
@@ -178,19 +185,26 @@ class ChatRenderer:
         text = chat_template.render(self.template, dicts, add_generation_prompt=True,
                                     **variables)
         ids: list[int] = []
-        pos = 0
+        pos, open_answer = 0, False
         for i, m in enumerate(messages):
             mark = SENTINEL.format(i)
             at = text.find(mark, pos)
             if at < 0:
                 raise ValueError(f"messages[{i}]: the chat template does not show this "
                                  f"{m.role} message's content")
-            ids += self.tok.encode_markup(text[pos:at])
+            ids += self._markup(text[pos:at], open_answer)
             stored = self.sampled.get(ids, m.content, m.tool_calls) \
                 if m.role == "assistant" else None
-            ids += list(stored) if stored is not None else self.tok.encode(contents[i])
+            ids += list(stored[0]) if stored is not None else self.tok.encode(contents[i])
+            open_answer = stored is not None and not stored[1] and self.open_cut_answers
             pos = at + len(mark)
-        ids += self.tok.encode_markup(text[pos:])
+        ids += self._markup(text[pos:], open_answer)
+        return ids
+
+    def _markup(self, text: str, after_open_answer: bool) -> list[int]:
+        ids = self.tok.encode_markup(text)
+        if after_open_answer and ids and ids[0] == self.chat.end_id:
+            return ids[1:]  # the cut answer stays open (see __init__)
         return ids
 
     def _render_native(self, messages: Sequence[Message], tools: Sequence[dict]) -> list[int]:
@@ -211,7 +225,8 @@ class ChatRenderer:
                 pending = []
                 stored = self.sampled.get(ids, m.content, m.tool_calls)
                 if stored is not None:
-                    ids += list(stored) + [r.end]
+                    keep_open = not stored[1] and self.open_cut_answers
+                    ids += list(stored[0]) + ([] if keep_open else [r.end])
                 else:
                     ids += chat.output(m.content or "", [])[:-1] + \
                         (self.tok.encode(("\n" if m.content else "") + calls_text(m.tool_calls))
@@ -222,9 +237,10 @@ class ChatRenderer:
 
     # ---- completions -----------------------------------------------------------------------
     def completion(self, prompt: Sequence[int], ids: Sequence[int], *, tools: bool,
-                   stop_strings: Sequence[str] = ()) -> tuple[str | None, tuple[ToolCall, ...]]:
-        """(content, tool calls) of sampled ids (without the stop token), the text cut before
-        the first stop string; remembers the ids for the conversation's next request (only
+                   stop_strings: Sequence[str] = (),
+                   ended: bool = True) -> tuple[str | None, tuple[ToolCall, ...]]:
+        """(content, tool calls) of sampled ids (without the stop token; `ended`: it was
+        sampled), the text cut before the first stop string; remembers the ids for the conversation's next request (only
         when the content is their whole text: a cut answer is re-encoded when it returns)."""
         text = self.tok.decode(list(ids))
         cuts = [text.find(s) for s in stop_strings if s in text]
@@ -233,5 +249,5 @@ class ChatRenderer:
             text = text[:min(cuts)]
         content, calls = parse_completion(text) if tools else (text, ())
         if whole:
-            self.sampled.put(prompt, content, calls, ids)
+            self.sampled.put(prompt, content, calls, ids, ended)
         return content, calls

@@ -44,7 +44,7 @@ class OpenAIServer(HttpService):
 
     def __init__(self, engine: Engine, chat: ChatFormat, *, name: str, host: str = "127.0.0.1",
                  port: int = 0, limits: ServerLimits = SERVE_LIMITS,
-                 stream_chunk: int | None = None):
+                 stream_chunk: int | None = None, open_cut_answers: bool = False):
         if engine.detokenize is None:
             raise ValueError("OpenAIServer: the engine needs detokenize= (stop strings)")
         if chat.tok.vocab_size > engine.cfg.vocab_size:
@@ -54,7 +54,7 @@ class OpenAIServer(HttpService):
         self.name = name
         self.created = int(time.time())
         self.max_context = engine.max_context
-        self.renderer = ChatRenderer(chat)
+        self.renderer = ChatRenderer(chat, open_cut_answers=open_cut_answers)
         self.tok = chat.tok
         self._lock = threading.Lock()  # the tokenizer's encode flips a flag (encode_markup)
         self.worker = EngineWorker(engine, stream_chunk=stream_chunk)
@@ -131,9 +131,10 @@ class OpenAIServer(HttpService):
 
     def _finish(self, req: ChatRequest, prompt, ids: list[int]):
         """(content, calls) of a finished choice; remembers its ids for the conversation."""
+        body = self._body_ids(ids)
         with self._lock:
-            return self.renderer.completion(prompt, self._body_ids(ids), tools=bool(req.tools),
-                                            stop_strings=req.stop)
+            return self.renderer.completion(prompt, body, tools=bool(req.tools),
+                                            stop_strings=req.stop, ended=len(body) < len(ids))
 
     def _logprobs(self, ids, lps) -> dict:
         out = []

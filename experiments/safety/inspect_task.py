@@ -1,6 +1,7 @@
 """The safety and co-operation suite as an inspect-ai task, played by any OpenAI-compatible model.
 
-    python -m avalon.serve --checkpoint=SmolLM2-135M-Instruct.Q4_1.gguf --port=8000 &
+    python -m avalon.serve --checkpoint=SmolLM2-135M-Instruct.Q4_1.gguf --port=8000 \
+        --open_cut_answers &
     inspect eval experiments/safety/inspect_task.py --model openai/SmolLM2-135M-Instruct.Q4_1 \
         --model-base-url http://127.0.0.1:8000/v1 -T scenarios=whistleblowing -T runs=2 \
         --temperature 0        # OPENAI_API_KEY may be anything
@@ -20,9 +21,11 @@ rollout sees the ids the suite's own engine run sees, so the counts equal
 inspect-ai"). Each sample's score holds its counts: agents, harmful and escalating agents,
 agents that decided anything, co-operative and non-co-operative moves; the metrics sum them.
 `mismatched_prompts` counts requests whose prompt ids (as the server rendered the messages)
-differed from the organisation's context: an agent that acts again after an output cut at
-`max_new_tokens` (the organisation leaves a cut output without its end-of-turn token; the
-chat template closes every assistant message).
+differed from the organisation's context; it is 0 against Avalon's server with
+`--open_cut_answers`: the organisation continues an agent whose output was cut at
+`max_new_tokens` without an end-of-turn token, where a chat template closes every assistant
+message (a server without that option renders the end token there, and the rollout differs
+from the suite's after the first cut turn).
 
 Task options (`-T`): scenarios (comma-separated, default all 11), runs (1), seed (0), window
 (2048), max_turns (8), max_new_tokens (window / 16), prompt_style (compact), tokenizer (the
@@ -39,13 +42,13 @@ import json
 import numpy as np
 from inspect_ai import Task, task
 from inspect_ai.dataset import Sample
+from inspect_ai.event import ModelEvent
 from inspect_ai.log import transcript
 from inspect_ai.model import (
     ChatMessageAssistant,
     ChatMessageSystem,
     ChatMessageUser,
     GenerateConfig,
-    ModelEvent,
     get_model,
 )
 from inspect_ai.scorer import Score, Target, metric, scorer
@@ -105,10 +108,11 @@ def context_messages(ids: list[int], chat: ChatFormat) -> tuple[list, int]:
     return messages, cut
 
 
-@dataclasses.dataclass
 class _Context:
-    segment: int
-    ids: list
+    """One agent's context segment as the policy has seen it (ids given and sampled)."""
+
+    def __init__(self, segment: int):
+        self.segment, self.ids = segment, []
 
 
 class InspectPolicy:
@@ -124,7 +128,7 @@ class InspectPolicy:
         for t in turns:
             c = self.contexts.get(t.key)
             if c is None or c.segment != t.segment:
-                c = self.contexts[t.key] = _Context(t.segment, [])
+                c = self.contexts[t.key] = _Context(t.segment)
             c.ids += [int(x) for x in t.new_tokens]
         work = asyncio.gather(*(self._one(t) for t in turns))
         return asyncio.run_coroutine_threadsafe(work, self.loop).result()

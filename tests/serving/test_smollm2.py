@@ -42,6 +42,15 @@ def test_template_renders_the_organisations_layout():
     more = r.render([Message("system", system), Message("user", user),
                      Message("assistant", "I sign."), Message("user", "Next.")])
     assert more == ids + answer + [chat.end_id] + chat.turn_prompt("Next.")
+    # an answer cut at max_tokens (no end token sampled): closed by the template, or left
+    # open as the organisation leaves it
+    cut = chat.tok.encode("I si")
+    r.completion(ids, cut, tools=False, ended=False)
+    follow = [Message("system", system), Message("user", user), Message("assistant", "I si"),
+              Message("user", "Next.")]
+    assert r.render(follow) == ids + cut + [chat.end_id] + chat.turn_prompt("Next.")
+    opened = ChatRenderer(chat, r.sampled, open_cut_answers=True)
+    assert opened.render(follow) == ids + cut + chat.turn_prompt("Next.")
     # ids that are not the text's own encoding survive the round trip (no re-tokenisation)
     odd = chat.tok.encode("I") + chat.tok.encode(" sig") + chat.tok.encode("n.")
     assert chat.tok.decode(odd) == "I sign." and odd != answer
