@@ -240,8 +240,9 @@ class ChatRenderer:
                    stop_strings: Sequence[str] = (),
                    ended: bool = True) -> tuple[str | None, tuple[ToolCall, ...]]:
         """(content, tool calls) of sampled ids (without the stop token; `ended`: it was
-        sampled), the text cut before the first stop string; remembers the ids for the conversation's next request (only
-        when the content is their whole text: a cut answer is re-encoded when it returns)."""
+        sampled), the text cut before the first stop string; remembers the ids for the
+        conversation's next request (only when the content is their whole text: an answer
+        cut at a stop string is re-encoded when it returns)."""
         text = self.tok.decode(list(ids))
         cuts = [text.find(s) for s in stop_strings if s in text]
         whole = not cuts

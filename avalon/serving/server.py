@@ -137,11 +137,14 @@ class OpenAIServer(HttpService):
                                             stop_strings=req.stop, ended=len(body) < len(ids))
 
     def _logprobs(self, ids, lps) -> dict:
+        """Each sampled token: its text, log-prob and bytes (a token's own bytes, which may
+        be part of a character: a client can map them back to the vocabulary's ids)."""
+        raw = getattr(self.tok, "token_bytes", None)
         out = []
         for t, lp in zip(ids, lps):
             text = self.tok.decode([t])
-            out.append({"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")),
-                        "top_logprobs": []})
+            data = raw(t) if raw is not None else text.encode("utf-8")
+            out.append({"token": text, "logprob": lp, "bytes": list(data), "top_logprobs": []})
         return {"content": out}
 
     @staticmethod
