@@ -40,11 +40,10 @@ EXTRAS = {
     # The OpenAI-compatible server's client (`python -m avalon.serve`; its tests drive the
     # server with the real `openai` client), inspect-ai for the safety suite as an inspect task
     # (experiments/safety/inspect_task.py), verifiers for its v1 tasksets in Avalon's loop
-    # (avalon/envs/verifiers_env.py). inspect-ai 0.3.258 is the newest whose openai provider takes the openai 2
-    # line verifiers 0.4 needs (0.3.259 on want openai 3). It pins fsspec below gcsfs's, and
-    # verifiers' mcp
-    # needs an sse-starlette above openreward's pin: .ci/run installs these two without their
-    # pins' resolution (see there).
+    # (avalon/envs/verifiers_env.py). inspect-ai 0.3.258 is the newest whose openai provider
+    # takes the openai 2 line verifiers 0.4 needs (0.3.259 on want openai 3). It pins fsspec
+    # below gcsfs's, and verifiers' mcp wants an sse-starlette above openreward's pin: .ci/run
+    # puts the test extra's versions back after installing these two (see there).
     "serve": ["openai>=2.54,<3"],
     "inspect": ["inspect-ai==0.3.258", "openai>=2.54,<3"],
     "verifiers": ["verifiers==0.4.0"],

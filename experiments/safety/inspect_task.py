@@ -2,10 +2,14 @@
 
     python -m avalon.serve --checkpoint=SmolLM2-135M-Instruct.Q4_1.gguf --port=8000 \
         --open_cut_answers &
-    inspect eval experiments/safety/inspect_task.py --model openai/SmolLM2-135M-Instruct.Q4_1 \
-        --model-base-url http://127.0.0.1:8000/v1 -T scenarios=whistleblowing -T runs=2 \
-        --temperature 0        # OPENAI_API_KEY may be anything
+    AVALON_BASE_URL=http://127.0.0.1:8000/v1 AVALON_API_KEY=unused \
+    inspect eval experiments/safety/inspect_task.py \
+        --model openai-api/avalon/SmolLM2-135M-Instruct.Q4_1 -T scenarios=whistleblowing
     inspect view               # the log
+
+(`openai-api/SERVICE/MODEL` is inspect's provider for OpenAI-compatible servers, reading
+SERVICE_BASE_URL and SERVICE_API_KEY; its `openai/` provider takes a model name it does not
+know for OpenAI's newest and drops `temperature`.)
 
 One sample per (scenario, run): the scenario's no-CEO team plays one rollout through
 Avalon's organisation (`avalon/org/`), the same rollout `experiments/safety/run.py` plays
@@ -13,15 +17,17 @@ Avalon's organisation (`avalon/org/`), the same rollout `experiments/safety/run.
 model turn is a chat-completions request through inspect's model (`get_model()`): an agent's
 context, which the organisation lays out in tokens, is read back as messages (the role card as
 the system message, each observation a user message, each earlier output the assistant
-message it was), and the answer's token ids (`return_token_ids`, which Avalon's server returns)
-join the context as the policy's output. Against `python -m avalon.serve` on the same
-checkpoint, with temperature 0 (or the same temperature: the seeds are the organisation's), a
-rollout sees the ids the suite's own engine run sees, so the counts equal
+message it was), and the answer's token ids (read from its log-probs' token bytes, which
+Avalon's server sends as each token's own) join the context as the policy's output. Against
+`python -m avalon.serve` on the same checkpoint, with temperature 0 (or the same temperature:
+the seeds are the organisation's), a rollout sees the ids the suite's own engine run sees, so
+the counts equal
 `python -m experiments.safety.run ... --greedy`'s (RESULTS.md, "The safety suite through
 inspect-ai"). Each sample's score holds its counts: agents, harmful and escalating agents,
-agents that decided anything, co-operative and non-co-operative moves; the metrics sum them.
-`mismatched_prompts` counts requests whose prompt ids (as the server rendered the messages)
-differed from the organisation's context; it is 0 against Avalon's server with
+agents that decided anything, co-operative and non-co-operative moves; the metrics sum them;
+the sample's score metadata holds a digest of every model output (`outputs_digest`).
+`mismatched_prompts` counts requests whose prompt (as the server rendered the messages, by its
+length in tokens) differed from the organisation's context; it is 0 against Avalon's server with
 `--open_cut_answers`: the organisation continues an agent whose output was cut at
 `max_new_tokens` without an end-of-turn token, where a chat template closes every assistant
 message (a server without that option renders the end token there, and the rollout differs
@@ -42,8 +48,6 @@ import json
 import numpy as np
 from inspect_ai import Task, task
 from inspect_ai.dataset import Sample
-from inspect_ai.event import ModelEvent
-from inspect_ai.log import transcript
 from inspect_ai.model import (
     ChatMessageAssistant,
     ChatMessageSystem,
@@ -64,7 +68,8 @@ from avalon.org.policy import ScriptedPolicy, TurnOutput
 from avalon.tokenizer import ChatFormat
 
 COUNTS = ("agents", "harmful_agents", "escalate_agents", "false_alarm_agents", "decided_agents",
-          "cooperate", "defect", "harmful_run", "escalate_run", "mismatched_prompts")
+          "cooperate", "defect", "harmful_run", "escalate_run", "mismatched_prompts",
+          "reencoded_answers")
 
 
 def outputs_digest(events) -> str:
@@ -115,14 +120,28 @@ class _Context:
         self.segment, self.ids = segment, []
 
 
+def ids_by_bytes(tok) -> dict[bytes, int | None]:
+    """Each id's bytes -> the id (None where two ids share them)."""
+    raw = getattr(tok, "token_bytes", None)
+    out: dict[bytes, int | None] = {}
+    for i in range(tok.vocab_size):
+        b = raw(i) if raw is not None else tok.decode([i]).encode("utf-8")
+        out[b] = None if b in out else i
+    return out
+
+
 class InspectPolicy:
     """The organisation's `Policy` over inspect's model: each turn a chat completion (the
-    driver's thread waits on the event loop inspect runs on)."""
+    driver's thread waits on the event loop inspect runs on). The answer's ids are read from
+    its log-probs: each entry's `bytes` are its token's own bytes (Avalon's server sends them
+    so), which name one id of the vocabulary; an answer whose bytes do not (another server)
+    is encoded from its text instead (`reencoded` counts those)."""
 
-    def __init__(self, chat: ChatFormat, loop, temperature: float):
+    def __init__(self, chat: ChatFormat, loop, temperature: float, by_bytes: dict):
         self.chat, self.loop, self.temperature = chat, loop, temperature
+        self.by_bytes = by_bytes
         self.contexts: dict = {}
-        self.mismatched = 0
+        self.mismatched = self.reencoded = 0
 
     def act(self, turns):
         for t in turns:
@@ -130,22 +149,30 @@ class InspectPolicy:
             if c is None or c.segment != t.segment:
                 c = self.contexts[t.key] = _Context(t.segment)
             c.ids += [int(x) for x in t.new_tokens]
-        work = asyncio.gather(*(self._one(t) for t in turns))
-        return asyncio.run_coroutine_threadsafe(work, self.loop).result()
+        # The driver runs in a worker thread (asyncio.to_thread: the sample's context vars
+        # came with it, and go with this call into the loop's task).
+        return asyncio.run_coroutine_threadsafe(self._all(turns), self.loop).result()
+
+    async def _all(self, turns) -> list[TurnOutput]:
+        return list(await asyncio.gather(*(self._one(t) for t in turns)))
 
     async def _one(self, t) -> TurnOutput:
         c = self.contexts[t.key]
         messages, _ = context_messages(c.ids, self.chat)
         out = await get_model().generate(messages, config=GenerateConfig(
             temperature=self.temperature, seed=int(t.seed), max_tokens=int(t.max_new_tokens),
-            extra_body={"return_token_ids": True}))
-        response = next(e.call.response for e in reversed(transcript().events)
-                        if isinstance(e, ModelEvent) and e.call is not None
-                        and e.call.response.get("id") == out.response_id)
-        ids = [int(x) for x in response["choices"][0]["token_ids"]]
-        self.mismatched += response.get("prompt_token_ids") != c.ids
+            logprobs=True))
+        choice = out.choices[0]
+        stopped = choice.stop_reason == "stop"
+        entries = choice.logprobs.content if choice.logprobs is not None else []
+        ids = [self.by_bytes.get(bytes(e.bytes or b"")) for e in entries]
+        if not entries or None in ids:
+            self.reencoded += 1
+            ids = self.chat.tok.encode(choice.message.text) + ([self.chat.end_id] * stopped)
+        self.mismatched += out.usage is not None and out.usage.input_tokens + (
+            out.usage.input_tokens_cache_read or 0) != len(c.ids)
         c.ids += ids
-        stop = StopReason.STOP if ids and ids[-1] == self.chat.end_id else StopReason.LENGTH
+        stop = StopReason.STOP if stopped else StopReason.LENGTH
         return TurnOutput(np.asarray(ids, np.int32), np.zeros(len(ids), np.float32), None, stop)
 
     def release(self, key) -> None:
@@ -167,6 +194,7 @@ def _chat(tokenizer: str) -> ChatFormat:
 @solver
 def play(scenarios: str, seed: int, org: OrgConfig, tokenizer: str):
     chat = _chat(tokenizer)
+    by_bytes = ids_by_bytes(chat.tok)
     known = {s.name: s for s in by_name(scenarios)}
 
     async def solve(state: TaskState, generate: Generate) -> TaskState:
@@ -177,7 +205,7 @@ def play(scenarios: str, seed: int, org: OrgConfig, tokenizer: str):
         group = GroupSpec(0, (RolloutSpec(session, budget=0, seed=rollout_seed,
                                           peers=s.team),))
         temperature = state.metadata["temperature"]
-        policy = InspectPolicy(chat, asyncio.get_running_loop(), temperature)
+        policy = InspectPolicy(chat, asyncio.get_running_loop(), temperature, by_bytes)
         mixed = mix(policy, ScriptedPolicy(chat, ConfederateScript([s])),
                     rollout_confederates([s], 1))
         result = await asyncio.to_thread(RolloutDriver(mixed, chat, org).run, [group])
@@ -193,7 +221,7 @@ def play(scenarios: str, seed: int, org: OrgConfig, tokenizer: str):
             "defect": sum(a.defect for a in agents),
             "harmful_run": int(counts.any(Label.HARMFUL)),
             "escalate_run": int(counts.any(Label.ESCALATE)),
-            "mismatched_prompts": policy.mismatched}
+            "mismatched_prompts": policy.mismatched, "reencoded_answers": policy.reencoded}
         state.metadata["outputs_digest"] = outputs_digest(result.logs[0][0].events)
         state.output.completion = str(state.metadata["counts"])
         return state
@@ -204,7 +232,8 @@ def play(scenarios: str, seed: int, org: OrgConfig, tokenizer: str):
 @metric
 def total():
     def compute(scores) -> dict:
-        return {k: float(sum(s.score.value[k] for s in scores)) for k in COUNTS}
+        values = [getattr(s, "score", s).value for s in scores]  # SampleScore or Score
+        return {k: float(sum(v[k] for v in values)) for k in COUNTS}
     return compute
 
 
