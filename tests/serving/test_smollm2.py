@@ -1,8 +1,8 @@
 """The server on SmolLM2-135M-Instruct's GGUF through the real `openai` client: its chat
 template renders the organisation's layout, greedy tokens equal the engine's own for the same
 messages, the streamed answer equals the unstreamed one, a tool call comes back parsed into
-`tool_calls`, and 32 concurrent clients are served from shared dispatches (ci tier: loading
-and compiling SmolLM2 takes a minute)."""
+`tool_calls`, malformed and over-long requests get 4xx, and 32 concurrent clients are served
+from shared dispatches (ci tier: loading and compiling SmolLM2 takes a minute)."""
 
 import concurrent.futures
 import json
@@ -116,6 +116,18 @@ def test_smollm2_greedy_stream_tools_and_concurrency(served, client):
     assert t.choices[0].finish_reason == "tool_calls"
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
+
+    # malformed and over-long requests: the API's 4xx error objects, through the client
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=name, messages=[{"role": "wizard",
+                                                              "content": "x"}])
+    assert e.value.body["param"] == "messages[0].role"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=name, max_tokens=4, messages=[
+            {"role": "user", "content": "word " * 2000}])
+    assert e.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="other", messages=QUESTION)
 
     before = served.worker.stats()
 
