@@ -41,11 +41,13 @@ served checkpoint's tokenizer as `hf:PATH`; default SmolLM2's GGUF), text_tool_c
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import hashlib
 import importlib.util
 import json
 import os
+import threading
 
 import numpy as np
 from inspect_ai import Task, task
@@ -151,7 +153,7 @@ class InspectPolicy:
             if c is None or c.segment != t.segment:
                 c = self.contexts[t.key] = _Context(t.segment)
             c.ids += [int(x) for x in t.new_tokens]
-        # The driver runs in a worker thread (asyncio.to_thread: the sample's context vars
+        # The driver runs in a thread of its own (`_in_thread`: the sample's context vars
         # came with it, and go with this call into the loop's task).
         return asyncio.run_coroutine_threadsafe(self._all(turns), self.loop).result()
 
@@ -182,6 +184,31 @@ class InspectPolicy:
 
     def prefill_shared(self, keys, prefix) -> None:
         pass
+
+
+async def _in_thread(fn, *args):
+    """`fn(*args)` in a new thread, awaited. Not the loop's default executor
+    (`asyncio.to_thread`): a driver waits there on the loop for its model calls, and the
+    calls' connections resolve their host in that executor (anyio's `getaddrinfo`), so as many
+    samples as the executor has workers (6 on 2 cores) would hold all of them and wait
+    forever."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def settle(outcome, value):
+        if not done.done():
+            (done.set_result if outcome else done.set_exception)(value)
+
+    def work():
+        try:
+            value = fn(*args)
+        except BaseException as e:  # handed to the awaiting sample
+            loop.call_soon_threadsafe(settle, False, e)
+        else:
+            loop.call_soon_threadsafe(settle, True, value)
+
+    threading.Thread(target=contextvars.copy_context().run, args=(work,), daemon=True).start()
+    return await done
 
 
 def _chat(tokenizer: str) -> ChatFormat:
@@ -216,7 +243,7 @@ def play(scenarios: str, seed: int, org: OrgConfig, tokenizer: str):
         policy = InspectPolicy(chat, asyncio.get_running_loop(), temperature, by_bytes)
         mixed = mix(policy, ScriptedPolicy(chat, ConfederateScript([s])),
                     rollout_confederates([s], 1))
-        result = await asyncio.to_thread(RolloutDriver(mixed, chat, org).run, [group])
+        result = await _in_thread(RolloutDriver(mixed, chat, org).run, [group])
         counts = count_run(result.logs[0][0].events, s)
         agents = counts.agents
         state.metadata["counts"] = {
