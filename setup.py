@@ -23,9 +23,10 @@ EXTRAS = {
     # (tests/train/test_remote_workdir.py). hypothesis generates the tool arguments of the
     # security fuzz (tests/security/test_tool_fuzz.py). import-linter checks the layers of
     # docs/architecture.md (`lint-imports`, .importlinter). pytest-xdist runs the suite on
-    # every core (`python -m pytest -n 2`).
+    # every core (`python -m pytest -n 2`). openai: the server's tests drive it with the real
+    # client (tests/serving/).
     "test": ["pytest", "pytest-xdist", "ruff", "nbclient", "nbformat", "ipykernel", "gcsfs",
-             "gcp-storage-emulator", "hypothesis", "import-linter"],
+             "gcp-storage-emulator", "hypothesis", "import-linter", "openai>=2.54,<3"],
     # A gs:// workdir (pod runs): etils.epath and TensorBoard reach GCS through gcsfs.
     "gcs": ["gcsfs"],
     # The Hugging Face oracle and checkpoint formats (parity tests, import/export); jinja2
@@ -36,6 +37,16 @@ EXTRAS = {
     # The llama.cpp peer of experiments/bench/vs_llamacpp.py (its C API through ctypes; pip
     # builds llama.cpp from source, minutes); with the hf extra's gguf.
     "bench": ["llama-cpp-python==0.3.36", "gguf"],
+    # The OpenAI-compatible server's client (`python -m avalon.serve`; its tests drive the
+    # server with the real `openai` client), inspect-ai for the safety suite as an inspect task
+    # (experiments/safety/inspect_task.py), verifiers for its v1 tasksets in Avalon's loop
+    # (avalon/envs/verifiers_env.py). inspect-ai 0.3.258 is the newest whose openai provider
+    # takes the openai 2 line verifiers 0.4 needs (0.3.259 on want openai 3). It pins fsspec
+    # below gcsfs's, and verifiers' mcp wants an sse-starlette above openreward's pin: .ci/run
+    # puts the test extra's versions back after installing these two (see there).
+    "serve": ["openai>=2.54,<3"],
+    "inspect": ["inspect-ai==0.3.258", "openai>=2.54,<3"],
+    "verifiers": ["verifiers==0.4.0"],
     # The Open Reward Standard's SDK: only the ORS tests use it (a reference server and
     # client); OrsEnvironment and the ORS server are stdlib.
     "ors": ["openreward>=0.1.160,<0.2"],

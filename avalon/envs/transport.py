@@ -120,10 +120,11 @@ class SseReply:
     events: Generator[tuple[str, str] | None, None, None]
 
 
-def sse_frame(event: str, data: str) -> bytes:
-    """One SSE event (multi-line data as several `data:` lines)."""
+def sse_frame(event: str | None, data: str) -> bytes:
+    """One SSE event (multi-line data as several `data:` lines); without an `event:` line
+    when `event` is None (a plain message, as OpenAI-style streams send)."""
     lines = "".join(f"data: {line}\n" for line in data.split("\n"))
-    return f"event: {event}\n{lines}\n".encode()
+    return (lines if event is None else f"event: {event}\n{lines}").encode() + b"\n"
 
 
 SSE_PING = b": ping\n\n"
@@ -159,6 +160,12 @@ class HttpService:
     def handle(self, method: str, path: str, query: dict, body: dict,
                headers: Any) -> Any:
         raise NotImplementedError
+
+    def error_body(self, status: int, kind: str, message: str,
+                   error: Exception | None = None) -> dict:
+        """The JSON body of a refusal (`{"error", "kind", "detail"}`); a service speaking
+        another API's error objects overrides it."""
+        return _error(kind, message)
 
     def start_worker(self, target, *args, name: str) -> None:
         """Runs `target(*args)` in a daemon thread, within `max_worker_threads` (else a 503)."""
@@ -211,12 +218,11 @@ class HttpService:
         self.evicted += 1
         return handler.connection
 
-    @staticmethod
-    def _kick(sock: socket.socket, why: str) -> None:
+    def _kick(self, sock: socket.socket, why: str) -> None:
         """A 503 to a connection taken for a newer client, then its end (its handler thread
         sees the socket shut and leaves). Not blocking: the reply fits the empty send buffer
         of a connection that was waiting for its client."""
-        body = json.dumps(_error("overloaded", why)).encode()
+        body = json.dumps(self.error_body(503, "overloaded", why)).encode()
         try:
             sock.send(_OVERLOADED % (len(body), body), socket.MSG_DONTWAIT)
         except OSError:
@@ -356,9 +362,9 @@ class _Server(ThreadingHTTPServer):
                     app.connections -= 1
                 raise
             return
-        body = json.dumps(_error("overloaded", f"{app.limits.max_connections} connections "
-                                 "are open (the limit) and none waits for its client: retry "
-                                 "later")).encode()
+        body = json.dumps(app.error_body(503, "overloaded", f"{app.limits.max_connections} "
+                                         "connections are open (the limit) and none waits for "
+                                         "its client: retry later")).encode()
         try:
             request.settimeout(1.0)  # a few hundred bytes into an empty send buffer
             request.sendall(_OVERLOADED % (len(body), body))
@@ -497,7 +503,7 @@ class _Handler(BaseHTTPRequestHandler):
         except HttpError as e:  # the head broke a limit (raised by the reader)
             self.close_connection = True
             if app.claim(self):
-                self._write(e.status, _error(e.kind, str(e)), close=True)
+                self._write(e.status, app.error_body(e.status, e.kind, str(e), e), close=True)
 
     def head_line(self, n: int) -> None:
         """Counts a head line of `n` bytes (the reader calls it): within `max_head_bytes`, and
@@ -535,15 +541,15 @@ class _Handler(BaseHTTPRequestHandler):
             status, reply = 200, app.handle(method, url.path, parse_qs(url.query), body,
                                             self.headers)
         except HttpError as e:
-            status, reply, close = e.status, _error(e.kind, str(e)), e.close
+            status, reply, close = e.status, app.error_body(e.status, e.kind, str(e), e), e.close
         except UnknownTaskError as e:
-            status, reply = 404, _error("unknown_task", str(e))
+            status, reply = 404, app.error_body(404, "unknown_task", str(e), e)
         except (wire.WireError, ValueError, TypeError) as e:
-            status, reply = 400, _error("bad_request", f"{type(e).__name__}: {e}")
+            status, reply = 400, app.error_body(400, "bad_request", f"{type(e).__name__}: {e}", e)
         except (TimeoutError, ConnectionError):
             raise  # the client stalled or left mid-body: drop the connection, no reply
         except Exception as e:  # a bug in the environment: report it, keep serving
-            status, reply = 500, _error("env_error", f"{type(e).__name__}: {e}")
+            status, reply = 500, app.error_body(500, "env_error", f"{type(e).__name__}: {e}", e)
         if not app.claim(self):  # taken while its body arrived: the 503 went out already
             self.close_connection = True
             return
@@ -554,7 +560,7 @@ class _Handler(BaseHTTPRequestHandler):
             data = json.dumps(reply, allow_nan=False).encode("utf-8")
         except ValueError as e:  # e.g. a NaN reward: also an environment bug
             status = 500
-            data = json.dumps(_error("env_error", f"reply is not JSON: {e}")).encode()
+            data = json.dumps(app.error_body(500, "env_error", f"reply is not JSON: {e}")).encode()
         self._write_bytes(status, data, close)
 
     def _write(self, status: int, reply: dict, *, close: bool) -> None:

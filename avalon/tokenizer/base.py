@@ -11,6 +11,7 @@ know as U+FFFD, because decoded ids are model outputs and nothing a model writes
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Protocol, runtime_checkable
 
@@ -54,3 +55,24 @@ class Tokenizer(Protocol):
 def utf8_bytes(text: str) -> bytes:
     """UTF-8 of `text`; lone surrogates (valid in a Python str, not in UTF-8) become '?'."""
     return text.encode("utf-8", errors="replace")
+
+
+@functools.cache
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (the byte-level BPE alphabet)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    out, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+@functools.cache
+def byte_values() -> dict[str, int]:
+    """The byte-level BPE alphabet read back: character -> the byte it stands for."""
+    return {c: b for b, c in byte_alphabet().items()}

@@ -34,6 +34,7 @@ import dataclasses
 import os
 
 from avalon.checkpoint.gguf import GgufCheckpoint, GgufError
+from avalon.tokenizer.base import byte_alphabet
 from avalon.tokenizer.hf import HFTokenizer
 from avalon.tokenizer.hf_files import post_processor, write_tokenizer_files
 
@@ -73,20 +74,6 @@ class GgufVocab:
         return {k: v for k, v in dataclasses.asdict(self).items() if k != "pre"}
 
 
-def _byte_alphabet() -> dict[int, str]:
-    """GPT-2's byte -> printable character map (the byte-level BPE alphabet)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    out, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
 def gguf_tokenizer(source: str | os.PathLike | GgufCheckpoint):
     """(`tokenizers.Tokenizer`, `GgufVocab`) of a GGUF file (a path or an open checkpoint)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -105,8 +92,8 @@ def gguf_tokenizer(source: str | os.PathLike | GgufCheckpoint):
     tokens = ck.metadata("tokenizer.ggml.tokens")
     types = ck.metadata("tokenizer.ggml.token_type", [1] * len(tokens))
     merges = [tuple(m.split(" ")) for m in ck.metadata("tokenizer.ggml.merges")]
-    alphabet = set(_byte_alphabet().values())
-    spell = _byte_alphabet()
+    alphabet = set(byte_alphabet().values())
+    spell = byte_alphabet()
     vocab = {(t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8"))): i
              for i, t in enumerate(tokens)}
     if len(vocab) != len(tokens):

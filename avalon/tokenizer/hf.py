@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from avalon.tokenizer import template
-from avalon.tokenizer.base import REPLACEMENT, Special, utf8_bytes
+from avalon.tokenizer.base import REPLACEMENT, Special, byte_values, utf8_bytes
 from avalon.tokenizer.chat import Rendering
 
 
@@ -136,6 +136,15 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         text = utf8_bytes(text).decode("utf-8")  # the Rust side rejects lone surrogates
         return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def token_bytes(self, i: int) -> bytes:
+        """The bytes one id stands for (a byte-level BPE piece may be part of a UTF-8
+        character, which `decode` shows as U+FFFD); a special's string for a special."""
+        piece = None if i in self._special_by_id else self._tok.id_to_token(int(i))
+        values = byte_values()
+        if piece is not None and all(c in values for c in piece):
+            return bytes(values[c] for c in piece)
+        return self.decode([i]).encode("utf-8")
 
     def decode(self, ids: Iterable[int]) -> str:
         out: list[str] = []

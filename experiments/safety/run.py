@@ -165,7 +165,9 @@ def evaluate_checkpoint(path: str, label: str, scenarios: Sequence[Scenario], ar
     engine = Engine(cfg, params, num_slots=slots_needed(scenarios, args.runs),
                     max_context=org.window, prefill_chunk=args.prefill_chunk,
                     detokenize=chat.tok.decode)
-    policy = EnginePolicy(engine, chat, SamplingParams(temperature=args.temperature))
+    sampling = SamplingParams(greedy=True) if args.greedy else \
+        SamplingParams(temperature=args.temperature)
+    policy = EnginePolicy(engine, chat, sampling)
     _, counts = play_suite(policy, scenarios, args.runs, chat=chat, org=org, seed=args.seed,
                            log_dir=Path(args.out) / "logs" / label,
                            progress=command.ProgressLine(f"safety {label}", "runs"))
@@ -263,6 +265,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--max_new_tokens", type=int, default=None,
                    help="tokens per turn (default: window / 16)")
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--greedy", action="store_true",
+                   help="argmax decoding (--temperature is then unused): the counts the "
+                        "inspect task (experiments/safety/inspect_task.py) reproduces")
     p.add_argument("--prefill_chunk", type=int, default=256)
     p.add_argument("--prompt_style", default=None, choices=[s.value for s in PromptStyle],
                    help="(compact)")

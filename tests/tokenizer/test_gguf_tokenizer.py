@@ -100,6 +100,20 @@ def test_smollm2_hftokenizer_renders_chatml(smollm2):
         "a<|im_end|>"
 
 
+def test_smollm2_token_bytes_join_to_the_text(smollm2):
+    """Each id's own bytes (what the server sends as a log-prob's `bytes`): joined over an
+    encoding they give the text's UTF-8, also where a character spans several ids."""
+    path, ck, theirs = smollm2
+    tok = load_gguf_tokenizer(ck)
+    split = 0
+    for s in STRINGS:
+        ids = tok.encode(s)
+        assert b"".join(tok.token_bytes(i) for i in ids) == s.encode("utf-8"), s
+        split += sum(tok.decode([i]) == "\ufffd" for i in ids)
+    assert split > 0  # some emoji take several ids, none of which decodes alone
+    assert tok.token_bytes(2) == b"<|im_end|>"
+
+
 def _rewrite_vocab(src: GgufCheckpoint, path, pre, *, add_bos=None, user_defined=(),
                    size=6000):
     """A metadata-only GGUF holding the first `size` tokens of `src`'s vocabulary and the merges
