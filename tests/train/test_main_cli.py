@@ -26,7 +26,7 @@ def _main(*args):
      "avalon.main: --config=configs/no_such_config.py: no such config file"),
     (["--config=configs/toy_org.py:smok"],
      "avalon.main: --config=configs/toy_org.py:smok: config argument 'smok' is not accepted; "
-     "this config takes ['smoke', 'smoke_seed'] (or none)"),
+     "this config takes ['smoke', 'smoke_seed', 'tiers'] (or none)"),
     (["--config=configs/nemotron3_super_pod.py:smoke"],
      "avalon.main: --config=configs/nemotron3_super_pod.py:smoke: config argument 'smoke' is "
      "not accepted"),
