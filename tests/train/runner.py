@@ -44,4 +44,4 @@ def metrics(workdir) -> list[dict]:
 
 def deterministic(record: dict) -> dict:
     """A metrics record without the fields that measure time or the host process."""
-    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/", "host/"))}
+    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/", "host/", "progress/"))}
