@@ -50,8 +50,11 @@ REDUCTIONS = {
     "nll": Reduce.MEAN,
     "entropy": Reduce.MEAN,
     # MoE choices dropped at the expert-parallel capacity bound (RLConfig.moe_capacity_factor),
-    # over all MoE layers and tokens of the batch (padding included); 0 when dropless.
+    # over all MoE layers and tokens of the batch (padding included, except a micro-batch of
+    # padding only, which is not run); 0 when dropless.
     "moe_dropped_choices": Reduce.SUM,
+    # Micro-batches without a loss token, not run (`update.make_update_step`).
+    "empty_micro_batches": Reduce.SUM,
 }
 
 

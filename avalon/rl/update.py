@@ -20,8 +20,10 @@ apply momentum and weight decay. The state is donated; with a mesh, every input 
 output has a declared sharding (params per TRAIN_RULES, batch over data × fsdp × expert).
 
 Metrics (scalars): loss, loss_tokens, tokens (real, non-padding), entropy (mean over loss
-tokens), grad_norm (before clipping), skipped; CISPO adds ratio_mean/max/min, clipped_frac
-(clipped_high_frac, clipped_low_frac) and token_adv_mean/std/min/max; SFT adds nll.
+tokens), grad_norm (before clipping), skipped, empty_micro_batches (micro-batches without a
+loss token, which the scan does not run: padding rows cost nothing); CISPO adds ratio_mean/
+max/min, clipped_frac (clipped_high_frac, clipped_low_frac) and token_adv_mean/std/min/max;
+SFT adds nll.
 
 Micro-batch j takes sequences j, j + n, j + 2n, ... of the batch (an interleaved split), so with
 the batch sharded over data × fsdp every device holds its share of every micro-batch and the
@@ -48,7 +50,7 @@ from avalon.model.config import ModelConfig
 from avalon.rl.batch import TrainBatch, routing_dtype
 from avalon.rl.config import LossKind, RLConfig
 from avalon.rl.logprobs import sequence_logprobs
-from avalon.rl.losses import cispo_loss, combine_metrics, sft_loss
+from avalon.rl.losses import REDUCTIONS, Reduce, cispo_loss, combine_metrics, sft_loss
 from avalon.sharding import TRAIN_RULES, TRAIN_SEQ_RULES, batch_axes, seq_axes, use_rules
 
 FROZEN_LEAVES = ("router", "router_bias")
@@ -201,6 +203,15 @@ def _micro_batch(x, j, n: int):
                                         keepdims=False)
 
 
+def _empty_metrics(shapes: dict) -> dict:
+    """A micro-batch's metrics when it has no loss token: the loss's values on an empty mask
+    (0 for sums and means, -inf / +inf for maxima / minima), and one empty micro-batch."""
+    fill = {Reduce.MAX: -np.inf, Reduce.MIN: np.inf}
+    out = {k: jnp.full(v.shape, fill.get(REDUCTIONS[k], 0), v.dtype) for k, v in shapes.items()
+           if k != "empty_micro_batches"}
+    return {**out, "empty_micro_batches": jnp.ones((), jnp.int32)}
+
+
 def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | None = None
                      ) -> UpdateStep:
     """Build the jitted update step (and a jitted log-prob pass) for these configs."""
@@ -255,11 +266,20 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
             (_, metrics), grads = grad_fn(params, batch, num_tokens)
             if acc is not None:
                 grads = jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc, grads)
-            return grads, metrics
+            return grads, {**metrics, "empty_micro_batches": jnp.zeros((), jnp.int32)}
 
-        def one(acc, mb):
+        def add(acc, mb):
             (_, metrics), g = grad_fn(params, mb, num_tokens)
             acc = jax.tree.map(lambda a, x: a + x.astype(a.dtype), acc, g)
+            return acc, {**metrics, "empty_micro_batches": jnp.zeros((), jnp.int32)}
+
+        def one(acc, mb):
+            # A micro-batch without a loss token (padding rows: a call is padded to a multiple
+            # of the micro-batches) adds an exact zero to the gradient, so it is not run: its
+            # metrics are what the loss gives an empty mask (`_empty_metrics`).
+            acc, metrics = jax.lax.cond(
+                jnp.any(mb.loss_mask), add,
+                lambda acc, mb: (acc, _empty_metrics(jax.eval_shape(add, acc, mb)[1])), acc, mb)
             if p_shard is not None:
                 acc = jax.lax.with_sharding_constraint(acc, p_shard)
             return acc, metrics

@@ -63,6 +63,7 @@ REDUCTIONS: tuple[tuple[str, str, str], ...] = (
     ("last", "pack_sequences", "sum"), ("last", "pack_tokens", "sum"),
     ("last", "pack_loss_tokens", "sum"), ("last", "pack_padding", "sum"),
     ("last", "pack_unpredictable_loss_tokens", "sum"), ("last", "loss_tokens", "sum"),
+    ("last", "empty_micro_batches", "sum"),
     ("last", "dropped_all_zero", "sum"), ("last", "dropped_all_equal", "sum"),
     ("exact", "rollout/refilled_groups", "sum"), ("exact", "rollout/groups_without_signal", "sum"),
 )

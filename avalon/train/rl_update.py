@@ -71,6 +71,11 @@ class RLUpdate:
         calls, per_call = plan.calls(most)  # per_call: this process's rows of each call
         if batch.tokens.shape[0] != calls * per_call:
             batch, bstats = self._build(groups, min_seqs=calls * per_call)
+        order = _micro_major(np.asarray(batch.loss_mask).any(axis=1), per_call,
+                             cfg.rl.micro_batches)
+        batch = jax.tree.map(lambda a: np.asarray(a)[order], batch)
+        if bstats.roles is not None:
+            bstats = dataclasses.replace(bstats, roles=bstats.roles[order])
         parts = [jax.tree.map(lambda a, c=c: np.asarray(a)[c * per_call:(c + 1) * per_call],
                               batch) for c in range(calls)]
         lengths = [plan.call_length(max_across_hosts(_used_positions(p))) for p in parts]
@@ -99,6 +104,27 @@ class RLUpdate:
                                     "time/update_s": time.perf_counter() - t1}, lengths)
 
 
+def _micro_major(has_loss: np.ndarray, per_call: int, micro_batches: int) -> np.ndarray:
+    """A row order of the batch under which each call's rows with loss tokens fill its
+    micro-batches one after another (micro-batch j of a call takes rows j, j + n, j + 2n, ...:
+    `rl.update._micro_batch`), so the padding rows make whole micro-batches, which the step
+    does not run. The gradient is a sum over rows, so the order changes nothing else."""
+    order = np.arange(len(has_loss))
+    n = micro_batches
+    if n <= 1 or per_call % n:
+        return order
+    m = per_call // n  # rows of a micro-batch
+    for start in range(0, len(has_loss), per_call):
+        rows = order[start:start + per_call]
+        ranked = rows[np.argsort(~has_loss[rows], kind="stable")]  # loss rows first, in order
+        # The k-th ranked row goes to micro-batch k // m, its (k % m)-th row.
+        k = np.arange(len(ranked))
+        placed = np.empty_like(ranked)
+        placed[(k % m) * n + k // m] = ranked
+        order[start:start + per_call] = placed
+    return order
+
+
 def _used_positions(batch) -> int:
     """Positions up to the last real token of any row (0 for an all-padding part)."""
     real = np.asarray(batch.segment_ids) > 0
@@ -116,7 +142,8 @@ def _cut(batch, n: int):
 
 # The update step's metrics over several calls of one RL step (`UpdateMode.PER_CALL`):
 # counts add up, extremes stay extremes, the rest are means weighted by loss tokens.
-_UPDATE_SUMS = frozenset({"tokens", "loss_tokens", "skipped", "moe_dropped_choices"})
+_UPDATE_SUMS = frozenset({"tokens", "loss_tokens", "skipped", "moe_dropped_choices",
+                          "empty_micro_batches"})
 
 
 def _combine_updates(updates: list[dict]) -> dict:

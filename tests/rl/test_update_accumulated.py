@@ -113,3 +113,23 @@ def test_a_non_finite_part_skips_the_whole_step(single, params, batch):
     assert int(m["skipped"]) == 1 and int(new.step) == 0
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(_host(new))):
         assert a.tobytes() == b.tobytes()
+
+
+def test_micro_batches_of_padding_only_are_not_run_and_change_nothing(single, params, batch):
+    """A call padded with rows of padding (to the micro-batches' multiple) gives the step on
+    the real rows alone, and reports each padding-only micro-batch as not run."""
+    b = batch.tokens.shape[0]
+    pad, _ = pack_rows([], SEQ, min_seqs=3, routing_shape=ROUTING)
+    padded = jax.tree.map(lambda x, y: np.concatenate([np.asarray(x), np.asarray(y)]), batch, pad)
+    # One row a micro-batch: the three added and the batch's own padding hold no loss token.
+    empty = int((~np.asarray(padded.loss_mask).any(axis=1)).sum())
+    assert empty >= 3
+    step = make_update_step(CFG, RL.replace(micro_batches=b + 3))
+    want_state, want_m = single(single.init_state(params), batch)
+    got_state, got_m = step(step.init_state(params), padded)
+    assert int(got_m["empty_micro_batches"]) == empty and int(want_m["empty_micro_batches"]) == 0
+    _assert_same_state(got_state.params, want_state.params)
+    _assert_same_state(got_state.opt_state, want_state.opt_state)
+    got_m, want_m = dict(jax.device_get(got_m)), dict(jax.device_get(want_m))
+    got_m.pop("empty_micro_batches"), want_m.pop("empty_micro_batches")
+    _assert_same_metrics(got_m, want_m)
