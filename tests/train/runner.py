@@ -43,5 +43,7 @@ def metrics(workdir) -> list[dict]:
 
 
 def deterministic(record: dict) -> dict:
-    """A metrics record without the fields that measure time or the host process."""
-    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/", "host/", "progress/"))}
+    """A metrics record without the fields that measure time or the host process (progress/:
+    the wall-clock seconds of the run's work and compiles)."""
+    return {k: v for k, v in record.items()
+            if not k.startswith(("time/", "perf/", "host/", "progress/"))}
