@@ -108,7 +108,8 @@ TRAIN_SEQ_RULES: Rules = {
 # per-slot state splits by heads the same way (Mamba state over tensor x expert). The KV pool
 # splits by pages over every axis (`kv_pages`: each chip attends over the pages it holds and
 # the partial softmaxes are merged, `attention.paged_attention_sharded`): GQA models have too
-# few KV heads (Super: 2) to split them over 4 chips. RESULTS.md, issue 16 (helper i16d).
+# few KV heads (Super: 2) to split them over 4 chips. RESULTS.md, "The pod's decode fits a v5p
+# host; rollouts in waves; the mesh builder".
 _DECODE_TP = ("tensor", "expert")
 DECODE_RULES: Rules = {
     **_WEIGHT_RULES, **_ACTIVATION_RULES,

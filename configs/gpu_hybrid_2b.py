@@ -79,7 +79,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # The KV pool starts at its ceiling: 2^19 pages of 16 = 8.4M tokens (7.3K a slot on
     # average; any one context may still reach the 16K window), 34.4 GB of bf16 KV beside the
     # slots' 18.5 GB of Mamba state. Measured with the 25.9 GB of trainer state that stays on
-    # the card while rollouts decode (RESULTS.md, "One H200 on paper", issue 43).
+    # the card while rollouts decode (RESULTS.md, "One H200 on paper").
     c.engine = ml_collections.ConfigDict({"slots": 1152, "steps_per_dispatch": 16,
                                           "prefill_chunk": 1024, "decode_dtype": "bfloat16",
                                           "kv_pages": 2 ** 19, "max_kv_pages": 2 ** 19,

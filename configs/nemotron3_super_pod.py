@@ -123,7 +123,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                       "micro_batches": 64, "moe_capacity_factor": 1.1,
                                       "sequence_parallel": True})  # see the module doc
     # One host's engine (4 chips, 95 GB each; measured: python -m experiments.scale.aot
-    # --config=this --topology=v5p-256 --step=decode, RESULTS.md issue 16, helper i16d). Per
+    # --config=this --topology=v5p-256 --step=decode; RESULTS.md, "The pod's decode fits a v5p
+    # host"). Per
     # chip: the bf16 decode view is 61.6 GB (routed experts split over the 4 chips, the dense
     # layers tensor-parallel over them); a slot's Mamba state is 170 MB, 42.6 MB per chip;
     # KV is 8 KB a token (8 layers x 2 heads x 128 x K,V in bf16), 2 KB per chip (pages split

@@ -83,7 +83,7 @@ def make_teacher(env, chat):
     if isinstance(env, Verification):
         # A verifier in 3 of 4 teams: with 1 in 2, the held-out share of reviewed teams after
         # SFT was 0.29-0.42 and fell to 0 within 20 RLCR steps in two of four runs (one
-        # early plan token decides it; RESULTS.md, issue 12).
+        # early plan token decides it; RESULTS.md, "Why the review habit collapsed").
         return env.teacher(chat, VerifyTeacherConfig(verifier_rate=0.75, hires_per_turn=1))
     return env.teacher(chat)
 
@@ -110,7 +110,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # so on-policy importance ratios are exactly 1.
     # flash: packed training rows skip the attention blocks above the diagonal and never hold
     # [t, t] scores (the update step at 8 x 1024 tokens on one CPU core: 1.71 s against 2.01 s
-    # with block_causal, issue 22; block_causal was 1.5x faster than naive).
+    # with block_causal; block_causal was 1.5x faster than naive).
     c.model.overrides = ml_collections.ConfigDict({"vocab_size": 640,  # the words need ~560
                                                    "decode_dt_clamp": True,
                                                    "attention_impl": "flash",
@@ -184,7 +184,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.sft.skill_seqs = 2
     c.rollout = ml_collections.ConfigDict()
     # 100 RLCR steps: 16 moved nothing by 3 standard errors; 100 raise the held-out reward and
-    # messages per agent by > 3 SE in two seeds, each with its own SFT (RESULTS.md, issue 12).
+    # messages per agent by > 3 SE in two seeds, each with its own SFT (RESULTS.md, topic 4).
     c.rollout.steps = 3 if smoke else 0 if seed else 100  # the seed: SFT only
     c.rollout.groups_per_step = 2 if smoke else 4
     c.rollout.rollouts_per_group = 4 if smoke else 8  # K

@@ -4,8 +4,8 @@
 // Why: XLA:CPU runs the model's block attention (`model.attention._flash_attention`) as separate
 // passes over every [rows, keys] block: the product, the mask, the row max and sum (each a
 // reduce-window tree), the exponentials, the sliced copies of K and V. At SmolLM2's shapes the
-// attention core ran at ~35 GFLOP/s where the products around it run at ~130 (issue 49,
-// experiments/bench/RESULTS.md). Here each block of scores is made, masked, exponentiated and
+// attention core ran at ~35 GFLOP/s where the products around it run at ~130 (a profile of
+// one update step, docs/results_history.md, "Where SmolLM2's update step goes (one core)"). Here each block of scores is made, masked, exponentiated and
 // used while it is in L1, in one pass, as torch's CPU flash attention does.
 //
 // Layout (the model's `_flash_core`): q [b, h, t*g, d], row m is query m / g of query head

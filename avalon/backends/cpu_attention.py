@@ -4,11 +4,11 @@ FFI, registered as the model's `AttentionImpl.KERNEL` core.
 The model's FLASH attention (`model.attention._flash_attention`) runs on XLA:CPU as separate
 passes over every block of scores (product, mask, row max and sum, exponentials, copies of K and
 V): at SmolLM2-135M's shapes its forward and backward ran at ~35 GFLOP/s where the products
-around it run at ~130 (issue 49, `experiments/bench/RESULTS.md`). `cpu_attention.cc` makes,
-masks and uses each block of scores while it is in L1, in one pass, with the same function:
-`_flash_core`'s layout and results (its output, and gradients from the rows' log-sum-exp, equal
-to rounding; tests/backends/test_cpu_attention.py). fp32 only, head_dim a multiple of 16
-(`fits`); the update step uses it on a CPU with one device (`training.model_config`).
+around it run at ~130 (`docs/results_history.md`, "Where SmolLM2's update step goes").
+`cpu_attention.cc` makes, masks and uses each block of scores while it is in L1, in one pass, with
+the same function: `_flash_core`'s layout and results (its output, and gradients from the rows'
+log-sum-exp, equal to rounding; tests/backends/test_cpu_attention.py). fp32 only, head_dim a
+multiple of 16 (`fits`); the update step uses it on a CPU with one device (`training.model_config`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 //
 // Why: XLA:CPU runs the update step's fp32 products at 130-139 GFLOP/s on one core here, and
 // the LM head's [1,024, 576] x [576, 49,152] at ~100, where MKL runs every one of the step's
-// shapes and orientations at 151-165 (issue 49, experiments/bench/RESULTS.md); the products are
+// shapes and orientations at 151-165 (docs/results_history.md, SmolLM2's update step with
+// products on MKL); the products are
 // two thirds of SmolLM2-135M's update step. A GEMM written here reached 146-152 on contiguous
 // operands and less on transposed ones, so the kernel calls the library rather than imitate it.
 //

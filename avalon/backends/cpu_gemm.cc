@@ -2,7 +2,8 @@
 //
 // Why: in decode every weight is read once per step for a handful of rows, so a product's speed
 // is how fast it streams the weight from memory. XLA:CPU's 8-row product streams a cold weight at
-// ~6 GB/s where a plain read runs at ~28 (issue 22, RESULTS.md); these loops read the weight in
+// ~6 GB/s where a plain read runs at ~28 (RESULTS.md, "The C++ kernel for the engine's
+// products on CPU"); these loops read the weight in
 // one pass, in the order it is stored, and run 2.3-2.5x faster at 8 rows (1.3-1.9x at 1 row, 1.1x
 // at 64, level at 512; experiments/bench/cpu_gemm.py).
 //
@@ -16,7 +17,7 @@
 //     rows sorted so each expert's rows are one run; row i uses expert expert[i]'s weight; a row
 //     whose expert is outside [0, E) gets zeros (padding).
 //
-// Streaming (issue 49): one core's loads alone fall short of what memory gives when compute sits
+// Streaming: one core's loads alone fall short of what memory gives when compute sits
 // between them (a development probe, not in RESULTS.md: 8 rows over a 425 MB stream of [576,
 // 1536] weights read at ~60% of a plain read), so the passes prefetch the weight ahead of their
 // reads, and rows beyond one group share each 8 KB chunk of a block while it is in L1 (the

@@ -3,7 +3,8 @@
 In decode every projection reads its whole weight for a handful of rows, so its speed is how fast
 it streams the weight from memory. XLA:CPU's product does that poorly at few rows: 6-7 GB/s for
 an 8-row product against a cold [256, 512] weight on one Zen 4 core, where a plain read of
-memory runs at ~28 GB/s (issue 22, `experiments/bench/RESULTS.md`). `cpu_gemm.cc` computes the
+memory runs at ~28 GB/s (`experiments/bench/RESULTS.md`, "The C++ kernel for the engine's
+products on CPU"). `cpu_gemm.cc` computes the
 same product reading the weight once, in the order it is stored (`Packed`): 2.3-2.5x XLA's rate
 at 8 rows, 1.3-1.9x at 1, 1.1x at 64, level at 512 (compute bound; `experiments/bench/
 cpu_gemm.py`), so the engine uses it for prefill too.

@@ -4,7 +4,8 @@
 // Why: the update step's log-probs (`rl.logprobs`) reduce each row of [positions, vocabulary]
 // logits three times (max, sum of exponentials, the entropy's sum) and its backward makes the
 // softmax again; XLA:CPU runs each row reduction as a tree of reduce-window passes at ~3 GB/s,
-// ~0.5 s of SmolLM2-135M's update step on one core (issue 49, experiments/bench/RESULTS.md).
+// ~0.5 s of SmolLM2-135M's update step on one core (docs/results_history.md,
+// "Where SmolLM2's update step goes (one core)").
 // Here a row (196 KB at a 49,152-token vocabulary, in L2) is read twice in the forward (its
 // max, then the exponentials' two sums) and once in the backward.
 //

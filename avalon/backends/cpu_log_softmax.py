@@ -3,7 +3,8 @@ XLA's FFI, for the update step's LM head (`rl.logprobs`).
 
 `rl.logprobs.log_softmax_stats` computes, per row of logits, log-sum-exp, the target's log-prob
 and the entropy with XLA's reductions, which XLA:CPU runs as trees of reduce-window passes (~0.5
-s of SmolLM2-135M's update step on one core; issue 49, `experiments/bench/RESULTS.md`).
+s of SmolLM2-135M's update step on one core; `docs/results_history.md`, "Where SmolLM2's update
+step goes").
 `cpu_log_softmax.cc` reads each row twice in the forward and once in the backward, in L2. Same
 function and gradient (the target's log-prob only; the entropy carries none), equal to
 rounding: tests/backends/test_cpu_log_softmax.py. fp32 logits; the update step uses it on a

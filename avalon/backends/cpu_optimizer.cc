@@ -4,7 +4,8 @@
 // Why: XLA:CPU runs the step's clip + AdamW + skip guard as several passes over every parameter
 // (moments and guard, the update, the update applied and guarded) and its gradient norm's sums
 // of squares at ~1.3 GB/s as reduce-window trees, taken twice (the metric and the clip): ~0.75 s
-// of SmolLM2-135M's 8.7 s update step on one core (issue 49, experiments/bench/RESULTS.md).
+// of SmolLM2-135M's 8.7 s update step on one core (docs/results_history.md,
+// SmolLM2's update step with attention and log-probs in C++ and products on MKL).
 // Here the norm is one read of each gradient, and the optimizer one pass that reads g, p, mu, nu
 // and writes p, mu, nu in place (aliased).
 //

@@ -3,12 +3,12 @@ kernel behind XLA's FFI (`cpu_optimizer.cc`).
 
 XLA:CPU runs `optax.clip_by_global_norm` + `optax.adamw` + the step's skip guard as several passes
 over every parameter, and the global norm's sums of squares at ~1.3 GB/s, twice (the metric, the
-clip): ~0.75 s of SmolLM2-135M's 8.7 s update step on one core (issue 49,
-`experiments/bench/RESULTS.md`). Here the norm reads each gradient once, and one pass per leaf
-reads g, p, mu, nu and writes p, mu, nu in place. The optimizer state stays optax's (the one
-`rl.update.make_optimizer` builds: checkpoints are the same), and the results equal optax's to
-rounding (tests/backends/test_cpu_optimizer.py). float32 leaves; others take the same formula
-in jnp. Used on a CPU with one device (`training.fused_optimizer`).
+clip): ~0.75 s of SmolLM2-135M's 8.7 s update step on one core (the profile in
+`docs/results_history.md`, SmolLM2's update step with products on MKL). Here the norm reads each
+gradient once, and one pass per leaf reads g, p, mu, nu and writes p, mu, nu in place. The optimizer
+state stays optax's (the one `rl.update.make_optimizer` builds: checkpoints are the same), and the
+results equal optax's to rounding (tests/backends/test_cpu_optimizer.py). float32 leaves; others
+take the same formula in jnp. Used on a CPU with one device (`training.fused_optimizer`).
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 C++ kernel is not used (a bf16 decode view, or no compiler).
 
 With few token rows (decode), XLA:CPU streams a weight from memory at ~1.8x the rate when the
-product is computed as w_t [out, in] @ x.T (the weight's rows are the product's long axis) than
-as x @ w with w [in, out] (one AVX2 core, [8, 256] against 64 MB of [256, 4096] weights: 5.3
-against 2.9 GB/s; `experiments/bench/RESULTS.md`, issue 22). Many rows take x @ w_t.T instead.
+product is computed as w_t [out, in] @ x.T (the weight's rows are the product's long axis) than as x
+@ w with w [in, out] (one AVX2 core, [8, 256] against 64 MB of [256, 4096] weights: 5.3 against 2.9
+GB/s; `docs/results_history.md`, "Decode weights held output-first"). Many rows take x @ w_t.T
+instead.
 
 The routed experts in this layout run the grouped dispatch's tiles (`moe._experts_grouped`),
 each product as `out_in_product`: forward only (the engine does not differentiate).

@@ -4,7 +4,8 @@
 // Why: XLA:CPU runs the model's norm (`model.norms.rms_norm`) as three passes forward and four
 // or five backward (the row's mean square as a reduce-window tree, the weight's gradient as a
 // column sum over every row): ~0.16 s of SmolLM2-135M's update step on one core, for 60 norms of
-// 1,024 x 576 floats (issue 49, experiments/bench/RESULTS.md). Here each row (2.3 KB, in L1) is
+// 1,024 x 576 floats (a profile of one update step; experiments/bench/RESULTS.md, "SmolLM2's
+// update step against transformers on one core"). Here each row (2.3 KB, in L1) is
 // read twice forward (its sum of squares, then the output) and twice backward.
 //
 //   avalon_rms_norm_fwd(x [n, d], w [d]; eps) -> y [n, d], rstd [n]

@@ -4,7 +4,8 @@
 // Why: XLA:CPU runs the dense MLP's silu(gate) * up (`model.mlp`) as three passes over memory
 // forward (the sigmoid, silu, the product: autodiff keeps the first two for the backward) and
 // two backward; ~0.25 s of SmolLM2-135M's update step on one core, for 30 layers of 1,024 x
-// 1,536 floats (issue 49, experiments/bench/RESULTS.md). Here one pass each way.
+// 1,536 floats (a profile of one update step; experiments/bench/RESULTS.md, "SmolLM2's update
+// step against transformers on one core"). Here one pass each way.
 //
 //   avalon_swiglu_fwd(gate [n], up [n]) -> h [n]:   h = gate s up,  s = 1 / (1 + exp(-gate))
 //   avalon_swiglu_bwd(gate, up, dh) -> dgate, dup:  dgate = dh up s (1 + gate (1 - s)),

@@ -32,7 +32,7 @@ inline IVec LoadI(const int32_t* p) {
 inline Vec Splat(float x) { return Vec{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
 
 // The horizontal max and sum as AVX-512's shuffle trees where the build has them: lane by lane,
-// each took ~30 lane extractions, a third of the attention forward's softmax (issue 49). The
+// each took ~30 lane extractions, a third of the attention forward's softmax (a profile of the kernel). The
 // sum's tree pairs lanes i and i + w for w = 8, 4, 2, 1, as the loop below: the same result.
 inline float HorizontalMax(Vec v) {
 #if defined(__AVX512F__)

@@ -16,14 +16,14 @@
                    local mesh: the laptop case) CPU_PACKED where the kernel builds, else
                    CPU_OUT_IN; AS_TRAINED on every other platform and mesh
 
-Why, each measured on the issue-22 model (experiments/bench/RESULTS.md): XLA:CPU copies a
-scanned run's per-layer weight slice out of the stacked params before every matmul, i.e. the
-whole stack once per decoded token (38% of decode op time at batch 1), so the CPU layouts slice
+Why, each measured on the 13.6M Nemotron-H that `vs_torch` builds (docs/results_history.md): XLA:CPU
+copies a scanned run's per-layer weight slice out of the stacked params before every matmul, i.e.
+the whole stack once per decoded token (38% of decode op time at batch 1), so the CPU layouts slice
 the params into one block per layer once and run the engine's programs on
 `cfg.replace(scan_layers=False)` (training keeps the layer scan). XLA:CPU streams a weight ~1.8x
 faster for a product with few token rows held output-first (decode 1.22x / 1.18x tokens per CPU
-second at batch 8 / 32, tokens identical); the kernel streams each weight in one pass (~2.3x
-XLA's rate for an 8-row product), so decode and prefill run their products on it.
+second at batch 8 / 32, tokens identical); the kernel streams each weight in one pass (~2.3x XLA's
+rate for an 8-row product), so decode and prefill run their products on it.
 
 Every layout computes the same function as AS_TRAINED: the model's layers call a weight's own
 product when it is a `model.dense.BackendWeight` (tests/backends/ against the [in, out]
@@ -178,9 +178,9 @@ def out_in_params(cfg: ModelConfig, params: dict, packed: bool = False) -> dict:
     if "lm_head" in params:
         out["lm_head"] = layout.of(params["lm_head"], 1)
     elif packed and cfg.tie_word_embeddings:
-        # The tied head packed apart from the embedding (which the token lookup reads as it
-        # is): the largest single weight of a small model (SmolLM2: 113 MB of 538), streamed at
-        # the kernel's rate instead of XLA's (RESULTS.md, issue 49). The model's head reads
+        # The tied head packed apart from the embedding (which the token lookup reads as it is): the
+        # largest single weight of a small model (SmolLM2: 113 MB of 538), streamed at the kernel's
+        # rate instead of XLA's (RESULTS.md, "SmolLM2's decode on CPU"). The model's head reads
         # `lm_head` where the params hold one.
         out["lm_head"] = layout.of(params["embed"].T, 1)
     return out

@@ -6,17 +6,19 @@ On a CPU with one device, FLASH attention is computed by the fused kernel
 the log-probs' row reductions by another (`cpu_log_softmax.py`), the optimizer by a third
 (`cpu_optimizer.py`), RMSNorm and SwiGLU by two more (`cpu_rms_norm.py`, `cpu_swiglu.py`)
 and, with MKL installed, the products by MKL (`cpu_blas.py`): the same
-functions (issue 49, experiments/bench/RESULTS.md); a micro-batch's logits are kept for the
+functions, faster (experiments/bench/RESULTS.md, "SmolLM2's update step against transformers
+on one core"); a micro-batch's logits are kept for the
 backward where they fit `KEEP_LOGITS_BYTES` (`keep_logits`). With several devices the model's
 own stay (XLA would run an opaque kernel replicated on every device, the whole batch on each).
 
 XLA:CPU compiles the update step's programs with YNNPACK for single dots only: reductions and
-elementwise passes run on XLA's own emitters. YNNPACK's reduce fusions (norms, softmax, the
-SSD's dt gradient) were the slower ones here (issue 22: without any YNNPACK fusion the vs_torch
-update step took 12% less CPU time); its single dots are faster than Eigen's once the LM head's
-weight gradient is an untransposed product (`model.dense.dense_head`): 1.05x / 1.08x on the
-step, medians of 5 / 7 alternating pairs (experiments/bench/RESULTS.md). Other platforms
-compile with their defaults.
+elementwise passes run on XLA's own emitters. YNNPACK's reduce fusions (norms, softmax, the SSD's dt
+gradient) were the slower ones here (without any YNNPACK fusion the vs_torch update step took 12%
+less CPU time; docs/results_history.md, the update step against transformers); its single dots are
+faster than Eigen's once the LM head's weight gradient is an untransposed product
+(`model.dense.dense_head`): 1.05x / 1.08x on the step, medians of 5 / 7 alternating pairs
+(docs/results_history.md, "Prefill without 2x padding, the LM head's gradient, YNNPACK dots in the
+update"). Other platforms compile with their defaults.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ DECODE_ROW_RATIO = 2
 # One prefill dispatch's fixed cost, in token x row units of padded prefill work: on the toy
 # (CPU, one core) a dispatch costs ~13-17 ms besides ~0.3 ms per row and token, so a 64-token
 # prompt runs faster as two 32-token chunks than padded to the 128 rung (`pages.chunk_take`;
-# RESULTS.md, issue 22).
+# docs/results_history.md, "Prefill without 2x padding, the LM head's gradient, ...").
 PREFILL_DISPATCH_WORK = 48
 BUCKET_RATIO = 4
 MIN_ROWS = 8

@@ -70,9 +70,9 @@ PAGED_KV_AXES = PagedKV(k=("kv_pages", None, None, None), v=("kv_pages", None, N
 # [rows, heads, queries, PAGE_BLOCK * page_size] fp32.
 PAGE_BLOCK = 16
 # Queries per block of the FLASH full-sequence path (its scores: [b, h, g, FLASH_BLOCK, <= t]).
-# 64, not 128: the issue-22 model's attention layer (8 x 512 tokens, head_dim 32, fwd + bwd, one
-# CPU core) took 0.91-0.96x the time (blocks of 32: 0.93x, of 256: 1.08x); smaller blocks skip
-# more of the masked upper triangle and keep each block's fp32 scores in cache.
+# 64, not 128: vs_torch's 13.6M Nemotron-H's attention layer (8 x 512 tokens, head_dim 32, fwd +
+# bwd, one CPU core) took 0.91-0.96x the time (blocks of 32: 0.93x, of 256: 1.08x); smaller blocks
+# skip more of the masked upper triangle and keep each block's fp32 scores in cache.
 FLASH_BLOCK = 64
 
 # AttentionImpl.KERNEL's fused cores, one per platform, registered by a platform backend:
@@ -316,11 +316,11 @@ def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtyp
     written at position start[b] + i (i < num_new[b]) through the page table pages [b, w];
     positions past the row's pages are dropped.
 
-    Whole pages are read, updated and written back (the m <= (t + s - 2) // s + 1 pages the
-    row's new tokens fall in), never single [h, d] windows: a scatter into one page offset
-    made the TPU compiler lay the pool out offset-major inside the decode loop and copy the
-    whole pool in and out of it (a pool-sized temporary; RESULTS.md, helper i16d). On CPU
-    each token's [h, d] window is written in place instead (`_write_windows`)."""
+    Whole pages are read, updated and written back (the m <= (t + s - 2) // s + 1 pages the row's
+    new tokens fall in), never single [h, d] windows: a scatter into one page offset made the TPU
+    compiler lay the pool out offset-major inside the decode loop and copy the whole pool in and out
+    of it (a pool-sized temporary; RESULTS.md, "The pod's decode fits a v5p host"). On CPU each
+    token's [h, d] window is written in place instead (`_write_windows`)."""
     if sharding.traced_platform() == "cpu":
         return _write_windows(pool, new, pages, start, num_new, kv_dtype)
     return _write_whole_pages(pool, new, pages, start, num_new, kv_dtype)
@@ -347,7 +347,7 @@ def _write_whole_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, k
     upd = jnp.where(hit[:, :, None, :, None], bits.to_storage(src, kv_dtype, pool.dtype), cur)
     # The updated pages are made before the scatter, not fused into it: a scatter whose
     # updates read its own operand cannot run in place, and XLA:GPU copied the whole pool
-    # before every write (one pool-sized temporary per layer; RESULTS.md, issue 43).
+    # before every write (one pool-sized temporary per layer; RESULTS.md, "One H200 on paper").
     upd = jax.lax.optimization_barrier(upd)
     return pool.at[pid].set(upd, mode="drop")
 

@@ -90,7 +90,8 @@ class Remat(enum.Enum):
     # checkpoint: only the unit's input is kept, half the saved inputs, for one more pass of
     # the matmuls that make a unit's inner layer input (an MoE layer's shared-expert down and
     # latent-out projections, or a Mamba out projection). Super on the pod: -10 GB per chip,
-    # +0.019x FLOPs (experiments/bench/RESULTS.md, issue 15 fourth pass).
+    # +0.019x FLOPs (docs/results_history.md, "The pod's update step: capacity 1.1, the
+    # all-to-all switch, the blocked Mamba core").
     SELECTIVE_UNITS = "selective_units"
 
 

@@ -4,13 +4,13 @@
 equals `jnp.einsum` over those axes (the reference, `dense_einsum`), computed as
 [tokens, prod(in)] @ [prod(in), prod(out)] when no multi-device mesh is active.
 
-Why: for a matmul whose activations keep two leading axes ([b, t, d]), the weight gradient
-contracts over both, and XLA:CPU (jax 0.10) lowers it as a transposed copy of the output
-gradient followed by a matmul with a transposed operand, several times slower than the same
-product on flattened tokens (the LM head's gradient at 8 x 512 tokens, width 256, vocab
-4096: 1.78 s against 1.01 s for its whole forward and backward, one core;
-`experiments/bench/RESULTS.md`, issue 22). Under a mesh the einsum is kept, so every axis
-keeps its sharding and the partitioner sees the program it always saw.
+Why: for a matmul whose activations keep two leading axes ([b, t, d]), the weight gradient contracts
+over both, and XLA:CPU (jax 0.10) lowers it as a transposed copy of the output gradient followed by
+a matmul with a transposed operand, several times slower than the same product on flattened tokens
+(the LM head's gradient at 8 x 512 tokens, width 256, vocab 4096: 1.78 s against 1.01 s for its
+whole forward and backward, one core; `docs/results_history.md`, the update step against
+transformers). Under a mesh the einsum is kept, so every axis keeps its sharding and the partitioner
+sees the program it always saw.
 
 A weight need not be an array: a platform backend (`avalon/backends/`) may hold a projection in
 a layout of its own for decode, a `BackendWeight` that computes its own product (on CPU the
@@ -119,10 +119,10 @@ def dense(x: jax.Array, w, n_in: int = 1) -> jax.Array:
 
 
 def transposed(a: jax.Array) -> jax.Array:
-    """a.T as its own array. The barrier stops XLA folding the transpose into the next dot:
-    XLA:CPU runs a product whose left operand contracts its leading axis at 40-60 GFLOP/s
-    against 80-88 for the same product on the transposed copy (one AVX2 core; RESULTS.md,
-    issue 22), and the copy is one pass over the operand."""
+    """a.T as its own array. The barrier stops XLA folding the transpose into the next dot: XLA:CPU
+    runs a product whose left operand contracts its leading axis at 40-60 GFLOP/s against 80-88 for
+    the same product on the transposed copy (one AVX2 core; docs/results_history.md, "The grouped
+    MoE backend as a loop of 2-D products"), and the copy is one pass over the operand."""
     return jax.lax.optimization_barrier(a.T)
 
 
@@ -130,7 +130,8 @@ def dense_head(x: jax.Array, w) -> jax.Array:
     """`dense(x, w)` for an LM head (w [D, V], V >> D), whose weight gradient x2.T @ g is
     computed on a transposed copy of x2 [N, D]. XLA:CPU's product contracting the rows of the
     [N, V] logits' gradient in place runs at 31 GFLOP/s, on the copy at 59 (one AVX2 core,
-    N = 4,096, D = 256, V = 4,096; RESULTS.md, issue 22); the copy is N x D, a sixteenth of
+    N = 4,096, D = 256, V = 4,096; docs/results_history.md, "Prefill without 2x padding, the LM
+    head's gradient, YNNPACK dots in the update"); the copy is N x D, a sixteenth of
     the gradient. Under a mesh, or for a head held in a backend's layout, this is `dense`."""
     if isinstance(w, BackendWeight) or sharding.active_mesh() is not None:
         return dense(x, w)

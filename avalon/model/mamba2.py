@@ -97,7 +97,8 @@ def _at_residual_split(z, xs, Bs, Cs, dt):
     with a share of the heads. So the switch is an all-to-all of these outputs, and the
     projections (and their input gradients) run on a chip's own positions; without it the
     partitioner all-gathers the layer input to whole rows first, and the backward builds whole
-    -row [b, t, D] input gradients (the pod: 1 GB each, RESULTS.md issue 15, fourth pass). A
+    -row [b, t, D] input gradients (the pod: 1 GB each; docs/results_history.md, "The pod's update
+    step: capacity 1.1, the all-to-all switch, the blocked Mamba core"). A
     no-op without sequence parallelism ("act_seq" unsplit)."""
     heads = ("batch", "act_seq", "act_mixer_out", None)
     return (constrain(z, heads), constrain(xs, heads),
@@ -171,11 +172,12 @@ def mixer_core_blocked(p: dict, xs, Bs, Cs, dt, z, cfg: ModelConfig, segment_ids
     xs, z [b, t, H, P], Bs, Cs [b, t, G, N], dt [b, t, H] as the projections give them
     (compute dtype) -> y [b, t, H, P] in that dtype; equal to the whole-row path.
 
-    Why whole blocks and not only the SSD: on a whole 131K-token row every fp32 intermediate
-    of the conv, the SSD and the gated norm is 1 GB per chip at the pod's 32 heads, and a
-    Mamba layer's backward held a dozen of them (experiments/bench/RESULTS.md, issue 15 fourth
-    pass); here only the bf16 inputs and output are whole rows. The price is one more forward
-    of a block's SSD in the backward (its matmuls: a few percent of the layer's FLOPs).
+    Why whole blocks and not only the SSD: on a whole 131K-token row every fp32 intermediate of the
+    conv, the SSD and the gated norm is 1 GB per chip at the pod's 32 heads, and a Mamba layer's
+    backward held a dozen of them (docs/results_history.md, "The pod's update step: capacity 1.1,
+    the all-to-all switch, the blocked Mamba core"); here only the bf16 inputs and output are whole
+    rows. The price is one more forward of a block's SSD in the backward (its matmuls: a few percent
+    of the layer's FLOPs).
 
     The conv reads the K-1 positions before each block (its `halo`, with their segment ids:
     a tap from another segment contributes zero, as on the whole row). Packed segments and the

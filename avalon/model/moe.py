@@ -78,12 +78,13 @@ _SLOW = {("gpu", MoeBackend.RAGGED_DOT): "lax.ragged_dot densifies on GPU (6 TFL
 
 
 def resolve_backend(backend: MoeBackend, platform: str) -> MoeBackend:
-    """The concrete backend for `platform` ('cpu', 'gpu', 'tpu'); AUTO picks the platform's
-    default. Raises for a known-slow or impossible pair. On CPU that is GROUPED at any load:
-    in the update step (issue 22: 0.71x -> 0.81x transformers against capacity buckets) and,
-    since its loop runs only the occupied tiles against each expert's weights in place, in
-    decode too (issue-22 model, `Engine.generate` in one process, alternating, one core:
-    1.44x / 1.32x / 1.11x capacity buckets' tokens/s at batch 1 / 8 / 32, tokens identical)."""
+    """The concrete backend for `platform` ('cpu', 'gpu', 'tpu'); AUTO picks the platform's default.
+    Raises for a known-slow or impossible pair. On CPU that is GROUPED at any load: in the update
+    step (0.71x -> 0.81x transformers against capacity buckets) and, since its loop runs only the
+    occupied tiles against each expert's weights in place, in decode too (the 13.6M Nemotron-H of
+    `vs_torch`, `Engine.generate` in one process, alternating, one core: 1.44x / 1.32x / 1.11x
+    capacity buckets' tokens/s at batch 1 / 8 / 32, tokens identical; docs/results_history.md, the
+    update step and decode against transformers)."""
     if platform not in PLATFORM_DEFAULT:
         raise ValueError(f"ModelConfig.moe_backend: unknown platform {platform!r}")
     if backend == MoeBackend.AUTO:

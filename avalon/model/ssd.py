@@ -76,7 +76,8 @@ def segsum(a):
     cumsum differences), so no large terms cancel and exp(out) is exactly 0 above the diagonal
     with a finite gradient. The sum is one matmul per chunk (at full fp32 precision, also on
     TPU): XLA:CPU lowers the cumulative sum of `segsum_cumsum`, the reference, as a tree of
-    reduce-windows, slower than this product (issue 22)."""
+    reduce-windows, slower than this product (docs/results_history.md, "Update step against
+    transformers, second round")."""
     q = a.shape[-1]
     x = jnp.where(jnp.tril(jnp.ones((q, q), bool), -1), a[..., :, None], 0.0)  # x[.., k, s]
     ones = jnp.tril(jnp.ones((q, q), a.dtype))  # ones[l, k] = 1 for k <= l

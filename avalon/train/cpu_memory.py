@@ -1,15 +1,15 @@
 """Keep an XLA:CPU step's temporary memory from one step to the next (a process setting).
 
-XLA:CPU allocates each execution's temporaries as one block (1.2 GB for the issue-22 model's
-update step) with `malloc` on the thread that runs it. With JAX's default asynchronous dispatch
-that is a worker thread, whose glibc arena serves a block that large by `mmap` and hands it back
-to the kernel at `free`, so every step faults all of it in again as fresh zeroed pages: 307,660
-minor faults (1.2 GB) a step, ~15% of its time on one core (experiments/bench/RESULTS.md, issue
-22). Running executions on the calling thread (`jax_cpu_enable_async_dispatch=False`) puts the
-allocation in glibc's main arena, and with `mmap` off for it and a 2 GiB trim threshold the block
-stays in the heap between steps: 0 faults and 1.21x the step's speed (one core; 3.51 -> 2.91 s).
-Either setting alone changes nothing. Unlike limiting glibc to one arena (tried in the sixteenth
-session), neither serialises the compiler's threads.
+XLA:CPU allocates each execution's temporaries as one block (1.2 GB for vs_torch's 13.6M
+Nemotron-H's update step) with `malloc` on the thread that runs it. With JAX's default asynchronous
+dispatch that is a worker thread, whose glibc arena serves a block that large by `mmap` and hands it
+back to the kernel at `free`, so every step faults all of it in again as fresh zeroed pages: 307,660
+minor faults (1.2 GB) a step, ~15% of its time on one core (experiments/bench/RESULTS.md, "The
+update step's page faults"). Running executions on the calling thread
+(`jax_cpu_enable_async_dispatch=False`) puts the allocation in glibc's main arena, and with `mmap`
+off for it and a 2 GiB trim threshold the block stays in the heap between steps: 0 faults and 1.21x
+the step's speed (one core; 3.51 -> 2.91 s). Either setting alone changes nothing. Unlike limiting
+glibc to one arena (also tried), neither serialises the compiler's threads.
 
 `keep_step_memory()` must run before JAX creates its CPU client (the dispatch flag is read
 then). The glibc part applies only when JAX's default backend is the CPU and the C library is

@@ -18,8 +18,8 @@ Each name's reduction comes from `REDUCTIONS`, first match wins (`reduction(name
   groups), so a mean over uneven shares is the mean over the union, as one host would log it.
   A host of weight 0 (it played nothing) takes no part in means, extremes or deviations.
 
-A dict value (a counter such as `org/titles`) is summed key by key. Issue-specific metrics need
-no code here: a new name falls to `mean` unless a row of the table says otherwise.
+A dict value (a counter such as `org/titles`) is summed key by key. An environment's own metrics
+need no code here: a new name falls to `mean` unless a row of the table says otherwise.
 
 A ratio over rollouts whose denominator is not the host's weight (a measure of
 `avalon/analysis/metrics.py`: reviews over teams, co-ordination seconds over working seconds,

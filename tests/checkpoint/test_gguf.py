@@ -114,7 +114,7 @@ def test_smollm2_tensors_equal_transformers_gguf_load(smollm2):
 def test_smollm2_config(smollm2):
     path, ck = smollm2
     cfg = ck.hf_config()
-    # The model card's shape (issue 42): Llama, 30 layers, width 576, 9 / 3 heads, SwiGLU 1536,
+    # SmolLM2-135M-Instruct's model card: Llama, 30 layers, width 576, 9 / 3 heads, SwiGLU 1536,
     # RoPE theta 1e5, tied embeddings, 49,152 tokens.
     assert {k: cfg[k] for k in ("model_type", "num_hidden_layers", "hidden_size",
                                 "num_attention_heads", "num_key_value_heads",

@@ -1,7 +1,7 @@
-"""The ORS server and client (with the Avalon extension, docs/ors_extension.md) against hostile
-or broken peers (issue 17): strict Content-Length, stalled clients, bursts of 200 clients, deep
-JSON, abandoned sessions, and workspaces that sandboxed code left in a state no snapshot can
-hold. Every wait is bounded by a timeout."""
+"""The ORS server and client (with the Avalon extension, docs/ors_extension.md) against hostile or
+broken peers, as the red team's list has them: strict Content-Length, stalled clients, bursts of 200
+clients, deep JSON, abandoned sessions, and workspaces that sandboxed code left in a state no
+snapshot can hold. Every wait is bounded by a timeout."""
 
 import base64
 import http.client

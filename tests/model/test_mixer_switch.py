@@ -1,7 +1,8 @@
 """The sequence-parallel switch of the Mamba and attention layers (TRAIN_SEQ_RULES): their input
 projections run on a chip's own positions and their outputs move to whole rows by all-to-all,
 so no chip ever holds a whole row of the layer's [b, t, D] input, forward or backward (the
-pod's 1 GB tensors, experiments/bench/RESULTS.md, issue 15 fourth pass). The layers' values
+pod's 1 GB tensors; docs/results_history.md, "The pod's update step: capacity 1.1, the all-to-all
+switch, the blocked Mamba core"). The layers' values
 and gradients under the fsdp 2 x expert 4 mesh equal the single-device ones."""
 
 import re

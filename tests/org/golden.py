@@ -1,6 +1,7 @@
 """Seeded organisation episodes whose bytes are pinned: `golden_logs.json` holds each episode's
 event log, training rows and scheduler record as hashes, recorded from the code before the
-organisation became state plus effects (issue 46). `tests/org/test_golden_logs.py` replays them.
+organisation became state plus effects, so the new form is held to the old one's bytes.
+`tests/org/test_golden_logs.py` replays them.
 
     python -m tests.org.golden            # prints the digests (what golden_logs.json holds)
     python -m tests.org.golden DIR        # also writes each episode's log to DIR/<name>.jsonl

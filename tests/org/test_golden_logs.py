@@ -1,5 +1,5 @@
 """The same seeds give byte-identical event logs, training rows and scheduler records as the
-code before the organisation became state plus effects (issue 46): the toy teacher on all three
+code before the organisation became state plus effects: the toy teacher on all three
 environments, a scripted episode calling every organisation tool (clock and lock-step), and the
 no-CEO mode. The digests in golden_logs.json were recorded from that earlier code
 (`python -m tests.org.golden`); a change here is a change of behaviour, not of hashes to

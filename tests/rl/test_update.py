@@ -268,7 +268,8 @@ def _ynn_fusion_bodies(hlo: str) -> list[str]:
 
 
 def test_cpu_update_step_compiles_with_ynnpack_for_single_dots_only():
-    """On CPU the update step's programs compile with CPU_COMPILER_OPTIONS (issue 22): every
+    """On CPU the update step's programs compile with CPU_COMPILER_OPTIONS (YNNPACK's
+    reduce fusions were slower than XLA's own): every
     YNNPACK fusion of the compiled step is one dot (no reduce or elementwise fusion); the same
     model compiled with XLA's defaults also fuses reductions into YNNPACK."""
     cfg = M.presets.get("tiny", param_dtype="float32")

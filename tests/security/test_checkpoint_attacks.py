@@ -1,10 +1,10 @@
-"""Every checkpoint attack of the red-team list (`experiments/security/checkpoint_attacks.py`),
-as a test. Those of issue 44 each resumed wrongly or stopped on the code before (a flipped bit
-in the newest meta's format or a shape stopped resume with a plain ValueError; format v1 skipped
+"""Every checkpoint attack of the red-team list (`experiments/security/checkpoint_attacks.py`), as a
+test. Those of its second pass each resumed wrongly or stopped on the code before (a flipped bit in
+the newest meta's format or a shape stopped resume with a plain ValueError; format v1 skipped
 verification, so a flipped data bit restored silently; a step directory that is a link or a copy
-restored as the wrong step; +k, -2k, +k left the content sums unchanged; a save that filled the
-disk left a manager that listed no step at all), and each must now fall back to the newest
-intact step, or say why."""
+restored as the wrong step; +k, -2k, +k left the content sums unchanged; a save that filled the disk
+left a manager that listed no step at all), and each must now fall back to the newest intact step,
+or say why."""
 
 import pytest
 

@@ -1,6 +1,6 @@
-"""Every sandbox attack of issue 44 (`experiments/security/kernel_attacks.py`), as a test: each
-worked on the code before, where the audit hook was the boundary (pure Python switched it off
-and reached syslog, io_uring, userfaultfd, bpf and perf_event_open as root, and, where Landlock
+"""Every sandbox attack through the kernel (`experiments/security/kernel_attacks.py`), as a test:
+each worked on the code before, where the audit hook was the boundary (pure Python switched it
+off and reached syslog, io_uring, userfaultfd, bpf and perf_event_open as root, and, where Landlock
 was missing, read and wrote files beside the workspace; the trainer was reniced and pinned and
 another process put under SCHED_IDLE from inside; 300 MiB of memfds, 400 MiB of pipes, 100 MiB
 and 2,400 inodes in unlisted files, 551 threads; an honest program printing 2 MiB died of "File

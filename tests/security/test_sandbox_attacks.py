@@ -1,4 +1,4 @@
-"""Every sandbox and workspace attack of the red-team list (issue 17), as a test: each one
+"""Every sandbox and workspace attack of the red-team list, as a test: each one
 crashed, hung or worked on the code before the hardening (`python -m experiments.security.redteam`
 run against it: 14 crashes of 14), and each must now be blocked or a tool error. Each attack is
 bounded in time by itself (run time limits, a 15 s bound on the rollout thread, a 4 s race)."""

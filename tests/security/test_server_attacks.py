@@ -1,4 +1,4 @@
-"""The servers' global limits of issue 44 (`experiments/security/server_attacks.py`), as tests:
+"""The servers' global limits (`experiments/security/server_attacks.py`), as tests:
 each limit did not hold on the code before (120 of 120 sessions past max_sessions 20; a killed
 server's session directories stayed; a thread per connection and every 55 MiB body held, with no
 cap; a thread per ORS call), and each must hold now."""

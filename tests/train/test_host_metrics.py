@@ -64,7 +64,7 @@ def test_eval_arm_std_pools_with_its_bare_mean_and_the_table_is_by_name():
     assert out["eval/org_rollouts"] == 4.0
     assert host_metrics.reduction("perf/generated_tokens_per_s") == "sum"
     assert host_metrics.reduction("batch/role/ceo/loss_tokens") == "sum"
-    assert host_metrics.reduction("some/new_metric_of_another_issue") == "mean"
+    assert host_metrics.reduction("some/new_metric_of_another_environment") == "mean"
 
 
 def test_one_process_reduces_to_its_own_metrics():
