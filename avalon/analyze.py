@@ -10,8 +10,8 @@ tokenizer.json, or a GGUF file); `--judge_answer=score` has it answer in the rub
 (the likeliest label, `ScoringJudge`; `--judge_calibrate` against a content-free text) instead of
 decoding a free answer; `--audit` then also labels with the rule judge and reports Cohen's kappa
 between the two per rubric (`judge_agreement` in report.json). `--commit=SHA` names the code
-the run ran in report/learning.md, the paragraph the README quotes. Bad input and Ctrl-C end with
-one line (`avalon/command.py`); `--verbose` shows library logging.
+the run ran in report/learning.md, the paragraph docs/running.md quotes. Bad input and Ctrl-C end
+with one line (`avalon/command.py`); `--verbose` shows library logging.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a run learnt, in one paragraph generated from its report (the README quotes it).
+"""What a run learnt, in one paragraph generated from its report (docs/running.md quotes one).
 
 `paragraph(report)` reads the report's `shifts` (the organisation arm, first against last
 evaluation, paired by task and seed) and its last org-against-single comparison, and says each

@@ -33,7 +33,7 @@ the loop's `eval/<arm>/<measure>` under the rule judge):
 - `judge`: which judge labelled the messages.
 - `code`: the code the run ran (`report_code.py`: its commit, read from the run's record),
   and `commit` (`--commit`, or the recorded commit when one is known).
-- `learning`: the paragraph the README quotes (`learning.py`), from these numbers.
+- `learning`: the paragraph docs/running.md quotes (`learning.py`), from these numbers.
 - `runs`: with several run directories, every run's last evaluation per arm side by side.
 - `episodes`: a viewer page per rollout of the last evaluation (up to `episodes`).
 - `judge_agreement`: with an audit judge, Cohen's kappa between the two judges per rubric.
