@@ -5,7 +5,7 @@
     taskset -c 1 python -m experiments.bench.attention_cpu --batch=1 --seq=1024 --heads=9 \
         --kv_heads=3 --head_dim=64 --repeats=7
 
-The core of one attention layer of the issue-22 model (8 query / 4 kv heads of 32, fp32),
+The core of one attention layer of `vs_torch`'s 13.6M Nemotron-H (8 query / 4 kv heads of 32, fp32),
 projections left out: `_full_attention` with each `AttentionImpl` (jitted value and gradient
 of sum(out * probe); KERNEL is the update step's fused C++ kernel on CPU,
 `avalon/backends/cpu_attention.py`, when it builds) against

@@ -46,7 +46,8 @@ flags.DEFINE_integer("max_context", 4096, "engine context window")
 flags.DEFINE_integer("repeats", 3, "timed repeats per mode (interleaved)")
 flags.DEFINE_integer("seed", 0, "workload seed")
 flags.DEFINE_list("modes", ["tick", "continuous"], "modes to time (tick needs only "
-                  "Engine.generate, so this file also drives the pre-issue-16 engine: "
+                  "Engine.generate, so this file also drives the engine before continuous "
+                  "batching: "
                   "continuous_vs_pre16.py)")
 flags.DEFINE_integer("warmups", 2, "untimed runs of each mode first")
 flags.DEFINE_string("moe_backend", "capacity_buckets", "the model's MoE backend, pinned so "

@@ -1,9 +1,9 @@
-"""Continuous batching against the engine as it was before issue 16, in one command.
+"""Continuous batching against the engine as it was before continuous batching, in one command.
 
     python -m experiments.bench.continuous_vs_pre16                 # toy, 3 interleaved repeats
 
-"Today's tick batching" of issue 16 is the engine of the commit the issue was filed against
-(PRE16, the parent of its first commit): one `generate` per tick over every agent, a KV cache
+The old tick batching is the engine of the commit before continuous batching (PRE16, the
+parent of its first commit): one `generate` per tick over every agent, a KV cache
 bucketed by the longest context, and finished rows kept in the decode batch until the tick's
 longest turn ends. That engine cannot run beside the paged one in one process, so each side is
 its own process: `git archive PRE16 avalon` is unpacked into a temporary directory and put first
@@ -27,7 +27,7 @@ import tempfile
 
 from absl import app, flags
 
-PRE16 = "682bf1b7172490c0fd93128cffcf0e3d0d8f2416"  # parent of 4921f16, issue 16's first commit
+PRE16 = "682bf1b7172490c0fd93128cffcf0e3d0d8f2416"  # continuous batching's first: 4921f16
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BENCH = os.path.join(REPO, "experiments", "bench", "continuous_batching.py")
 

@@ -1,4 +1,4 @@
-"""Decode with two engine variants in one process, timed in alternation (issue 22).
+"""Decode with two engine variants in one process, timed in alternation.
 
     taskset -c 1 python -m experiments.bench.decode_ab CKPT 1,8,32 7 moe
     taskset -c 1 python -m experiments.bench.decode_ab CKPT 1,8,32 7 layout

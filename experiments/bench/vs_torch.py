@@ -1,6 +1,6 @@
 """Avalon against transformers on the same model, side by side on this machine's CPU.
 
-    python -m experiments.bench.vs_torch --repeats=5                # the issue-22 comparison
+    python -m experiments.bench.vs_torch --repeats=5                # RESULTS.md's figures
     taskset -c 1 python -m experiments.bench.vs_torch --repeats=5   # one core
     python -m experiments.bench.vs_torch --size=tiny --repeats=1    # a quick check
     taskset -c 1 python -m experiments.bench.vs_torch --model=smollm2 --batches= --repeats=5

@@ -26,7 +26,8 @@ libtpu. One JSON object is printed:
   (`argument/output/alias/temp_bytes_per_chip`, their sum as `memory_analysis_sum_bytes`,
   `xla_peak_memory_in_bytes`): on TPU its temp counts more than the HBM temporaries (VMEM
   scratch and more: 41 GB more on the pod), so its sum over-states what must fit; libtpu
-  compiles programs whose sum exceeds the HBM (RESULTS.md, issue 15, fifth pass);
+  compiles programs whose sum exceeds the HBM (RESULTS.md, "The pod's update step: a JSON
+  line, ...");
 - `flops_per_chip`: the compiled program's matmul FLOPs with every loop body weighted by its
   trip count (`hlo_stats`; XLA's own `cost_analysis` counts a loop body once and is printed as
   `cost_analysis_flops_per_chip`), beside `model_flops_per_chip`: the model accounting

@@ -1,4 +1,4 @@
-"""Red-team attacks: training checkpoints (issue 17). Each corrupts a checkpoint on disk the way
+"""Red-team attacks: training checkpoints. Each corrupts a checkpoint on disk the way
 a failing disk or a torn copy would, then restores as a resumed run does. Blocked: the
 corruption is detected, the error names the file, and resume falls back to an intact step.
 Crash: wrong values restore silently, or resume stops although an intact step exists."""
@@ -84,7 +84,7 @@ def corrupt_json(tmp: str) -> tuple[Outcome, str]:
     return Outcome.CRASH, "torn JSON restored without an error"
 
 
-# ----- issue 44: the meta, the step's name, structured data changes, a full disk -----
+# ----- second pass: the meta, the step's name, structured data changes, a full disk -----
 
 
 def _resume(tmp: str, want_step: int, want_seed: int, why: str) -> tuple[Outcome, str]:

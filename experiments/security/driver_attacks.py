@@ -1,4 +1,4 @@
-"""Red-team attacks: model output against the driver (issue 44). What an agent writes (tool
+"""Red-team attacks: model output against the driver. What an agent writes (tool
 arguments, names, message text, files its programs leave) must be a tool error or nothing,
 never an exception out of `RolloutDriver.run`, never a name that hides or forges text, never a
 control token in a teammate's context.

@@ -1,4 +1,4 @@
-"""Red-team attacks: the sandbox as a boundary in the kernel (issue 44). Each program runs through
+"""Red-team attacks: the sandbox as a boundary in the kernel. Each program runs through
 `Workspace.run_python` and reports what it got; the attack reads the report.
 
 CRASH: the attack worked (a system call reached the kernel past the filter, a process outside

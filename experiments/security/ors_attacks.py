@@ -1,5 +1,6 @@
 """Red-team attacks: the ORS environment server and client, with the Avalon extension that
-mirrors workspaces (docs/ors_extension.md; issue 17, first against the in-house protocol).
+mirrors workspaces (docs/ors_extension.md; first written against Avalon's earlier
+in-house protocol).
 
 Every server listens on 127.0.0.1 (an ephemeral port) and every wait has a timeout. An attack
 is blocked when the server refuses it cleanly (a 4xx, a dropped connection) and keeps serving,

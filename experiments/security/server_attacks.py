@@ -1,4 +1,4 @@
-"""Red-team attacks: the ORS environment server's global limits (issue 44). Every server
+"""Red-team attacks: the ORS environment server's global limits. Every server
 listens on 127.0.0.1 and every wait has a timeout.
 
 BLOCKED: the server held its limit (refused the excess with 503, or cleaned up) and kept
