@@ -180,7 +180,17 @@ def main(argv):
                 numbers = step_numbers(r)
                 measured[side.name].append(numbers)
                 print(json.dumps({"side": side.name, "step": i, **numbers}), flush=True)
-        refs = sides[0].ask("refs") if FLAGS.refs else {}
+        # The references run with this side alone: its run, the other side's and the
+        # references' models at once did not fit 24 GB (the worker was OOM-killed).
+        for side in sides[1:]:
+            side.close()
+        refs = {}
+        if FLAGS.refs:
+            try:
+                refs = sides[0].ask("refs")
+            except SystemExit as e:  # the measured steps are kept (the summary below)
+                print(e, file=sys.stderr, flush=True)
+                refs = {"error": str(e)}
         records.append(refs)
     finally:
         for side in sides:
