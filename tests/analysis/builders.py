@@ -3,7 +3,11 @@ by hand in `test_metrics.py`."""
 
 from __future__ import annotations
 
-from avalon.analysis.logs import LoggedRollout
+import copy
+import os
+
+from avalon.analysis.logs import IndexEntry, LoggedRollout, rollout_file, step_dir, write_index
+from avalon.org.events import dumps
 
 
 class Log:
@@ -232,3 +236,24 @@ def verification_failing_team() -> LoggedRollout:
                        "builds": 1.0},
           env_record={"builds": [build], "shipped": []})
     return g.rollout(env="verification")
+
+
+def with_task(logged: LoggedRollout, task: str) -> list:
+    """A copy of the rollout's events, its start event naming `task`."""
+    events = copy.deepcopy(logged.events)
+    events[0]["task_id"] = task
+    return events
+
+
+def write_eval_step(run, step: int, rl_step: int, env: str, rollouts) -> None:
+    """An evaluation's directory as the trainer writes it: rollouts [(arm, seed_index, events)],
+    one event log each, and the step's index."""
+    d = step_dir(run, "eval", step)
+    os.makedirs(d, exist_ok=True)
+    entries = []
+    for g, (arm, seed_index, events) in enumerate(rollouts):
+        with open(os.path.join(d, rollout_file(g, 0)), "w") as f:
+            f.write("".join(dumps(e) + "\n" for e in events))
+        entries.append(IndexEntry(rollout_file(g, 0), "eval", step, rl_step, env, arm,
+                                  {"seed_index": seed_index}))
+    write_index(d, entries)

@@ -5,50 +5,35 @@ paragraph of an organisation whose every review call failed never calls it revie
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 
 import pytest
 
 from avalon import analyze
-from avalon.analysis.logs import IndexEntry, rollout_file, step_dir, write_index
 from avalon.analysis.report import analyse
-from avalon.org.events import dumps
 from tests.analysis.builders import (
     verification_failing_team,
     verification_single,
     verification_team,
+    with_task,
+    write_eval_step,
 )
 from tests.analysis.records import disagreements
 
 
-def _as(logged, task):
-    events = copy.deepcopy(logged.events)
-    events[0]["task_id"] = task
-    return events
-
-
 def _write(run, step, rl_step, logs):
-    d = step_dir(run, "eval", step)
-    os.makedirs(d, exist_ok=True)
-    entries = []
-    for g, (arm, events) in enumerate(logs):
-        with open(os.path.join(d, rollout_file(g, 0)), "w") as f:
-            f.write("".join(dumps(e) + "\n" for e in events))
-        entries.append(IndexEntry(rollout_file(g, 0), "eval", step, rl_step, "verification",
-                                  arm, {"seed_index": 0}))
-    write_index(d, entries)
+    write_eval_step(run, step, rl_step, "verification", [(arm, 0, ev) for arm, ev in logs])
 
 
 def _run(tmp_path, first, last):
     """Two evaluations of tasks v1 and v2: the organisation's rollouts `first` then `last`,
     the single agent's verification_single both times."""
     run = tmp_path / "run"
-    single = [("single", _as(verification_single(), t)) for t in ("v1", "v2")]
-    _write(run, 600, 0, [("org", _as(first[0](), "v1")), ("org", _as(first[1](), "v2")),
+    single = [("single", with_task(verification_single(), t)) for t in ("v1", "v2")]
+    _write(run, 600, 0, [("org", with_task(first[0](), "v1")), ("org", with_task(first[1](), "v2")),
                          *single])
-    _write(run, 700, 20, [("org", _as(last[0](), "v1")), ("org", _as(last[1](), "v2")),
+    _write(run, 700, 20, [("org", with_task(last[0](), "v1")), ("org", with_task(last[1](), "v2")),
                           *single])
     return run
 

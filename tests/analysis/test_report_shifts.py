@@ -3,9 +3,7 @@ panels that say in words why they are empty (hand-built run; numbers worked out 
 
 from __future__ import annotations
 
-import copy
 import math
-import os
 import statistics
 
 import matplotlib
@@ -15,7 +13,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from avalon.analysis.learning import describe  # noqa: E402
-from avalon.analysis.logs import IndexEntry, rollout_file, step_dir, write_index  # noqa: E402
 from avalon.analysis.report import PUBLISHED, analyse  # noqa: E402
 from avalon.analysis.report_pages import (  # noqa: E402
     _curve_panel,
@@ -23,31 +20,18 @@ from avalon.analysis.report_pages import (  # noqa: E402
     shifts_markdown,
     why_empty,
 )
-from avalon.org.events import dumps  # noqa: E402
 from tests.analysis.builders import (  # noqa: E402
     single_agent,
     team_with_lead,
     team_without_lead,
     verification_team,
+    with_task,
+    write_eval_step,
 )
 
 
-def _as(logged, task):
-    events = copy.deepcopy(logged.events)
-    events[0]["task_id"] = task
-    return events
-
-
 def _write(run, step, rl_step, logs):
-    d = step_dir(run, "eval", step)
-    os.makedirs(d, exist_ok=True)
-    entries = []
-    for g, (arm, events) in enumerate(logs):
-        with open(os.path.join(d, rollout_file(g, 0)), "w") as f:
-            f.write("".join(dumps(e) + "\n" for e in events))
-        entries.append(IndexEntry(rollout_file(g, 0), "eval", step, rl_step, "verification", arm,
-                                  {"seed_index": 0}))
-    write_index(d, entries)
+    write_eval_step(run, step, rl_step, "verification", [(arm, 0, ev) for arm, ev in logs])
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +39,11 @@ def report(tmp_path_factory):
     """Organisation: t1 team_with_lead -> verification_team, t2 team_without_lead ->
     team_with_lead (rewards 2, 1 -> -1, 2); the single agent 1.5 on both, both times."""
     run = tmp_path_factory.mktemp("run")
-    single = [("single", _as(single_agent(), t)) for t in ("t1", "t2")]
-    _write(run, 600, 0, [("org", _as(team_with_lead(), "t1")),
-                         ("org", _as(team_without_lead(), "t2")), *single])
-    _write(run, 700, 20, [("org", _as(verification_team(), "t1")),
-                          ("org", _as(team_with_lead(), "t2")), *single])
+    single = [("single", with_task(single_agent(), t)) for t in ("t1", "t2")]
+    _write(run, 600, 0, [("org", with_task(team_with_lead(), "t1")),
+                         ("org", with_task(team_without_lead(), "t2")), *single])
+    _write(run, 700, 20, [("org", with_task(verification_team(), "t1")),
+                          ("org", with_task(team_with_lead(), "t2")), *single])
     rep, _ = analyse(str(run), commit="abc1234")
     return rep
 

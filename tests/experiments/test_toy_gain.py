@@ -3,15 +3,11 @@ its numbers are the report's measures."""
 
 from __future__ import annotations
 
-import copy
-import json
 import math
-import os
 import statistics
 
 import pytest
 
-from avalon.analysis.logs import IndexEntry, rollout_file, step_dir, write_index
 from experiments.bench.toy_gain import compare
 from tests.analysis.builders import (
     parallel_team,
@@ -19,38 +15,25 @@ from tests.analysis.builders import (
     team_with_lead,
     team_without_lead,
     verification_team,
+    with_task,
+    write_eval_step,
 )
 
 
-def _as(logged, task):
-    events = copy.deepcopy(logged.events)
-    events[0]["task_id"] = task
-    return events
-
-
 def _write(workdir, step, env, rollouts):
-    """rollouts: [(arm, seed_index, events)]"""
-    d = step_dir(workdir, "eval", step)
-    os.makedirs(d, exist_ok=True)
-    entries = []
-    for g, (arm, seed_index, events) in enumerate(rollouts):
-        name = rollout_file(g, 0)
-        with open(os.path.join(d, name), "w") as f:
-            f.write("".join(json.dumps(e) + "\n" for e in events))
-        entries.append(IndexEntry(name, "eval", step, step // 10, env, arm,
-                                  {"seed_index": seed_index}))
-    write_index(d, entries)
+    """rollouts: [(arm, seed_index, events)], at RL step step // 10."""
+    write_eval_step(workdir, step, step // 10, env, rollouts)
 
 
 def test_paired_rise_and_org_vs_single(tmp_path):
     w = str(tmp_path)
-    single = [("single", 0, _as(single_agent(), t)) for t in ("t1", "t2")]  # 1.5 each
+    single = [("single", 0, with_task(single_agent(), t)) for t in ("t1", "t2")]  # 1.5 each
     # Organisation: t1 team_with_lead (reward 2, 3 hires, reviews) -> verification_team (-1,
     # 2 hires, reviews); t2 team_without_lead (1, 2 hires, none) -> team_with_lead (2, 3).
-    _write(w, 10, "toy", [("org", 0, _as(team_with_lead(), "t1")),
-                          ("org", 0, _as(team_without_lead(), "t2")), *single])
-    _write(w, 40, "toy", [("org", 0, _as(verification_team(), "t1")),
-                          ("org", 0, _as(team_with_lead(), "t2")), *single])
+    _write(w, 10, "toy", [("org", 0, with_task(team_with_lead(), "t1")),
+                          ("org", 0, with_task(team_without_lead(), "t2")), *single])
+    _write(w, 40, "toy", [("org", 0, with_task(verification_team(), "t1")),
+                          ("org", 0, with_task(team_with_lead(), "t2")), *single])
     out = compare(w)
     assert (out["first_step"], out["last_step"]) == (10, 40)
     r = out["rise"]["org/all/reward"]  # differences -3 and +1
