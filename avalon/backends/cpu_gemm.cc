@@ -36,12 +36,15 @@
 #include <thread>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
+#include "cpu_ffi.h"
 #include "cpu_parallel.h"
 
-namespace ffi = xla::ffi;
-
 namespace {
+
+using avalon::F32Buffer;
+using avalon::F32Result;
+using avalon::PooledBinding;
+using avalon::S32Buffer;
 
 typedef float Vec __attribute__((vector_size(64)));  // 16 floats; the compiler picks registers
 constexpr int64_t kBlock = 32;                       // columns per packed block: two Vecs
@@ -207,8 +210,7 @@ ffi::Error CheckPacked(int64_t K, int64_t O, int64_t nb, int64_t block, int64_t 
 }
 
 template <ffi::DataType T>
-ffi::Error RowsProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> packed,
-                           ffi::ResultBuffer<ffi::F32> y) {
+ffi::Error RowsProductImpl(ffi::ThreadPool pool, F32Buffer x, ffi::Buffer<T> packed, F32Result y) {
   auto xd = x.dimensions();
   auto pd = packed.dimensions();
   auto yd = y->dimensions();
@@ -232,9 +234,8 @@ ffi::Error RowsProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::B
 }
 
 template <ffi::DataType T>
-ffi::Error GroupedRowsProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
-                                  ffi::Buffer<ffi::S32> expert, ffi::Buffer<T> packed,
-                                  ffi::ResultBuffer<ffi::F32> y) {
+ffi::Error GroupedRowsProductImpl(ffi::ThreadPool pool, F32Buffer x, S32Buffer expert,
+                                  ffi::Buffer<T> packed, F32Result y) {
   auto xd = x.dimensions();
   auto pd = packed.dimensions();
   auto yd = y->dimensions();
@@ -280,21 +281,16 @@ ffi::Error GroupedRowsProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 }  // namespace
 
 // fp32 x with an fp32 or a bf16 packed weight; y fp32.
-#define AVALON_ROWS(NAME, T)                                                   \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, RowsProductImpl<T>,                      \
-                                ffi::Ffi::Bind()                               \
-                                    .Ctx<ffi::ThreadPool>()                    \
-                                    .Arg<ffi::Buffer<ffi::F32>>()              \
-                                    .Arg<ffi::Buffer<T>>()                     \
-                                    .Ret<ffi::Buffer<ffi::F32>>());
-#define AVALON_GROUPED(NAME, T)                                                \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, GroupedRowsProductImpl<T>,               \
-                                ffi::Ffi::Bind()                               \
-                                    .Ctx<ffi::ThreadPool>()                    \
-                                    .Arg<ffi::Buffer<ffi::F32>>()              \
-                                    .Arg<ffi::Buffer<ffi::S32>>()              \
-                                    .Arg<ffi::Buffer<T>>()                     \
-                                    .Ret<ffi::Buffer<ffi::F32>>());
+#define AVALON_ROWS(NAME, T)                                                                 \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, RowsProductImpl<T>,                                    \
+                                PooledBinding()                                              \
+                                    .Arg<F32Buffer>().Arg<ffi::Buffer<T>>()                  \
+                                    .Ret<F32Buffer>());
+#define AVALON_GROUPED(NAME, T)                                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, GroupedRowsProductImpl<T>,                             \
+                                PooledBinding()                                              \
+                                    .Arg<F32Buffer>().Arg<S32Buffer>().Arg<ffi::Buffer<T>>() \
+                                    .Ret<F32Buffer>());
 
 AVALON_ROWS(AvalonRowsProduct, ffi::F32)
 AVALON_ROWS(AvalonRowsProductBf16, ffi::BF16)
