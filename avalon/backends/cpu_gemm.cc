@@ -38,16 +38,18 @@
 
 #include "cpu_ffi.h"
 #include "cpu_parallel.h"
+#include "cpu_vector.h"
 
 namespace {
 
 using avalon::F32Buffer;
 using avalon::F32Result;
+using avalon::Load;
 using avalon::PooledBinding;
 using avalon::S32Buffer;
+using avalon::Vec;
 
-typedef float Vec __attribute__((vector_size(64)));  // 16 floats; the compiler picks registers
-constexpr int64_t kBlock = 32;                       // columns per packed block: two Vecs
+constexpr int64_t kBlock = 32;  // columns per packed block: two Vecs
 
 constexpr int64_t kChunk = 64;        // k steps per chunk: 8 KB of an fp32 block, in L1
 constexpr int64_t kGroup = 8;         // rows per pass over a chunk (16 accumulator registers)
@@ -55,18 +57,13 @@ constexpr int64_t kSet = 32;          // rows whose groups share each chunk whil
 constexpr int64_t kLine = 64;         // bytes per cache line
 constexpr int64_t kPrefetch = 2048;   // bytes ahead of a lone group's reads
 
-// The weight's storage: fp32, or bfloat16 (the high half of an fp32, as uint16) widened to
-// fp32 in registers, so a bf16 weight streams half the bytes and the products stay fp32.
+// The weight's storage: fp32 (`Load`, cpu_vector.h's), or bfloat16 (the high half of an fp32,
+// as uint16) widened to fp32 in registers by the overload below, so a bf16 weight streams half
+// the bytes and the products stay fp32.
 typedef uint16_t Half16 __attribute__((vector_size(32)));  // 16 bf16 values
 typedef uint32_t Word16 __attribute__((vector_size(64)));
 
-inline Vec Load16(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof(Vec));
-  return v;
-}
-
-inline Vec Load16(const uint16_t* p) {
+inline Vec Load(const uint16_t* p) {
   Half16 h;
   std::memcpy(&h, p, sizeof(Half16));
   const Word16 w = __builtin_convertvector(h, Word16) << 16;
@@ -97,8 +94,8 @@ inline void RowsTimesChunk(const float* x, const W* block, float* acc, int64_t K
     if (pf != nullptr) {
       for (owed += lines; owed >= steps; owed -= steps, pf += kLine) __builtin_prefetch(pf);
     }
-    const Vec w0 = Load16(block + k * kBlock);
-    const Vec w1 = Load16(block + k * kBlock + 16);
+    const Vec w0 = Load(block + k * kBlock);
+    const Vec w1 = Load(block + k * kBlock + 16);
     for (int n = 0; n < N; ++n) {
       const float xv = x[n * K + k];
       lo[n] += xv * w0;
