@@ -19,8 +19,8 @@ that reads as its own shape and dtype and computes its own product and routed ex
   used through `model.dense.platform_product`.
 - `cpu_optimizer.py` + `.cc`: the update step's gradient norm, clip and AdamW in one pass per
   parameter on CPU (optax's state).
-- `cpu_build.py` (+ `cpu_parallel.h`, `cpu_vector.h`): building, caching and registering the C++
-  kernels.
+- `cpu_build.py` (+ `cpu_ffi.h`, `cpu_parallel.h`, `cpu_vector.h`): building, caching and
+  registering the C++ kernels.
 - `training.py`: what the update step runs with per platform (`compiler_options`,
   `model_config`: the fused attention, `log_softmax`, `products`: MKL's, `fused_optimizer`, on
   a one-device CPU).
