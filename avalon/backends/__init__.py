@@ -32,8 +32,8 @@ everything here named cpu_*.
 - `tpu_megablox.py`: MEGABLOX's Pallas grouped matmul (`Ops.grouped_matmul`).
 - `cpu_optimizer.py` + `.cc`: the update step's gradient norm, clip and AdamW in one pass per
   parameter on CPU (optax's state).
-- `cpu_build.py` (+ `cpu_parallel.h`, `cpu_vector.h`): building, caching and registering the C++
-  kernels.
+- `cpu_build.py` (+ `cpu_ffi.h`, `cpu_parallel.h`, `cpu_vector.h`): building, caching and
+  registering the C++ kernels.
 
 What stays in the model: every MoE dispatch the update step differentiates (DENSE, RAGGED_DOT,
 CAPACITY_BUCKETS, GROUPED, and MEGABLOX's dispatch under expert parallelism, `model/moe*.py`),

@@ -27,21 +27,23 @@
 #include <cstring>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
+#include "cpu_ffi.h"
 #include "cpu_parallel.h"
 #include "cpu_vector.h"
-
-namespace ffi = xla::ffi;
 
 namespace {
 
 using avalon::Exp;
+using avalon::F32Buffer;
+using avalon::F32Result;
 using avalon::HorizontalMax;
 using avalon::HorizontalSum;
 using avalon::IVec;
 using avalon::kLanes;
 using avalon::Load;
 using avalon::LoadI;
+using avalon::PooledBinding;
+using avalon::S32Buffer;
 using avalon::Splat;
 using avalon::Store;
 using avalon::Vec;
@@ -294,9 +296,8 @@ void BackwardHead(const Head& h, const float* out, const float* lse, const float
   std::memcpy(dv, dv_acc.data(), t * d * sizeof(float));
 }
 
-ffi::Error Shapes(const ffi::Buffer<ffi::F32>& q, const ffi::Buffer<ffi::F32>& k,
-                  const ffi::Buffer<ffi::S32>& seg, int64_t* b, int64_t* nh, int64_t* t,
-                  int64_t* g, int64_t* d) {
+ffi::Error Shapes(const F32Buffer& q, const F32Buffer& k, const S32Buffer& seg, int64_t* b,
+                  int64_t* nh, int64_t* t, int64_t* g, int64_t* d) {
   auto qd = q.dimensions();
   auto kd = k.dimensions();
   auto sd = seg.dimensions();
@@ -325,9 +326,8 @@ Head MakeHead(const float* q, const float* k, const float* v, const int32_t* seg
   return h;
 }
 
-ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                       ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> seg, float scale,
-                       ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse) {
+ffi::Error ForwardImpl(ffi::ThreadPool pool, F32Buffer q, F32Buffer k, F32Buffer v, S32Buffer seg,
+                       float scale, F32Result out, F32Result lse) {
   int64_t b, nh, t, g, d;
   ffi::Error ok = Shapes(q, k, seg, &b, &nh, &t, &g, &d);
   if (ok.failure()) return ok;
@@ -346,11 +346,9 @@ ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffe
   return ffi::Error::Success();
 }
 
-ffi::Error BackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                        ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> seg,
-                        ffi::Buffer<ffi::F32> out, ffi::Buffer<ffi::F32> lse,
-                        ffi::Buffer<ffi::F32> dout, float scale, ffi::ResultBuffer<ffi::F32> dq,
-                        ffi::ResultBuffer<ffi::F32> dk, ffi::ResultBuffer<ffi::F32> dv) {
+ffi::Error BackwardImpl(ffi::ThreadPool pool, F32Buffer q, F32Buffer k, F32Buffer v, S32Buffer seg,
+                        F32Buffer out, F32Buffer lse, F32Buffer dout, float scale, F32Result dq,
+                        F32Result dk, F32Result dv) {
   int64_t b, nh, t, g, d;
   ffi::Error ok = Shapes(q, k, seg, &b, &nh, &t, &g, &d);
   if (ok.failure()) return ok;
@@ -369,27 +367,16 @@ ffi::Error BackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buff
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvalonAttentionForward, ForwardImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
+                              PooledBinding()
+                                  .Arg<F32Buffer>().Arg<F32Buffer>().Arg<F32Buffer>()
+                                  .Arg<S32Buffer>()
                                   .Attr<float>("scale")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<F32Buffer>().Ret<F32Buffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvalonAttentionBackward, BackwardImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                              PooledBinding()
+                                  .Arg<F32Buffer>().Arg<F32Buffer>().Arg<F32Buffer>()
+                                  .Arg<S32Buffer>().Arg<F32Buffer>().Arg<F32Buffer>()
+                                  .Arg<F32Buffer>()
                                   .Attr<float>("scale")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<F32Buffer>().Ret<F32Buffer>().Ret<F32Buffer>());

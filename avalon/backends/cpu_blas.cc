@@ -20,12 +20,14 @@
 #include <cstdint>
 #include <cstring>
 
-#include "xla/ffi/api/ffi.h"
+#include "cpu_ffi.h"
 #include "cpu_parallel.h"
 
-namespace ffi = xla::ffi;
-
 namespace {
+
+using avalon::F32Buffer;
+using avalon::F32Result;
+using avalon::PooledBinding;
 
 // cblas_sgemm(layout, transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc), LP64.
 typedef void (*SgemmFn)(int, int, int, int, int, int, float, const float*, int, const float*,
@@ -39,8 +41,8 @@ SgemmFn sgemm = nullptr;
 constexpr int64_t kMinColumns = 64;
 constexpr double kMinFlopsPerPart = 1e8;
 
-ffi::Error MatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::F32> b,
-                      bool transpose_a, bool transpose_b, ffi::ResultBuffer<ffi::F32> c) {
+ffi::Error MatmulImpl(ffi::ThreadPool pool, F32Buffer a, F32Buffer b, bool transpose_a,
+                      bool transpose_b, F32Result c) {
   if (sgemm == nullptr) {
     return ffi::Error::Internal("avalon_blas_matmul: the BLAS library is not loaded");
   }
@@ -94,10 +96,7 @@ extern "C" int AvalonBlasInit(const char* path) {
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvalonBlasMatmul, MatmulImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<bool>("transpose_a")
-                                  .Attr<bool>("transpose_b")
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              PooledBinding()
+                                  .Arg<F32Buffer>().Arg<F32Buffer>()
+                                  .Attr<bool>("transpose_a").Attr<bool>("transpose_b")
+                                  .Ret<F32Buffer>());

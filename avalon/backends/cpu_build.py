@@ -23,7 +23,7 @@ import jaxlib
 
 HERE = Path(__file__).parent
 # Included by the sources here: part of every build's key.
-HEADERS = (HERE / "cpu_parallel.h", HERE / "cpu_vector.h")
+HEADERS = (HERE / "cpu_ffi.h", HERE / "cpu_parallel.h", HERE / "cpu_vector.h")
 # Where built kernels are kept (one file per source / jaxlib / CPU); the env var moves it.
 CACHE_ENV = "AVALON_KERNEL_CACHE"
 BUILD_TIMEOUT_S = 300

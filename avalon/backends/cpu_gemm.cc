@@ -36,15 +36,20 @@
 #include <thread>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
+#include "cpu_ffi.h"
 #include "cpu_parallel.h"
-
-namespace ffi = xla::ffi;
+#include "cpu_vector.h"
 
 namespace {
 
-typedef float Vec __attribute__((vector_size(64)));  // 16 floats; the compiler picks registers
-constexpr int64_t kBlock = 32;                       // columns per packed block: two Vecs
+using avalon::F32Buffer;
+using avalon::F32Result;
+using avalon::Load;
+using avalon::PooledBinding;
+using avalon::S32Buffer;
+using avalon::Vec;
+
+constexpr int64_t kBlock = 32;  // columns per packed block: two Vecs
 
 constexpr int64_t kChunk = 64;        // k steps per chunk: 8 KB of an fp32 block, in L1
 constexpr int64_t kGroup = 8;         // rows per pass over a chunk (16 accumulator registers)
@@ -52,18 +57,13 @@ constexpr int64_t kSet = 32;          // rows whose groups share each chunk whil
 constexpr int64_t kLine = 64;         // bytes per cache line
 constexpr int64_t kPrefetch = 2048;   // bytes ahead of a lone group's reads
 
-// The weight's storage: fp32, or bfloat16 (the high half of an fp32, as uint16) widened to
-// fp32 in registers, so a bf16 weight streams half the bytes and the products stay fp32.
+// The weight's storage: fp32 (`Load`, cpu_vector.h's), or bfloat16 (the high half of an fp32,
+// as uint16) widened to fp32 in registers by the overload below, so a bf16 weight streams half
+// the bytes and the products stay fp32.
 typedef uint16_t Half16 __attribute__((vector_size(32)));  // 16 bf16 values
 typedef uint32_t Word16 __attribute__((vector_size(64)));
 
-inline Vec Load16(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof(Vec));
-  return v;
-}
-
-inline Vec Load16(const uint16_t* p) {
+inline Vec Load(const uint16_t* p) {
   Half16 h;
   std::memcpy(&h, p, sizeof(Half16));
   const Word16 w = __builtin_convertvector(h, Word16) << 16;
@@ -94,8 +94,8 @@ inline void RowsTimesChunk(const float* x, const W* block, float* acc, int64_t K
     if (pf != nullptr) {
       for (owed += lines; owed >= steps; owed -= steps, pf += kLine) __builtin_prefetch(pf);
     }
-    const Vec w0 = Load16(block + k * kBlock);
-    const Vec w1 = Load16(block + k * kBlock + 16);
+    const Vec w0 = Load(block + k * kBlock);
+    const Vec w1 = Load(block + k * kBlock + 16);
     for (int n = 0; n < N; ++n) {
       const float xv = x[n * K + k];
       lo[n] += xv * w0;
@@ -207,8 +207,7 @@ ffi::Error CheckPacked(int64_t K, int64_t O, int64_t nb, int64_t block, int64_t 
 }
 
 template <ffi::DataType T>
-ffi::Error RowsProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<T> packed,
-                           ffi::ResultBuffer<ffi::F32> y) {
+ffi::Error RowsProductImpl(ffi::ThreadPool pool, F32Buffer x, ffi::Buffer<T> packed, F32Result y) {
   auto xd = x.dimensions();
   auto pd = packed.dimensions();
   auto yd = y->dimensions();
@@ -232,9 +231,8 @@ ffi::Error RowsProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::B
 }
 
 template <ffi::DataType T>
-ffi::Error GroupedRowsProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
-                                  ffi::Buffer<ffi::S32> expert, ffi::Buffer<T> packed,
-                                  ffi::ResultBuffer<ffi::F32> y) {
+ffi::Error GroupedRowsProductImpl(ffi::ThreadPool pool, F32Buffer x, S32Buffer expert,
+                                  ffi::Buffer<T> packed, F32Result y) {
   auto xd = x.dimensions();
   auto pd = packed.dimensions();
   auto yd = y->dimensions();
@@ -280,21 +278,16 @@ ffi::Error GroupedRowsProductImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 }  // namespace
 
 // fp32 x with an fp32 or a bf16 packed weight; y fp32.
-#define AVALON_ROWS(NAME, T)                                                   \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, RowsProductImpl<T>,                      \
-                                ffi::Ffi::Bind()                               \
-                                    .Ctx<ffi::ThreadPool>()                    \
-                                    .Arg<ffi::Buffer<ffi::F32>>()              \
-                                    .Arg<ffi::Buffer<T>>()                     \
-                                    .Ret<ffi::Buffer<ffi::F32>>());
-#define AVALON_GROUPED(NAME, T)                                                \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, GroupedRowsProductImpl<T>,               \
-                                ffi::Ffi::Bind()                               \
-                                    .Ctx<ffi::ThreadPool>()                    \
-                                    .Arg<ffi::Buffer<ffi::F32>>()              \
-                                    .Arg<ffi::Buffer<ffi::S32>>()              \
-                                    .Arg<ffi::Buffer<T>>()                     \
-                                    .Ret<ffi::Buffer<ffi::F32>>());
+#define AVALON_ROWS(NAME, T)                                                                 \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, RowsProductImpl<T>,                                    \
+                                PooledBinding()                                              \
+                                    .Arg<F32Buffer>().Arg<ffi::Buffer<T>>()                  \
+                                    .Ret<F32Buffer>());
+#define AVALON_GROUPED(NAME, T)                                                              \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(NAME, GroupedRowsProductImpl<T>,                             \
+                                PooledBinding()                                              \
+                                    .Arg<F32Buffer>().Arg<S32Buffer>().Arg<ffi::Buffer<T>>() \
+                                    .Ret<F32Buffer>());
 
 AVALON_ROWS(AvalonRowsProduct, ffi::F32)
 AVALON_ROWS(AvalonRowsProductBf16, ffi::BF16)

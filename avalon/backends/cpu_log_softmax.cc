@@ -21,19 +21,21 @@
 #include <cstdint>
 #include <limits>
 
-#include "xla/ffi/api/ffi.h"
+#include "cpu_ffi.h"
 #include "cpu_parallel.h"
 #include "cpu_vector.h"
-
-namespace ffi = xla::ffi;
 
 namespace {
 
 using avalon::Exp;
+using avalon::F32Buffer;
+using avalon::F32Result;
 using avalon::HorizontalMax;
 using avalon::HorizontalSum;
 using avalon::kLanes;
 using avalon::Load;
+using avalon::PooledBinding;
+using avalon::S32Buffer;
 using avalon::Splat;
 using avalon::Store;
 using avalon::Vec;
@@ -98,8 +100,7 @@ void BackwardRow(const float* x, int64_t V, int32_t t, float lse, float g, float
   if (c >= 0) dx[c] += g;
 }
 
-ffi::Error Rows(const ffi::Buffer<ffi::F32>& logits, const ffi::Buffer<ffi::S32>& targets,
-                int64_t* n, int64_t* V) {
+ffi::Error Rows(const F32Buffer& logits, const S32Buffer& targets, int64_t* n, int64_t* V) {
   auto ld = logits.dimensions();
   auto td = targets.dimensions();
   if (ld.size() != 2 || td.size() != 1 || td[0] != ld[0]) {
@@ -109,9 +110,8 @@ ffi::Error Rows(const ffi::Buffer<ffi::F32>& logits, const ffi::Buffer<ffi::S32>
   return ffi::Error::Success();
 }
 
-ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
-                       ffi::Buffer<ffi::S32> targets, ffi::ResultBuffer<ffi::F32> logp,
-                       ffi::ResultBuffer<ffi::F32> entropy, ffi::ResultBuffer<ffi::F32> lse) {
+ffi::Error ForwardImpl(ffi::ThreadPool pool, F32Buffer logits, S32Buffer targets, F32Result logp,
+                       F32Result entropy, F32Result lse) {
   int64_t n, V;
   ffi::Error ok = Rows(logits, targets, &n, &V);
   if (ok.failure()) return ok;
@@ -127,9 +127,8 @@ ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
   return ffi::Error::Success();
 }
 
-ffi::Error BackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
-                        ffi::Buffer<ffi::S32> targets, ffi::Buffer<ffi::F32> lse,
-                        ffi::Buffer<ffi::F32> g, ffi::ResultBuffer<ffi::F32> dlogits) {
+ffi::Error BackwardImpl(ffi::ThreadPool pool, F32Buffer logits, S32Buffer targets, F32Buffer lse,
+                        F32Buffer g, F32Result dlogits) {
   int64_t n, V;
   ffi::Error ok = Rows(logits, targets, &n, &V);
   if (ok.failure()) return ok;
@@ -152,19 +151,12 @@ ffi::Error BackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvalonLogprobsForward, ForwardImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              PooledBinding()
+                                  .Arg<F32Buffer>().Arg<S32Buffer>()
+                                  .Ret<F32Buffer>().Ret<F32Buffer>().Ret<F32Buffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvalonLogprobsBackward, BackwardImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              PooledBinding()
+                                  .Arg<F32Buffer>().Arg<S32Buffer>().Arg<F32Buffer>()
+                                  .Arg<F32Buffer>()
+                                  .Ret<F32Buffer>());

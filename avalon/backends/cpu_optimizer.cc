@@ -25,13 +25,13 @@
 #include <immintrin.h>
 #endif
 
-#include "xla/ffi/api/ffi.h"
+#include "cpu_ffi.h"
 #include "cpu_vector.h"
-
-namespace ffi = xla::ffi;
 
 namespace {
 
+using avalon::F32Buffer;
+using avalon::F32Result;
 using avalon::kLanes;
 using avalon::Load;
 using avalon::Splat;
@@ -40,7 +40,7 @@ using avalon::Vec;
 
 constexpr int64_t kBlock = 1024;  // elements per block of the sum (lanes add 64 terms each)
 
-ffi::Error SumSquaresImpl(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> out) {
+ffi::Error SumSquaresImpl(F32Buffer x, F32Result out) {
   const float* xp = x.typed_data();
   const int64_t n = static_cast<int64_t>(x.element_count());
   double total = 0.0;
@@ -75,10 +75,8 @@ inline Vec Sqrt(Vec x) {
   return x;
 }
 
-ffi::Error AdamwImpl(ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> mu,
-                     ffi::Buffer<ffi::F32> nu, ffi::Buffer<ffi::F32> scalars,
-                     ffi::ResultBuffer<ffi::F32> p_out, ffi::ResultBuffer<ffi::F32> mu_out,
-                     ffi::ResultBuffer<ffi::F32> nu_out) {
+ffi::Error AdamwImpl(F32Buffer p, F32Buffer g, F32Buffer mu, F32Buffer nu, F32Buffer scalars,
+                     F32Result p_out, F32Result mu_out, F32Result nu_out) {
   const size_t n = p.element_count();
   if (g.element_count() != n || mu.element_count() != n || nu.element_count() != n ||
       scalars.element_count() != kScalars) {
@@ -87,7 +85,7 @@ ffi::Error AdamwImpl(ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi::F32> g, ffi::Buff
   }
   const float* s = scalars.typed_data();
   if (s[kOk] == 0.0f) {  // skipped: the state as it came (in place when aliased)
-    const ffi::Buffer<ffi::F32>* ins[3] = {&p, &mu, &nu};
+    const F32Buffer* ins[3] = {&p, &mu, &nu};
     float* outs[3] = {p_out->typed_data(), mu_out->typed_data(), nu_out->typed_data()};
     for (int k = 0; k < 3; ++k) {
       if (outs[k] != ins[k]->typed_data()) std::memcpy(outs[k], ins[k]->typed_data(), n * 4);
@@ -133,17 +131,10 @@ ffi::Error AdamwImpl(ffi::Buffer<ffi::F32> p, ffi::Buffer<ffi::F32> g, ffi::Buff
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvalonSumSquares, SumSquaresImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              ffi::Ffi::Bind().Arg<F32Buffer>().Ret<F32Buffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvalonAdamw, AdamwImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Arg<F32Buffer>().Arg<F32Buffer>().Arg<F32Buffer>()
+                                  .Arg<F32Buffer>().Arg<F32Buffer>()
+                                  .Ret<F32Buffer>().Ret<F32Buffer>().Ret<F32Buffer>());

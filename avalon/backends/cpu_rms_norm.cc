@@ -20,17 +20,18 @@
 #include <cstring>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
+#include "cpu_ffi.h"
 #include "cpu_parallel.h"
 #include "cpu_vector.h"
 
-namespace ffi = xla::ffi;
-
 namespace {
 
+using avalon::F32Buffer;
+using avalon::F32Result;
 using avalon::HorizontalSum;
 using avalon::kLanes;
 using avalon::Load;
+using avalon::PooledBinding;
 using avalon::Splat;
 using avalon::Store;
 using avalon::Vec;
@@ -81,8 +82,7 @@ void BackwardRow(const float* x, const float* w, float r, const float* dy, int64
   for (int64_t j = whole; j < d; ++j) dx[j] = r * (dy[j] * w[j] - x[j] * r * mean);
 }
 
-ffi::Error Rows(const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<ffi::F32>& w, int64_t* n,
-                int64_t* d) {
+ffi::Error Rows(const F32Buffer& x, const F32Buffer& w, int64_t* n, int64_t* d) {
   auto xd = x.dimensions();
   if (xd.size() != 2 || w.element_count() != static_cast<size_t>(xd[1])) {
     return ffi::Error::InvalidArgument("avalon rms_norm: expects x [n, d] and w [d]");
@@ -91,8 +91,8 @@ ffi::Error Rows(const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<ffi::F32>& w, 
   return ffi::Error::Success();
 }
 
-ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                       float eps, ffi::ResultBuffer<ffi::F32> y, ffi::ResultBuffer<ffi::F32> rstd) {
+ffi::Error ForwardImpl(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, float eps, F32Result y,
+                       F32Result rstd) {
   int64_t n, d;
   ffi::Error ok = Rows(x, w, &n, &d);
   if (ok.failure()) return ok;
@@ -107,9 +107,8 @@ ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
   return ffi::Error::Success();
 }
 
-ffi::Error BackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
-                        ffi::Buffer<ffi::F32> rstd, ffi::Buffer<ffi::F32> dy,
-                        ffi::ResultBuffer<ffi::F32> dx, ffi::ResultBuffer<ffi::F32> dw) {
+ffi::Error BackwardImpl(ffi::ThreadPool pool, F32Buffer x, F32Buffer w, F32Buffer rstd,
+                        F32Buffer dy, F32Result dx, F32Result dw) {
   int64_t n, d;
   ffi::Error ok = Rows(x, w, &n, &d);
   if (ok.failure()) return ok;
@@ -138,20 +137,13 @@ ffi::Error BackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvalonRmsNormForward, ForwardImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                              PooledBinding()
+                                  .Arg<F32Buffer>().Arg<F32Buffer>()
                                   .Attr<float>("eps")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<F32Buffer>().Ret<F32Buffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvalonRmsNormBackward, BackwardImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              PooledBinding()
+                                  .Arg<F32Buffer>().Arg<F32Buffer>().Arg<F32Buffer>()
+                                  .Arg<F32Buffer>()
+                                  .Ret<F32Buffer>().Ret<F32Buffer>());

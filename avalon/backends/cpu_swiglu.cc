@@ -13,17 +13,18 @@
 
 #include <cstdint>
 
-#include "xla/ffi/api/ffi.h"
+#include "cpu_ffi.h"
 #include "cpu_parallel.h"
 #include "cpu_vector.h"
-
-namespace ffi = xla::ffi;
 
 namespace {
 
 using avalon::Exp;
+using avalon::F32Buffer;
+using avalon::F32Result;
 using avalon::kLanes;
 using avalon::Load;
+using avalon::PooledBinding;
 using avalon::Splat;
 using avalon::Store;
 using avalon::Vec;
@@ -37,8 +38,7 @@ inline float Sigmoid(float g) {
   return Sigmoid(v)[0];  // the vector path's rounding for the tail too
 }
 
-ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gate, ffi::Buffer<ffi::F32> up,
-                       ffi::ResultBuffer<ffi::F32> h) {
+ffi::Error ForwardImpl(ffi::ThreadPool pool, F32Buffer gate, F32Buffer up, F32Result h) {
   const int64_t n = gate.element_count();
   if (up.element_count() != static_cast<size_t>(n)) {
     return ffi::Error::InvalidArgument("avalon swiglu: gate and up must have one shape");
@@ -57,9 +57,8 @@ ffi::Error ForwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gate, ffi::Bu
   return ffi::Error::Success();
 }
 
-ffi::Error BackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gate,
-                        ffi::Buffer<ffi::F32> up, ffi::Buffer<ffi::F32> dh,
-                        ffi::ResultBuffer<ffi::F32> dgate, ffi::ResultBuffer<ffi::F32> dup) {
+ffi::Error BackwardImpl(ffi::ThreadPool pool, F32Buffer gate, F32Buffer up, F32Buffer dh,
+                        F32Result dgate, F32Result dup) {
   const int64_t n = gate.element_count();
   if (up.element_count() != static_cast<size_t>(n) ||
       dh.element_count() != static_cast<size_t>(n)) {
@@ -88,17 +87,9 @@ ffi::Error BackwardImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> gate,
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvalonSwigluForward, ForwardImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              PooledBinding().Arg<F32Buffer>().Arg<F32Buffer>().Ret<F32Buffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(AvalonSwigluBackward, BackwardImpl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              PooledBinding()
+                                  .Arg<F32Buffer>().Arg<F32Buffer>().Arg<F32Buffer>()
+                                  .Ret<F32Buffer>().Ret<F32Buffer>());

@@ -136,21 +136,6 @@ def _pattern_letters(pattern, key: str, source: str) -> str:
     return pattern
 
 
-def _typed(d: Mapping, key: str, kind, source: str):
-    v = d[key]
-    if kind is int:
-        ok = isinstance(v, int) and not isinstance(v, bool)
-    elif kind is float:
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
-        v = float(v) if ok else v
-    else:
-        ok = isinstance(v, bool)
-    if not ok:
-        what = {int: "an integer", float: "a number", bool: "true or false"}[kind]
-        raise HFConfigError(f"{source}: {key!r}={d[key]!r} must be {what}")
-    return v
-
-
 def checkpoint_dtype(d: Mapping) -> str | None:
     """The params dtype a config declares (`dtype`, or 4.x's `torch_dtype`), or None."""
     v = d.get("dtype", d.get("torch_dtype"))
@@ -202,7 +187,7 @@ def from_hf(d: Mapping, *, source: str = "config.json", **overrides) -> ModelCon
                             "or 'hybrid_override_pattern'")
 
     mtp_pattern = ""
-    n_mtp = _typed(h, "num_nextn_predict_layers", int, source)
+    n_mtp = hf_families.typed(h, "num_nextn_predict_layers", int, source, HFConfigError)
     if n_mtp > 1:
         raise HFConfigError(f"{source}: 'num_nextn_predict_layers'={n_mtp}: avalon has one MTP "
                             "block (Nemotron 3 Super has 1)")
@@ -223,14 +208,14 @@ def from_hf(d: Mapping, *, source: str = "config.json", **overrides) -> ModelCon
 
     kw: dict = {"pattern": pattern, "mtp_pattern": mtp_pattern}
     for k in _INT_FIELDS:
-        kw[k] = _typed(h, k, int, source)
+        kw[k] = hf_families.typed(h, k, int, source, HFConfigError)
     for k in _FLOAT_FIELDS:
-        kw[k] = _typed(h, k, float, source)
+        kw[k] = hf_families.typed(h, k, float, source, HFConfigError)
     for k in _BOOL_FIELDS:
-        kw[k] = _typed(h, k, bool, source)
+        kw[k] = hf_families.typed(h, k, bool, source, HFConfigError)
     kw["moe_latent_size"] = None if h["moe_latent_size"] is None else \
-        _typed(h, "moe_latent_size", int, source)
-    kw["max_context"] = _typed(h, "max_position_embeddings", int, source)
+        hf_families.typed(h, "moe_latent_size", int, source, HFConfigError)
+    kw["max_context"] = hf_families.typed(h, "max_position_embeddings", int, source, HFConfigError)
     kw["param_dtype"] = checkpoint_dtype(h) or "float32"
 
     fields = {f.name for f in dataclasses.fields(ModelConfig)}

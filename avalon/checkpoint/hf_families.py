@@ -54,7 +54,10 @@ class FamilyConfigError(ValueError):
     """config.json cannot describe an avalon model; the message names the key and value."""
 
 
-def _get(h: Mapping, key: str, kind, source: str):
+def typed(h: Mapping, key: str, kind: type, source: str,
+          error: type[ValueError] = FamilyConfigError):
+    """`h[key]` as `kind` (int, float or bool; an integer is a number, a bool is neither), else
+    `error` naming the source, the key and the value (each config reader raises its own)."""
     v = h[key]
     if kind is int:
         ok = isinstance(v, int) and not isinstance(v, bool)
@@ -65,7 +68,7 @@ def _get(h: Mapping, key: str, kind, source: str):
         ok = isinstance(v, bool)
     if not ok:
         what = {int: "an integer", float: "a number", bool: "true or false"}[kind]
-        raise FamilyConfigError(f"{source}: {key!r}={h[key]!r} must be {what}")
+        raise error(f"{source}: {key!r}={h[key]!r} must be {what}")
     return v
 
 
@@ -79,7 +82,7 @@ def _rope(h: Mapping, source: str) -> dict:
         params.setdefault(k, v)
     kind = params.get("rope_type", params.get("type", "default"))
     theta = params.get("rope_theta", h.get("rope_theta", DEFAULT_THETA))
-    out: dict = {"rope_theta": _get({"rope_theta": theta}, "rope_theta", float, source)}
+    out: dict = {"rope_theta": typed({"rope_theta": theta}, "rope_theta", float, source)}
     factor = params.get("partial_rotary_factor", h.get("partial_rotary_factor", 1.0))
     head_dim = h["head_dim"]
     if factor != 1.0:
@@ -91,24 +94,24 @@ def _rope(h: Mapping, source: str) -> dict:
             f"{source}: rope type {kind!r} is not supported (default, linear, llama3)") from None
     out["rope_scaling"] = scaling
     if scaling != RopeScaling.NONE:
-        out["rope_factor"] = _get(params, "factor", float, source)
+        out["rope_factor"] = typed(params, "factor", float, source)
     if scaling == RopeScaling.LLAMA3:
-        out["rope_low_freq_factor"] = _get(params, "low_freq_factor", float, source)
-        out["rope_high_freq_factor"] = _get(params, "high_freq_factor", float, source)
+        out["rope_low_freq_factor"] = typed(params, "low_freq_factor", float, source)
+        out["rope_high_freq_factor"] = typed(params, "high_freq_factor", float, source)
         original = params.get("original_max_position_embeddings",
                               h.get("original_max_position_embeddings",
                                     h["max_position_embeddings"]))
-        out["rope_original_max_position"] = _get(
+        out["rope_original_max_position"] = typed(
             {"original_max_position_embeddings": original},
             "original_max_position_embeddings", int, source)
     return out
 
 
 def _pattern(h: Mapping, model_type: str, source: str) -> str:
-    n = _get(h, "num_hidden_layers", int, source)
+    n = typed(h, "num_hidden_layers", int, source)
     if model_type != "qwen3_moe":
         return "*-" * n
-    step = _get(h, "decoder_sparse_step", int, source)
+    step = typed(h, "decoder_sparse_step", int, source)
     dense = h.get("mlp_only_layers") or []
     if not isinstance(dense, list) or not all(isinstance(i, int) for i in dense):
         raise FamilyConfigError(f"{source}: 'mlp_only_layers'={dense!r} must be a list of ints")
@@ -137,28 +140,28 @@ def from_hf(d: Mapping, *, source: str = "config.json", checkpoint_dtype: str | 
     if h.get("use_sliding_window"):
         raise FamilyConfigError(f"{source}: 'use_sliding_window'=true is not supported "
                                 "(full attention only)")
-    heads = _get(h, "num_attention_heads", int, source)
+    heads = typed(h, "num_attention_heads", int, source)
     if h["num_key_value_heads"] is None:
         h["num_key_value_heads"] = heads
     if h["head_dim"] is None:
-        h["head_dim"] = _get(h, "hidden_size", int, source) // heads
-    bias = _get(h, "attention_bias", bool, source)
+        h["head_dim"] = typed(h, "hidden_size", int, source) // heads
+    bias = typed(h, "attention_bias", bool, source)
     kw: dict = {
-        "vocab_size": _get(h, "vocab_size", int, source),
-        "hidden_size": _get(h, "hidden_size", int, source),
+        "vocab_size": typed(h, "vocab_size", int, source),
+        "hidden_size": typed(h, "hidden_size", int, source),
         "pattern": _pattern(h, model_type, source),
         "num_attention_heads": heads,
-        "num_key_value_heads": _get(h, "num_key_value_heads", int, source),
-        "head_dim": _get(h, "head_dim", int, source),
-        "intermediate_size": _get(h, "intermediate_size", int, source),
+        "num_key_value_heads": typed(h, "num_key_value_heads", int, source),
+        "head_dim": typed(h, "head_dim", int, source),
+        "intermediate_size": typed(h, "intermediate_size", int, source),
         # Unused by these families (no Mamba layer); validated only when `M` is present.
         "mamba_num_heads": 1, "mamba_head_dim": 1, "ssm_state_size": 1, "n_groups": 1,
-        "layer_norm_epsilon": _get(h, "rms_norm_eps", float, source),
-        "tie_word_embeddings": _get(h, "tie_word_embeddings", bool, source),
-        "initializer_range": _get(h, "initializer_range", float, source),
-        "max_context": _get(h, "max_position_embeddings", int, source),
+        "layer_norm_epsilon": typed(h, "rms_norm_eps", float, source),
+        "tie_word_embeddings": typed(h, "tie_word_embeddings", bool, source),
+        "initializer_range": typed(h, "initializer_range", float, source),
+        "max_context": typed(h, "max_position_embeddings", int, source),
         "mlp_activation": Activation.SWIGLU,
-        "mlp_bias": _get(h, "mlp_bias", bool, source) if model_type == "llama" else False,
+        "mlp_bias": typed(h, "mlp_bias", bool, source) if model_type == "llama" else False,
         "attention_qkv_bias": True if model_type == "qwen2" else bias,
         "attention_out_bias": False if model_type == "qwen2" else bias,
         "qk_norm": model_type in ("qwen3", "qwen3_moe"),
@@ -167,11 +170,11 @@ def from_hf(d: Mapping, *, source: str = "config.json", checkpoint_dtype: str | 
     }
     if model_type == "qwen3_moe":
         kw.update(router=Router.SOFTMAX,
-                  n_routed_experts=_get(h, "num_experts", int, source),
-                  num_experts_per_tok=_get(h, "num_experts_per_tok", int, source),
-                  moe_intermediate_size=_get(h, "moe_intermediate_size", int, source),
+                  n_routed_experts=typed(h, "num_experts", int, source),
+                  num_experts_per_tok=typed(h, "num_experts_per_tok", int, source),
+                  moe_intermediate_size=typed(h, "moe_intermediate_size", int, source),
                   moe_shared_expert_intermediate_size=0,
-                  norm_topk_prob=_get(h, "norm_topk_prob", bool, source))
+                  norm_topk_prob=typed(h, "norm_topk_prob", bool, source))
     kw["param_dtype"] = checkpoint_dtype or "float32"
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     for k in overrides:

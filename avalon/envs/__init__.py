@@ -1,6 +1,8 @@
 """Environments: the interface (in-process and over ORS), the environments, curricula, samplers.
 
 - `base.py`: `Environment`, `Split`, `TaskTable` (deterministic, non-overlapping splits).
+- `table.py`: `TableEnv` / `TieredEnv`, what the environments over task tables share (ids,
+  specs, tasks, sessions, and difficulty tiers for those that take them).
 - `ors.py` / `ors_server.py` / `serve.py`: the Open Reward Standard, Avalon's one wire
   protocol: `OrsEnvironment` (any ORS server as an Environment) and Avalon's environments
   served as ORS (`python -m avalon.envs.serve`); between the two, the Avalon extension

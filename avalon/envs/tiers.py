@@ -26,6 +26,7 @@ Which tiers are easier is measured, not assumed: `python -m avalon.tools.env_bas
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -71,19 +72,24 @@ def tier_configs(top: C, easier: Sequence[Mapping[str, Any]], fields: frozenset[
 class TieredTasks(Generic[C, T]):
     """The task tables of every tier of one environment (see the module docstring).
 
-    `make(config)` returns the draw function `rng -> spec` of a tier's config; every config
-    has `n_train`, `n_heldout` and `seed`."""
+    `make(rng, config)` draws one spec under a tier's config (`make_heldout`, where given,
+    draws the held-out ones: `TaskTable`); every config has `n_train`, `n_heldout` and `seed`.
+    With one config it is a single `TaskTable` under the name, as an untiered environment
+    has."""
 
     def __init__(self, name: str, configs: Sequence[C],
-                 make: Callable[[C], Callable[[np.random.Generator], T]],
-                 signature: Callable[[T], Hashable]):
+                 make: Callable[[np.random.Generator, C], T],
+                 signature: Callable[[T], Hashable],
+                 make_heldout: Callable[[np.random.Generator, C], T] | None = None):
         if not configs:
             raise ValueError(f"{name}: needs at least one tier (the top)")
         self.name, self.configs = name, tuple(configs)
         self.top = len(self.configs) - 1
         self.tables = tuple(
-            TaskTable(self.prefix(t), make(c), signature, c.n_train, c.n_heldout, c.seed,
-                      stream=() if t == self.top else (t + 1,))
+            TaskTable(self.prefix(t), functools.partial(_draw, make, c), signature, c.n_train,
+                      c.n_heldout, c.seed, stream=() if t == self.top else (t + 1,),
+                      make_heldout=None if make_heldout is None else
+                      functools.partial(_draw, make_heldout, c))
             for t, c in enumerate(self.configs))
         self._tier_by_prefix = {table.prefix: t for t, table in enumerate(self.tables)}
 
@@ -122,6 +128,12 @@ class TieredTasks(Generic[C, T]):
         t = self._guess_tier(task_id)
         self.tables[t].get(task_id)  # UnknownTaskError for an id no tier has
         return t
+
+
+def _draw(make: Callable[[np.random.Generator, C], T], config: C,
+          rng: np.random.Generator) -> T:
+    """One spec drawn under one tier's config (what a tier's `TaskTable` calls)."""
+    return make(rng, config)
 
 
 @runtime_checkable

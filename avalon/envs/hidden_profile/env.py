@@ -37,7 +37,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from avalon.envs.base import Split, check_clock
 from avalon.envs.hidden_profile.tasks import (
     ATTRIBUTES,
     OPTIONS,
@@ -48,8 +47,8 @@ from avalon.envs.hidden_profile.tasks import (
     signature,
 )
 from avalon.envs.hidden_profile.teacher import OPTIONS_LINE, TEACHER_WORDS, cast
+from avalon.envs.table import TieredEnv
 from avalon.envs.teacher import Baselines, TeacherPolicy, chance_policy
-from avalon.envs.tiers import TieredTasks, tier_configs
 from avalon.org.env import (
     CallContext,
     EndContext,
@@ -95,10 +94,8 @@ class ProfileConfig:
 TIER_FIELDS = frozenset({"n_holders", "n_options", "clock_s", "n_train", "n_heldout"})
 
 
-def _maker(config: ProfileConfig):
-    def make(rng: np.random.Generator) -> ProfileTask:
-        return make_task(rng, config.n_holders, config.n_options)
-    return make
+def _make(rng: np.random.Generator, config: ProfileConfig) -> ProfileTask:
+    return make_task(rng, config.n_holders, config.n_options)
 
 
 class ProfileSession:
@@ -139,44 +136,18 @@ class ProfileSession:
                                      "correct": float(self.choice == self.spec.answer)})
 
 
-class HiddenProfile:
+class HiddenProfile(TieredEnv[ProfileConfig, ProfileTask, ProfileSession]):
     """Environment 2 (see the module docstring). `config` is the top tier (today's tasks);
     `tiers` the easier ones below it, easiest first (`avalon/envs/tiers.py`)."""
 
     name = "hidden_profile"
-    uses_workspace = False
 
     def __init__(self, config: ProfileConfig = ProfileConfig(), tiers: Sequence[Mapping] = ()):
-        self.config = config
-        self.tasks = TieredTasks("hidden_profile", tier_configs(config, tiers, TIER_FIELDS),
-                                 _maker, signature)
+        super().__init__(config, _make, signature, tiers=tiers, tier_fields=TIER_FIELDS)
 
-    @property
-    def n_tiers(self) -> int:
-        return len(self.tasks.configs)
-
-    def tier_of(self, task_id: str) -> int:
-        return self.tasks.tier_of(task_id)
-
-    def tier_config(self, tier: int) -> ProfileConfig:
-        return self.tasks.config(tier)
-
-    def task_ids(self, split: Split) -> tuple[str, ...]:
-        return self.tasks.ids(split)
-
-    def tier_task_ids(self, split: Split, tier: int) -> tuple[str, ...]:
-        return self.tasks.tier_ids(split, tier)
-
-    def spec(self, task_id: str) -> ProfileTask:
-        return self.tasks.get(task_id)[1]
-
-    def task(self, task_id: str, clock_s: float | None = None) -> Task:
-        return self.session(task_id, 0, clock_s).task
-
-    def session(self, task_id: str, seed: int, clock_s: float | None = None) -> ProfileSession:
-        config, spec = self.tasks.get(task_id)
-        clock = check_clock(clock_s, config.clock_s, f"hidden_profile task {task_id!r}")
-        return ProfileSession(task_id, spec, clock)
+    def _open(self, task_id: str, spec: ProfileTask, seed: int, clock_s: float,
+              config: ProfileConfig) -> ProfileSession:
+        return ProfileSession(task_id, spec, clock_s)
 
     def teacher(self, chat: ChatFormat, silent: bool = False) -> TeacherPolicy:
         """The scripted teacher organisation (`teacher.py`); `silent`: nobody reports."""

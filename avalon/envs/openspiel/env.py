@@ -56,7 +56,6 @@ import re
 import numpy as np
 import pyspiel
 
-from avalon.envs.base import Split, TaskTable, check_clock
 from avalon.envs.openspiel import game as games
 from avalon.envs.openspiel import solve
 from avalon.envs.openspiel.teacher import (
@@ -64,6 +63,7 @@ from avalon.envs.openspiel.teacher import (
     GameTeacherConfig,
     game_teacher,
 )
+from avalon.envs.table import TableEnv
 from avalon.envs.teacher import Baselines, TeacherPolicy
 from avalon.org.env import (
     CallContext,
@@ -346,34 +346,34 @@ def _team_optimum(game_string: str) -> solve.TeamOptimum | None:
     return solve.team_optimum(games.load(game_string))
 
 
-class OpenSpiel:
-    """An OpenSpiel game as an environment (see the module docstring). Sessions use their seed
-    (with the task's deal seed) for chance."""
+def _deal(rng: np.random.Generator, config: OpenSpielConfig) -> int:
+    """A task: the seed of its deal (every task plays the config's game)."""
+    return int(rng.integers(2 ** 31))
 
-    uses_workspace = False
+
+def _deal_signature(deal: int) -> int:
+    """A task's content signature: its deal seed (held-out seeds differ from training ones)."""
+    return deal
+
+
+class OpenSpiel(TableEnv[OpenSpielConfig, int, OpenSpielSession]):
+    """An OpenSpiel game as an environment (see the module docstring). Sessions use their seed
+    (with the task's deal seed) for chance. Task ids are `openspiel-<split>-<i>` whatever the
+    game; the environment's name carries the game's."""
 
     def __init__(self, config: OpenSpielConfig = OpenSpielConfig()):
-        self.config = config
         self.game = games.load(config.game)
         for g in config.measure_games:
             games.load(g, "OpenSpielConfig.measure_games")
         self.name = "openspiel_" + self.game.get_type().short_name
         self.prompt = (games.describe(self.game, config.game) + " observe shows each of your "
                        "seats' view and legal actions; act with an action id plays it.")
-        self.table = TaskTable("openspiel", lambda rng: int(rng.integers(2 ** 31)),
-                               lambda deal: deal, config.n_train, config.n_heldout, config.seed)
+        super().__init__(config, _deal, _deal_signature, prefix="openspiel")
 
-    def task_ids(self, split: Split) -> tuple[str, ...]:
-        return self.table.ids(split)
-
-    def task(self, task_id: str, clock_s: float | None = None) -> Task:
-        return self.session(task_id, 0, clock_s).task
-
-    def session(self, task_id: str, seed: int,
-                clock_s: float | None = None) -> OpenSpielSession:
-        clock = check_clock(clock_s, self.config.clock_s, f"openspiel task {task_id!r}")
-        return OpenSpielSession(task_id, self.game, self.config.game, self.table.get(task_id),
-                                seed, clock, self.config, self.prompt)
+    def _open(self, task_id: str, spec: int, seed: int, clock_s: float,
+              config: OpenSpielConfig) -> OpenSpielSession:
+        return OpenSpielSession(task_id, self.game, config.game, spec, seed, clock_s, config,
+                                self.prompt)
 
     def teacher(self, chat: ChatFormat,
                 config: GameTeacherConfig | None = None) -> TeacherPolicy:

@@ -43,7 +43,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from avalon.envs.base import Split, check_clock
 from avalon.envs.parallel import schedule
 from avalon.envs.parallel.tasks import (
     Op,
@@ -60,8 +59,8 @@ from avalon.envs.parallel.teacher import (
     ParallelTeacherConfig,
     cast,
 )
+from avalon.envs.table import TieredEnv
 from avalon.envs.teacher import Baselines, TeacherPolicy, chance_policy
-from avalon.envs.tiers import TieredTasks, tier_configs
 from avalon.org.env import (
     CallContext,
     EndContext,
@@ -144,12 +143,10 @@ TIER_FIELDS = frozenset({"n_subtasks", "cost_units", "dep_prob", "max_depth", "o
                          "max_operand", "check_answers", "clock_s", "n_train", "n_heldout"})
 
 
-def _maker(c: ParallelConfig):
-    def make(rng: np.random.Generator) -> ParallelTask:
-        return make_task(rng, n_subtasks=c.n_subtasks, cost_units=c.cost_units,
-                         dep_prob=c.dep_prob, ops=c.ops, max_operand=c.max_operand,
-                         max_depth=c.max_depth)
-    return make
+def _make(rng: np.random.Generator, c: ParallelConfig) -> ParallelTask:
+    return make_task(rng, n_subtasks=c.n_subtasks, cost_units=c.cost_units,
+                     dep_prob=c.dep_prob, ops=c.ops, max_operand=c.max_operand,
+                     max_depth=c.max_depth)
 
 
 class ParallelSession:
@@ -240,50 +237,19 @@ class ParallelSession:
                                      "handoffs": float(self.handoffs)})
 
 
-class ParallelSubtasks:
+class ParallelSubtasks(TieredEnv[ParallelConfig, ParallelTask, ParallelSession]):
     """Environment 1 (see the module docstring). `config` is the top tier (today's tasks);
     `tiers` the easier ones below it, easiest first (`avalon/envs/tiers.py`)."""
 
     name = "parallel"
-    uses_workspace = False
 
     def __init__(self, config: ParallelConfig = ParallelConfig(),
                  tiers: Sequence[Mapping] = ()):
-        self.config = config
-        self.tasks = TieredTasks("parallel", tier_configs(config, tiers, TIER_FIELDS), _maker,
-                                 signature)
+        super().__init__(config, _make, signature, tiers=tiers, tier_fields=TIER_FIELDS)
 
-    @property
-    def n_tiers(self) -> int:
-        return len(self.tasks.configs)
-
-    def tier_of(self, task_id: str) -> int:
-        return self.tasks.tier_of(task_id)
-
-    def tier_config(self, tier: int) -> ParallelConfig:
-        return self.tasks.config(tier)
-
-    def task_ids(self, split: Split) -> tuple[str, ...]:
-        return self.tasks.ids(split)
-
-    def tier_task_ids(self, split: Split, tier: int) -> tuple[str, ...]:
-        return self.tasks.tier_ids(split, tier)
-
-    def spec(self, task_id: str) -> ParallelTask:
-        return self.tasks.get(task_id)[1]
-
-    def task(self, task_id: str, clock_s: float | None = None) -> Task:
-        return self.session(task_id, 0, clock_s).task
-
-    def session(self, task_id: str, seed: int, clock_s: float | None = None) -> ParallelSession:
-        config, spec, clock = self._lookup(task_id, clock_s)
-        return ParallelSession(task_id, spec, clock, config)
-
-    def _lookup(self, task_id: str, clock_s: float | None
-                ) -> tuple[ParallelConfig, ParallelTask, float]:
-        """The task's tier config, its spec, and the clock (its tier's default if None)."""
-        config, spec = self.tasks.get(task_id)
-        return config, spec, check_clock(clock_s, config.clock_s, f"parallel task {task_id!r}")
+    def _open(self, task_id: str, spec: ParallelTask, seed: int, clock_s: float,
+              config: ParallelConfig) -> ParallelSession:
+        return ParallelSession(task_id, spec, clock_s, config)
 
     def horizon(self, clock_s: float) -> int:
         """Work units that fit in the clock after the overhead."""

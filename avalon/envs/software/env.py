@@ -36,11 +36,11 @@ import zlib
 
 import numpy as np
 
-from avalon.envs.base import Split, TaskTable, check_clock
 from avalon.envs.software import generated
 from avalon.envs.software.functions import BY_NAME, FAMILIES
 from avalon.envs.software.grader import GradeReport, grade
 from avalon.envs.software.teacher import TEACHER_WORDS, cast
+from avalon.envs.table import TableEnv
 from avalon.envs.teacher import Baselines, TeacherPolicy, chance_policy
 from avalon.org.env import (
     CallContext,
@@ -120,6 +120,15 @@ def make_task(rng: np.random.Generator, config: SoftwareConfig,
     return SoftwareTask(names, tuple(examples))
 
 
+def _make_heldout(rng: np.random.Generator, config: SoftwareConfig) -> SoftwareTask:
+    return make_task(rng, config, heldout=True)
+
+
+def _functions(task: SoftwareTask) -> tuple[str, ...]:
+    """A task's content signature: the functions it asks for."""
+    return task.functions
+
+
 def _call_text(name: str, args: tuple) -> str:
     return f"{name}({', '.join(repr(a) for a in args)})"
 
@@ -187,31 +196,18 @@ class SoftwareSession:
         return FinalOutcome(rewards=rewards, metrics=metrics)
 
 
-class SoftwareBuild:
+class SoftwareBuild(TableEnv[SoftwareConfig, SoftwareTask, SoftwareSession]):
     """Environment 3 (see the module docstring). Sessions use their seed for hidden inputs."""
 
     name = "software"
     uses_workspace = True
 
     def __init__(self, config: SoftwareConfig = DEFAULT_CONFIG):
-        self.config = config
-        self.table = TaskTable("software", lambda rng: make_task(rng, config),
-                               lambda t: t.functions, config.n_train, config.n_heldout,
-                               config.seed,
-                               make_heldout=lambda rng: make_task(rng, config, heldout=True))
+        super().__init__(config, make_task, _functions, make_heldout=_make_heldout)
 
-    def task_ids(self, split: Split) -> tuple[str, ...]:
-        return self.table.ids(split)
-
-    def spec(self, task_id: str) -> SoftwareTask:
-        return self.table.get(task_id)
-
-    def task(self, task_id: str, clock_s: float | None = None) -> Task:
-        return self.session(task_id, 0, clock_s).task
-
-    def session(self, task_id: str, seed: int, clock_s: float | None = None) -> SoftwareSession:
-        clock = check_clock(clock_s, self.config.clock_s, f"software task {task_id!r}")
-        return SoftwareSession(task_id, self.table.get(task_id), seed, clock, self.config)
+    def _open(self, task_id: str, spec: SoftwareTask, seed: int, clock_s: float,
+              config: SoftwareConfig) -> SoftwareSession:
+        return SoftwareSession(task_id, spec, seed, clock_s, config)
 
     def teacher(self, chat: ChatFormat, silent: bool = False) -> TeacherPolicy:
         """The scripted teacher organisation (`teacher.py`); `silent`: nobody reports."""

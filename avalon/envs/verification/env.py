@@ -44,9 +44,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from avalon.envs.base import Split, check_clock
+from avalon.envs.table import TieredEnv
 from avalon.envs.teacher import Baselines, TeacherPolicy, chance_policy
-from avalon.envs.tiers import TieredTasks, tier_configs
 from avalon.envs.verification.teacher import (
     DEFAULT_TEACHER,
     ITEMS,
@@ -256,47 +255,21 @@ class VerificationSession:
                     "shipped": [b.to_json() for b in self.ships]})
 
 
-class Verification:
+class Verification(TieredEnv[VerificationConfig, VerificationTask, VerificationSession]):
     """Environment 5 (see the module docstring). Sessions use their seed for defects and
     result codes. `config` is the top tier (today's tasks); `tiers` the easier ones below it,
     easiest first (`avalon/envs/tiers.py`)."""
 
     name = "verification"
-    uses_workspace = False
 
     def __init__(self, config: VerificationConfig = VerificationConfig(),
                  tiers: Sequence[Mapping] = ()):
-        self.config = config
-        self.tasks = TieredTasks("verification", tier_configs(config, tiers, TIER_FIELDS),
-                                 _maker, dataclasses.astuple)
+        super().__init__(config, make_task, dataclasses.astuple, tiers=tiers,
+                         tier_fields=TIER_FIELDS)
 
-    @property
-    def n_tiers(self) -> int:
-        return len(self.tasks.configs)
-
-    def tier_of(self, task_id: str) -> int:
-        return self.tasks.tier_of(task_id)
-
-    def tier_config(self, tier: int) -> VerificationConfig:
-        return self.tasks.config(tier)
-
-    def task_ids(self, split: Split) -> tuple[str, ...]:
-        return self.tasks.ids(split)
-
-    def tier_task_ids(self, split: Split, tier: int) -> tuple[str, ...]:
-        return self.tasks.tier_ids(split, tier)
-
-    def spec(self, task_id: str) -> VerificationTask:
-        return self.tasks.get(task_id)[1]
-
-    def task(self, task_id: str, clock_s: float | None = None) -> Task:
-        return self.session(task_id, 0, clock_s).task
-
-    def session(self, task_id: str, seed: int,
-                clock_s: float | None = None) -> VerificationSession:
-        config, spec = self.tasks.get(task_id)
-        clock = check_clock(clock_s, config.clock_s, f"verification task {task_id!r}")
-        return VerificationSession(task_id, spec, seed, clock, config)
+    def _open(self, task_id: str, spec: VerificationTask, seed: int, clock_s: float,
+              config: VerificationConfig) -> VerificationSession:
+        return VerificationSession(task_id, spec, seed, clock_s, config)
 
     def teacher(self, chat: ChatFormat,
                 config: VerifyTeacherConfig = DEFAULT_TEACHER) -> TeacherPolicy:
@@ -332,12 +305,6 @@ class Verification:
         tier's."""
         words = [w for c in (self.config, *self.tasks.configs) for w in _words(c)]
         return tuple(dict.fromkeys(w for w in words + list(TEACHER_WORDS) if len(w) >= 2))
-
-
-def _maker(config: VerificationConfig):
-    def make(rng: np.random.Generator) -> VerificationTask:
-        return make_task(rng, config)
-    return make
 
 
 def _words(config: VerificationConfig) -> list[str]:

@@ -29,7 +29,7 @@ import zlib
 
 import numpy as np
 
-from avalon.envs.base import Split, TaskTable, check_clock
+from avalon.envs.table import TableEnv
 from avalon.envs.teacher import Baselines, TeacherPolicy, chance_policy
 from avalon.envs.wealth.tasks import (
     DEFAULT_CONFIG,
@@ -60,6 +60,12 @@ RESEARCH = ToolSpec("research", "past trials of one bet; takes time", (
 BET = ToolSpec("bet", "stake a fraction of wealth on one bet, once", (
     Param("id", ParamType.STRING, "bet id"),
     Param("fraction", ParamType.NUMBER, "share of current wealth, 0 to max")), grantable=False)
+
+
+def _probs(task: WealthTask) -> tuple[float, ...]:
+    """A task's content signature: its bets' win chances."""
+    return task.probs
+
 
 class WealthSession:
     def __init__(self, task_id: str, spec: WealthTask, seed: int, clock_s: float,
@@ -131,30 +137,18 @@ class WealthSession:
                                      "wealth": self.wealth, "success": float(ratio > 1)})
 
 
-class Wealth:
+class Wealth(TableEnv[WealthConfig, WealthTask, WealthSession]):
     """Environment 4 (see the module docstring). Sessions use their seed for outcomes and
     research samples."""
 
     name = "wealth"
-    uses_workspace = False
 
     def __init__(self, config: WealthConfig = DEFAULT_CONFIG):
-        self.config = config
-        self.table = TaskTable("wealth", lambda rng: make_task(rng, config),
-                               lambda t: t.probs, config.n_train, config.n_heldout, config.seed)
+        super().__init__(config, make_task, _probs)
 
-    def task_ids(self, split: Split) -> tuple[str, ...]:
-        return self.table.ids(split)
-
-    def spec(self, task_id: str) -> WealthTask:
-        return self.table.get(task_id)
-
-    def task(self, task_id: str, clock_s: float | None = None) -> Task:
-        return self.session(task_id, 0, clock_s).task
-
-    def session(self, task_id: str, seed: int, clock_s: float | None = None) -> WealthSession:
-        clock = check_clock(clock_s, self.config.clock_s, f"wealth task {task_id!r}")
-        return WealthSession(task_id, self.table.get(task_id), seed, clock, self.config)
+    def _open(self, task_id: str, spec: WealthTask, seed: int, clock_s: float,
+              config: WealthConfig) -> WealthSession:
+        return WealthSession(task_id, spec, seed, clock_s, config)
 
     def teacher(self, chat: ChatFormat, kelly_scale: float = 0.5,
                 overhead_s: float = 30.0, silent: bool = False) -> TeacherPolicy:
