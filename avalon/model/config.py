@@ -101,8 +101,9 @@ class AttentionImpl(enum.Enum):
     NAIVE = "naive"  # materialise [b, h, t, t] scores
     QUERY_CHUNKED = "query_chunked"  # scores one query chunk at a time: memory O(t * chunk)
     BLOCK_CAUSAL = "block_causal"  # query chunks skip the key blocks above the diagonal
-    # Query blocks of 128 against only the keys they see, custom VJP that recomputes each
-    # block's probabilities from the rows' log-sum-exp: no [t, t] scores in either pass.
+    # Query blocks (`attention.FLASH_BLOCK`) against only the keys they see, custom VJP that
+    # recomputes each block's probabilities from the rows' log-sum-exp: no [t, t] scores in
+    # either pass.
     FLASH = "flash"
     # One scan over the (query block, key block) pairs at or below the diagonal, blocks of
     # `attention_query_chunk`, FlashAttention backward: causal FLOPs at fixed shapes per step,
