@@ -243,13 +243,6 @@ def platform(mesh: Mesh | None) -> str:
     return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
 
 
-def traced_platform() -> str:
-    """The platform the enclosing `use_rules`' mesh is (a one-device mesh's too: compiling for
-    a TPU from a CPU host must not pick the host's), else the default backend's."""
-    got = _ACTIVE.get()
-    return platform(None if got is None else got[0])
-
-
 def active_mesh() -> Mesh | None:
     """The enclosing `use_rules`' mesh when it spans more than one device, else None (one
     device lays every array out whole, as without a mesh)."""

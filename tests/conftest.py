@@ -50,7 +50,7 @@ def _require_kernel(ready, what: str) -> None:
 @pytest.fixture(scope="session")
 def cpu_attention_kernel():
     """The update step's CPU attention kernel (`avalon/backends/cpu_attention.py`), registered
-    as the CPU's AttentionImpl.KERNEL core."""
+    as `Ops.attention` on a one-device CPU."""
     from avalon.backends import cpu_attention
 
     _require_kernel(cpu_attention.ready, "attention")

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from avalon import model as M
+from avalon.backends.platform import model_ops
 from avalon.inference.api import SamplingParams, TurnRequest
 from avalon.rl.logprobs import token_logprobs
 from avalon.tokenizer.chat import ChatFormat
@@ -240,11 +241,13 @@ class ScoringJudge:
         self.invalid = 0  # never: every answer is a label (kept for ModelJudge's callers)
         self.answered = 0
 
+        ops = model_ops(jax.default_backend(), cfg)  # the platform the jit below runs on
+
         def score(params, tokens, at, targets, mask):  # tokens [r, s]; at, targets, mask [r, a]
-            hidden = M.forward(params, tokens, cfg, return_logits=False).hidden
+            hidden = M.forward(params, tokens, cfg, return_logits=False, ops=ops).hidden
             # The LM head only where an answer token is predicted (a few positions a row).
             picked = jnp.take_along_axis(hidden, at[..., None], axis=1)
-            logp = token_logprobs(params, picked, targets, cfg, chunk=at.shape[1])[0]
+            logp = token_logprobs(params, picked, targets, cfg, chunk=at.shape[1], ops=ops)[0]
             return jnp.sum(jnp.where(mask, logp, 0.0), axis=1)
         self._score = jax.jit(score)
 

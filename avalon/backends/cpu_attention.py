@@ -1,14 +1,14 @@
 """Causal attention for training on CPU: a fused C++ kernel (forward and backward) behind XLA's
-FFI, registered as the model's `AttentionImpl.KERNEL` core.
+FFI: the update step's `Ops.attention` on a CPU with one device (`training.TrainingPlatform`).
 
 The model's FLASH attention (`model.attention._flash_attention`) runs on XLA:CPU as separate
 passes over every block of scores (product, mask, row max and sum, exponentials, copies of K and
 V): at SmolLM2-135M's shapes its forward and backward ran at ~35 GFLOP/s where the products
-around it run at ~130 (`docs/results_history.md`, "Where SmolLM2's update step goes").
+around it run at ~130.
 `cpu_attention.cc` makes, masks and uses each block of scores while it is in L1, in one pass, with
 the same function: `_flash_core`'s layout and results (its output, and gradients from the rows'
 log-sum-exp, equal to rounding; tests/backends/test_cpu_attention.py). fp32 only, head_dim a
-multiple of 16 (`fits`); the update step uses it on a CPU with one device (`training.model_config`).
+multiple of 16 (`fits`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from avalon.backends import cpu_build
-from avalon.model import attention
-from avalon.model.config import AttentionImpl, ModelConfig
+from avalon.model.config import ModelConfig
 
 SOURCE = Path(__file__).with_suffix(".cc")
 FORWARD_TARGET = "avalon_attention_fwd"
@@ -75,18 +74,8 @@ attention_core.defvjp(_core_fwd, _core_bwd)
 
 @functools.cache
 def ready() -> bool:
-    """Build (once per machine) and register the kernel as the CPU's `AttentionImpl.KERNEL`
-    core; True when the update step can use it. On a failure, one warning and False: the update
-    step then keeps the model's FLASH attention."""
-    if not cpu_build.ready(SOURCE, _SYMBOLS, "attention",
-                           "training uses the model's flash attention"):
-        return False
-    attention.register_kernel("cpu", attention_core)
-    return True
-
-
-def select(cfg: ModelConfig) -> ModelConfig:
-    """cfg with FLASH attention computed by the kernel where it fits and builds; else cfg."""
-    if cfg.attention_impl != AttentionImpl.FLASH or not fits(cfg) or not ready():
-        return cfg
-    return cfg.replace(attention_impl=AttentionImpl.KERNEL)
+    """Build (once per machine) and register the kernel's FFI targets; True when the update
+    step can use it. On a failure, one warning and False: the update step then keeps the
+    model's FLASH attention."""
+    return cpu_build.ready(SOURCE, _SYMBOLS, "attention",
+                           "training uses the model's flash attention")

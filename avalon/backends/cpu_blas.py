@@ -5,9 +5,9 @@ head's at ~100; MKL's `cblas_sgemm` runs every one of the step's shapes, transpo
 151-165 (`docs/results_history.md`, SmolLM2's update step with products on MKL), and the products
 are two thirds of SmolLM2-135M's update step. `cpu_blas.cc` calls it (sequential MKL, the columns
 split over XLA's intra-op threads); `product` is the product with its gradients as the same calls
-(dx = g w^T, dw = x^T g; the tied LM head's with the embedding as stored), which `model.dense` uses
-while the update step traces (`training.products`). Results equal XLA's to rounding
-(tests/backends/test_cpu_blas.py).
+(dx = g w^T, dw = x^T g; the tied LM head's with the embedding as stored), the update step's
+`Ops.product` on a CPU with one device (`cpu_products.mkl_product`, `training.TrainingPlatform`).
+Results equal XLA's to rounding (tests/backends/test_cpu_blas.py).
 
 MKL is found as the `mkl` wheel installs it (`<prefix>/lib/libmkl_rt.so.*`), or at
 $AVALON_BLAS_LIBRARY. Without it (not installed, or not an x86-64 machine) `ready()` is False

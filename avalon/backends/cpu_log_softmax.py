@@ -8,7 +8,7 @@ step goes").
 `cpu_log_softmax.cc` reads each row twice in the forward and once in the backward, in L2. Same
 function and gradient (the target's log-prob only; the entropy carries none), equal to
 rounding: tests/backends/test_cpu_log_softmax.py. fp32 logits; the update step uses it on a
-CPU with one device (`training.log_softmax`).
+CPU with one device (`training.TrainingPlatform.log_softmax`).
 """
 
 from __future__ import annotations

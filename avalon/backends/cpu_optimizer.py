@@ -8,7 +8,7 @@ clip): ~0.75 s of SmolLM2-135M's 8.7 s update step on one core (the profile in
 gradient once, and one pass per leaf reads g, p, mu, nu and writes p, mu, nu in place. The optimizer
 state stays optax's (the one `rl.update.make_optimizer` builds: checkpoints are the same), and the
 results equal optax's to rounding (tests/backends/test_cpu_optimizer.py). float32 leaves; others
-take the same formula in jnp. Used on a CPU with one device (`training.fused_optimizer`).
+take the same formula in jnp. Used on a CPU with one device (`training.TrainingPlatform.optimizer`).
 """
 
 from __future__ import annotations

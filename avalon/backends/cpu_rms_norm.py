@@ -1,12 +1,12 @@
 """RMSNorm for training on CPU: a C++ kernel (forward and backward) behind XLA's FFI, the
-model's `rms_norm` in the update step (`model.kernels`).
+model's `rms_norm` in the update step (`Ops.rms_norm`).
 
 XLA:CPU runs `model.norms.rms_norm` as three passes forward and four or five backward (~0.16 s
 of SmolLM2-135M's update step on one core; `experiments/bench/RESULTS.md`, "SmolLM2's update step
 against transformers on one core");
 `cpu_rms_norm.cc` reads each row twice each way, in L1. Same function and gradients, equal to
 rounding: tests/backends/test_cpu_layer_kernels.py. fp32; the update step uses it on a CPU with
-one device (`training.layer_kernels`).
+one device (`training.TrainingPlatform`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """The dense MLP's SwiGLU activation for training on CPU: a C++ kernel (forward and backward)
-behind XLA's FFI, the model's silu(gate) * up in the update step (`model.kernels`).
+behind XLA's FFI, the model's silu(gate) * up in the update step (`Ops.swiglu`).
 
 XLA:CPU runs it as three passes over memory forward (autodiff keeps the sigmoid and silu for the
 backward) and two backward (~0.25 s of SmolLM2-135M's update step on one core;
 `experiments/bench/RESULTS.md`, "SmolLM2's update step against transformers on one core");
 `cpu_swiglu.cc` makes one pass each way from gate and up. Same function and gradients, equal to
 rounding: tests/backends/test_cpu_layer_kernels.py. fp32; the update step uses it on a CPU with one
-device (`training.layer_kernels`).
+device (`training.TrainingPlatform`).
 """
 
 from __future__ import annotations

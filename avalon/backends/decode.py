@@ -41,8 +41,8 @@ from jax.sharding import Mesh
 from avalon.backends import cpu_gemm
 from avalon.backends.cpu_gemm import Packed
 from avalon.backends.cpu_out_in import OutIn
+from avalon.backends.platform import resolve_moe_backend
 from avalon.model.config import LETTERS, ModelConfig, MoeBackend
-from avalon.model.moe import resolve_backend
 from avalon.model.params import layer_key
 
 
@@ -163,7 +163,7 @@ def out_in_params(cfg: ModelConfig, params: dict, packed: bool = False) -> dict:
     engine's run config, unstacked or not). The routed experts only when `cfg` runs them
     grouped on CPU (the one dispatch with an output-first loop and a packed path)."""
     layout = Packed if packed else OutIn
-    experts = resolve_backend(cfg.moe_backend, "cpu") == MoeBackend.GROUPED
+    experts = resolve_moe_backend(cfg.moe_backend, "cpu") == MoeBackend.GROUPED
     blocks = []
     for bp, (unit, _) in zip(params["blocks"], cfg.blocks):
         block = {}

@@ -48,10 +48,12 @@ import numpy as np
 from flax import struct
 from jax.sharding import Mesh, NamedSharding
 
+from avalon.backends.platform import kv_storage_dtype, model_ops
 from avalon.inference.sampling import SamplingKnobs, sample
 from avalon.model import cache as C
 from avalon.model.config import ModelConfig
 from avalon.model.model import forward, lm_logits
+from avalon.model.ops import Ops
 from avalon.sharding import (
     DECODE_RULES,
     batch_axes,
@@ -89,9 +91,19 @@ class Setup:
 
     @property
     def platform(self) -> str:
-        """Where the programs run: the mesh's devices' platform, else the default backend's
-        (the KV pool's storage follows it: `model.bits`)."""
+        """Where the programs run: the mesh's devices' platform, else the default backend's."""
         return platform(self.mesh)
+
+    @property
+    def ops(self) -> Ops:
+        """The functions the model's layers run with on this platform (`backends.platform`)."""
+        return model_ops(self.platform, self.cfg)
+
+    @property
+    def kv_storage(self):
+        """The dtype the KV pool is stored as on this platform (on CPU a bf16 pool as its bit
+        patterns: `backends.cpu_bits`)."""
+        return kv_storage_dtype(self.cfg.jnp_dtype, self.platform)
 
     @property
     def pool_shards(self) -> int:
@@ -172,7 +184,7 @@ def init_state(setup: Setup, slots: int, num_pages: int) -> SlotState:
     """Empty state for `slots` slots and a pool of `num_pages` pages, placed on the mesh by
     DECODE_RULES when there is one."""
     cfg = setup.cfg
-    cache = C.init_paged_cache(cfg, slots, num_pages, setup.page_size, setup.platform)
+    cache = C.init_paged_cache(cfg, slots, num_pages, setup.page_size, setup.kv_storage)
     state = SlotState(cache=cache,
                       hidden=jnp.zeros((slots, cfg.hidden_size), cfg.jnp_dtype),
                       live=jnp.zeros((slots,), bool), remaining=jnp.zeros((slots,), jnp.int32))
@@ -185,7 +197,7 @@ def abstract_state(setup: Setup, slots: int, num_pages: int) -> SlotState:
     """`init_state`'s shapes and dtypes, without allocating (for AOT lowering)."""
     cfg = setup.cfg
     return jax.eval_shape(lambda: SlotState(
-        cache=C.init_paged_cache(cfg, slots, num_pages, setup.page_size, setup.platform),
+        cache=C.init_paged_cache(cfg, slots, num_pages, setup.page_size, setup.kv_storage),
         hidden=jnp.zeros((slots, cfg.hidden_size), cfg.jnp_dtype),
         live=jnp.zeros((slots,), bool), remaining=jnp.zeros((slots,), jnp.int32)))
 
@@ -361,7 +373,7 @@ def prefill(params: dict, state: SlotState, idx: jax.Array, pages: jax.Array, to
     with _rules(setup):
         rows = _gather(state, idx, pages, cfg)
         r = forward(params, tokens, cfg, cache=rows.cache, num_new=num_new, routing=routing,
-                    return_logits=False)
+                    return_logits=False, ops=setup.ops)
         last = jnp.maximum(num_new - 1, 0)
         h_last = jnp.take_along_axis(r.hidden, last[:, None, None], axis=1)[:, 0]
         hidden = jnp.where((num_new > 0)[:, None], h_last.astype(rows.hidden.dtype), rows.hidden)
@@ -374,7 +386,7 @@ def _decode_step(params, rows: _Rows, knobs: SamplingKnobs, stop_tokens, setup: 
     cfg = setup.cfg
     live, remaining = rows.live, rows.remaining
     lengths = rows.cache.lengths
-    logits = lm_logits(params, rows.hidden, cfg)  # [R, V] fp32
+    logits = lm_logits(params, rows.hidden, cfg, setup.ops)  # [R, V] fp32
     tokens, logprobs = sample(logits, knobs, lengths)
     remaining = remaining - live.astype(jnp.int32)
     is_stop = jnp.any(tokens[:, None] == stop_tokens, axis=-1)
@@ -384,7 +396,7 @@ def _decode_step(params, rows: _Rows, knobs: SamplingKnobs, stop_tokens, setup: 
                                jnp.where(full, CODE_CONTEXT_FULL, 0)))
     code = jnp.where(live, code, 0).astype(jnp.int8)
     r = forward(params, tokens[:, None], cfg, cache=rows.cache, num_new=live.astype(jnp.int32),
-                return_logits=False)
+                return_logits=False, ops=setup.ops)
     hidden = jnp.where(live[:, None], r.hidden[:, 0].astype(rows.hidden.dtype), rows.hidden)
     routing = None if r.routing is None else r.routing[:, :, 0].astype(setup.routing_dtype)
     out = DecodeOut(tokens=tokens, logprobs=logprobs, emitted=live, code=code, routing=routing)

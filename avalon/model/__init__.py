@@ -3,13 +3,15 @@
 Public API:
   presets.get(name) -> ModelConfig
   init_params(key, cfg) -> params
-  forward(params, tokens, cfg, *, segment_ids=None, cache=None, routing=None) -> ForwardResult
+  forward(params, tokens, cfg, *, segment_ids=None, cache=None, routing=None, ops=PLAIN)
+      -> ForwardResult
   init_cache(cfg, batch, capacity) -> Cache
   param_shardings(cfg, mesh, rules) -> a NamedSharding per param leaf
 
-The math is written once and is platform-neutral; each platform's fast paths (decode weight
-layouts, the CPU product kernel) live beside it in `avalon/backends/`, which this package never
-imports. The recipe it serves: docs/recipe.md; the layers: docs/architecture.md.
+The math is written once, in plain JAX, and never asks which platform it runs on; each
+platform's fast paths (decode weight layouts, kernels, the CPU's product and gather tactics)
+live in `avalon/backends/`, which this package never imports, and reach the model as one
+argument (`ops.Ops`). The recipe it serves: docs/recipe.md; the layers: docs/architecture.md.
 
 Notation (array shapes in docstrings, comments and einsum subscripts):
   b batch rows            t, s positions in a row      n flat tokens (b * t)
@@ -27,6 +29,7 @@ from avalon.model import presets
 from avalon.model.cache import Cache, init_cache
 from avalon.model.config import AttentionImpl, ModelConfig, MoeBackend, Remat
 from avalon.model.model import ForwardResult, forward, lm_logits, mtp_logits
+from avalon.model.ops import PLAIN, Ops
 from avalon.model.params import (
     abstract_params,
     count_params,
@@ -36,7 +39,8 @@ from avalon.model.params import (
 )
 
 __all__ = [
-    "AttentionImpl", "Cache", "ForwardResult", "ModelConfig", "MoeBackend", "Remat",
+    "PLAIN", "AttentionImpl", "Cache", "ForwardResult", "ModelConfig", "MoeBackend", "Ops",
+    "Remat",
     "abstract_params", "count_params", "forward", "init_cache", "init_params", "lm_logits",
     "mtp_logits", "param_shardings", "param_specs", "presets",
 ]

@@ -35,11 +35,11 @@ from flax import struct
 from jax.sharding import PartitionSpec
 
 from avalon import sharding
-from avalon.model import bits
 from avalon.model.attention_scan import causal_scan_attention
 from avalon.model.config import AttentionImpl, ModelConfig
 from avalon.model.dense import dense
 from avalon.model.norms import rms_norm
+from avalon.model.ops import PLAIN, Ops
 from avalon.model.rope import apply_rope, segment_positions
 from avalon.sharding import constrain
 
@@ -75,25 +75,28 @@ PAGE_BLOCK = 16
 # skip more of the masked upper triangle and keep each block's fp32 scores in cache.
 FLASH_BLOCK = 64
 
-# AttentionImpl.KERNEL's fused cores, one per platform, registered by a platform backend:
-# fn(q [b, h, t*g, d], k, v [b, h, t, d], seg [b, t] int32, scale, g) -> out [b, h, t*g, d],
-# differentiable, equal to `_flash_core` (the backend's tests hold it to that).
-_KERNELS: dict = {}
-
-
-def register_kernel(platform: str, fn) -> None:
-    """Make `fn` AttentionImpl.KERNEL's core on `platform` ('cpu', 'gpu', 'tpu')."""
-    _KERNELS[platform] = fn
-
-
-def init_paged_kv(cfg: ModelConfig, num_pages: int, page_size: int,
-                  platform: str | None = None) -> PagedKV:
-    """A zero pool, stored for `platform` (None: the default backend's): on CPU a 16-bit pool
-    as its bit patterns (`bits`: XLA:CPU widened a whole bf16 pool around every write); zero
-    bits are +0.0."""
+def init_paged_kv(cfg: ModelConfig, num_pages: int, page_size: int, stored=None) -> PagedKV:
+    """A zero pool of `stored` dtype: the values' dtype (None: cfg's), or an unsigned integer of
+    the same width holding their bit patterns (a caller's choice: some platforms move 16-bit
+    floats faster as bits); reads and writes follow the pool's own dtype (`to_storage`,
+    `from_storage`). Zero bits are +0.0."""
     shape = (num_pages, cfg.num_key_value_heads, page_size, cfg.head_dim)
-    stored = bits.storage_dtype(cfg.jnp_dtype, platform or jax.default_backend())
+    stored = cfg.jnp_dtype if stored is None else stored
     return PagedKV(k=jnp.zeros(shape, stored), v=jnp.zeros(shape, stored))
+
+
+def to_storage(values: jax.Array, dtype, stored) -> jax.Array:
+    """`values` cast to `dtype`, as a pool of dtype `stored` (dtype itself, or an unsigned
+    integer of its width) holds them: a bitcast between types of one width is exact."""
+    values = values.astype(dtype)
+    stored = jnp.dtype(stored)
+    return values if stored == values.dtype else jax.lax.bitcast_convert_type(values, stored)
+
+
+def from_storage(stored: jax.Array, dtype) -> jax.Array:
+    """`to_storage`'s inverse: stored contents as `dtype` values."""
+    dtype = jnp.dtype(dtype)
+    return stored if stored.dtype == dtype else jax.lax.bitcast_convert_type(stored, dtype)
 
 
 def init_kv_cache(cfg: ModelConfig, batch: int, capacity: int) -> KVCache:
@@ -111,7 +114,7 @@ def _scores_to_out(q, k, v, mask, scale):
     return jnp.einsum("bhgqk,bhkd->bqhgd", probs, v)
 
 
-def _heads_parallel(q, k, v, segment_ids, cfg: ModelConfig, scale):
+def _heads_parallel(q, k, v, segment_ids, cfg: ModelConfig, scale, ops: Ops = PLAIN):
     """`_full_attention` under the active rules as a `shard_map` over the query heads' mesh
     axes (`act_heads`): each chip runs its whole rows and its query heads with the one or
     more kv heads they read, sliced from the (small, unsplit) k and v. None when no rules
@@ -148,7 +151,7 @@ def _heads_parallel(q, k, v, segment_ids, cfg: ModelConfig, scale):
         kl = jax.lax.dynamic_slice_in_dim(k, first, kv_local, axis=2)
         vl = jax.lax.dynamic_slice_in_dim(v, first, kv_local, axis=2)
         ql = q.reshape(q.shape[0], t, kv_local, local // kv_local, hd)
-        return _full_attention(ql, kl, vl, seg, cfg, scale).reshape(q.shape)
+        return _full_attention(ql, kl, vl, seg, cfg, scale, ops).reshape(q.shape)
 
     out = jax.shard_map(per_chip, mesh=mesh,
                         in_specs=(PartitionSpec(*spec), rows, rows, PartitionSpec(spec[0])),
@@ -157,8 +160,9 @@ def _heads_parallel(q, k, v, segment_ids, cfg: ModelConfig, scale):
     return out.reshape(b, t, nkv, g, hd)
 
 
-def _full_attention(q, k, v, segment_ids, cfg: ModelConfig, scale):
-    """No cache: causal (and same-segment) attention over the sequence itself."""
+def _full_attention(q, k, v, segment_ids, cfg: ModelConfig, scale, ops: Ops = PLAIN):
+    """No cache: causal (and same-segment) attention over the sequence itself. FLASH runs on
+    the platform's fused core where one is given (`Ops.attention`)."""
     b, t = q.shape[:2]
     kt, vt = k.swapaxes(1, 2), v.swapaxes(1, 2)  # [b, h, t, d]
     pos = jnp.arange(t)
@@ -172,9 +176,9 @@ def _full_attention(q, k, v, segment_ids, cfg: ModelConfig, scale):
 
     chunk = cfg.attention_query_chunk
     if cfg.attention_impl == AttentionImpl.FLASH:
+        if ops.attention is not None:
+            return _fused_attention(ops.attention, q, k, v, seg, scale)
         return _flash_attention(q, k, v, seg, scale, FLASH_BLOCK)
-    if cfg.attention_impl == AttentionImpl.KERNEL:
-        return _kernel_attention(q, k, v, seg, scale)
     if cfg.attention_impl == AttentionImpl.CAUSAL_SCAN:
         return causal_scan_attention(q, k, v, seg, scale, chunk)
     if cfg.attention_impl == AttentionImpl.NAIVE or t <= chunk:
@@ -235,17 +239,12 @@ def _flash_attention(q, k, v, seg, scale, block: int):
     return out.reshape(b, h, t, g, d).transpose(0, 2, 1, 3, 4)
 
 
-def _kernel_attention(q, k, v, seg, scale):
-    """`_flash_attention` on the platform's registered fused core (AttentionImpl.KERNEL)."""
-    where = sharding.traced_platform()
-    if where not in _KERNELS:
-        raise ValueError(f"ModelConfig.attention_impl='kernel': no fused attention kernel is "
-                         f"registered for {where!r} (the update step selects it where one is "
-                         "ready: backends.training.model_config); use 'flash'")
+def _fused_attention(core, q, k, v, seg, scale):
+    """`_flash_attention` computed by a platform's fused core (`Ops.attention`)."""
     b, t, h, g, d = q.shape
     qh = q.transpose(0, 2, 1, 3, 4).reshape(b, h, t * g, d)
-    out = _KERNELS[where](qh, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3),
-                          seg.astype(jnp.int32), scale, g)
+    out = core(qh, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), seg.astype(jnp.int32),
+               scale, g)
     return out.reshape(b, h, t, g, d).transpose(0, 2, 1, 3, 4)
 
 
@@ -311,7 +310,8 @@ def _write_cache(cache_arr, new, start, num_new):
     return jax.vmap(one)(cache_arr, new, pos)
 
 
-def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtype):
+def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtype,
+                 windows: bool = False):
     """pool [n, h, s, d] (`kv_dtype` values, or their bits: `init_paged_kv`); new [b, t, h, d]
     written at position start[b] + i (i < num_new[b]) through the page table pages [b, w];
     positions past the row's pages are dropped.
@@ -319,9 +319,9 @@ def _write_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtyp
     Whole pages are read, updated and written back (the m <= (t + s - 2) // s + 1 pages the row's
     new tokens fall in), never single [h, d] windows: a scatter into one page offset made the TPU
     compiler lay the pool out offset-major inside the decode loop and copy the whole pool in and out
-    of it (a pool-sized temporary; RESULTS.md, "The pod's decode fits a v5p host"). On CPU each
-    token's [h, d] window is written in place instead (`_write_windows`)."""
-    if sharding.traced_platform() == "cpu":
+    of it (a pool-sized temporary). With `windows` (`Ops.kv_window_writes`) each token's
+    [h, d] window is written in place instead (`_write_windows`)."""
+    if windows:
         return _write_windows(pool, new, pages, start, num_new, kv_dtype)
     return _write_whole_pages(pool, new, pages, start, num_new, kv_dtype)
 
@@ -344,7 +344,7 @@ def _write_whole_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, k
     src = src.reshape(b, m, size, *new.shape[2:]).swapaxes(2, 3)  # [b, m, h, s, d]
     pid = jnp.where(hit.any(axis=-1), pid, n)  # pages without a new token: not written
     cur = jnp.take(pool, pid, axis=0, mode="fill", fill_value=0)  # [b, m, h, s, d]
-    upd = jnp.where(hit[:, :, None, :, None], bits.to_storage(src, kv_dtype, pool.dtype), cur)
+    upd = jnp.where(hit[:, :, None, :, None], to_storage(src, kv_dtype, pool.dtype), cur)
     # The updated pages are made before the scatter, not fused into it: a scatter whose
     # updates read its own operand cannot run in place, and XLA:GPU copied the whole pool
     # before every write (one pool-sized temporary per layer; RESULTS.md, "One H200 on paper").
@@ -353,10 +353,9 @@ def _write_whole_pages(pool: jax.Array, new: jax.Array, pages, start, num_new, k
 
 
 def _write_windows(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dtype):
-    """`_write_pages` as one scatter of each new token's [h, d] window to its (page, offset):
-    XLA:CPU updates the pool in place and touches only those windows, where the whole-page
-    merge gathered, merged and wrote back every page a token falls in (12% of SmolLM2's bf16
-    decode step at batch 32; experiments/bench/RESULTS.md, topic 7)."""
+    """`_write_pages` as one scatter of each new token's [h, d] window to its (page, offset),
+    in place, touching only those windows (the whole-page merge gathers, merges and writes back
+    every page a token falls in)."""
     n, _, size, _ = pool.shape
     b, t = new.shape[:2]
     w = pages.shape[1]
@@ -367,7 +366,7 @@ def _write_windows(pool: jax.Array, new: jax.Array, pages, start, num_new, kv_dt
     keep = (jnp.arange(t)[None, :] < nn[:, None]) & (col < w)
     pid = jnp.where(keep, pid, n)  # not written (dropped)
     # pool[pid, :, offset] is [b, t, h, d]: the advanced indices' axes lead.
-    return pool.at[pid, :, pos % size].set(bits.to_storage(new, kv_dtype, pool.dtype),
+    return pool.at[pid, :, pos % size].set(to_storage(new, kv_dtype, pool.dtype),
                                            mode="drop")
 
 
@@ -399,7 +398,7 @@ def _paged_partial(q, pool: PagedKV, pages, page_index, q_pos, scale, kv_dtype):
         idx, start = xs
 
         def gather(a):  # [b, per, h, s, d] -> [b, h, per * s, d]
-            a = bits.from_storage(jnp.take(a, idx, axis=0, mode="fill", fill_value=0), kv_dtype)
+            a = from_storage(jnp.take(a, idx, axis=0, mode="fill", fill_value=0), kv_dtype)
             return a.swapaxes(1, 2).reshape(b, h, per * size, d)
 
         k, v = gather(pool.k), gather(pool.v)
@@ -458,7 +457,7 @@ def pool_split(num_pages: int):
 
 
 def _paged_sharded(q, k_new, v_new, pool: PagedKV, pages, lengths, num_new, scale, kv_dtype,
-                   mesh, axes):
+                   mesh, axes, windows: bool = False):
     """Paged attention with the pool split by pages over mesh `axes` in blocks (chip c holds
     pages [c n / P, (c + 1) n / P)), as the engine lays it out: page j of every row lives on
     chip j % P (`inference/pages.py`). Each chip writes the new K/V that fall in its pages and
@@ -480,8 +479,8 @@ def _paged_sharded(q, k_new, v_new, pool: PagedKV, pages, lengths, num_new, scal
         c = jax.lax.axis_index(axes)
         local = pages - c * per_chip
         local = jnp.where((local >= 0) & (local < per_chip), local, per_chip)  # else: dropped
-        pk = _write_pages(pk, k_new, local, lengths, nn, kv_dtype)
-        pv = _write_pages(pv, v_new, local, lengths, nn, kv_dtype)
+        pk = _write_pages(pk, k_new, local, lengths, nn, kv_dtype, windows)
+        pv = _write_pages(pv, v_new, local, lengths, nn, kv_dtype, windows)
         mine = jnp.take(local.reshape(b, w // shards, shards), c, axis=2)
         page_index = jnp.arange(w // shards) * shards + c
         q_pos = lengths[:, None] + jnp.arange(t)[None, :]
@@ -502,15 +501,16 @@ def _paged_sharded(q, k_new, v_new, pool: PagedKV, pages, lengths, num_new, scal
 
 
 def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
-              cache: KVCache | PagedKV | None = None, lengths=None, num_new=None, pages=None):
+              cache: KVCache | PagedKV | None = None, lengths=None, num_new=None, pages=None,
+              ops: Ops = PLAIN):
     b, t, _ = x.shape
     nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     g = nh // nkv
     dtype = x.dtype
-    q = dense(x, p["q"].astype(dtype))
-    k = dense(x, p["k"].astype(dtype))
-    v = dense(x, p["v"].astype(dtype))
-    q, k, v = _position_and_norm(p, q, k, v, cfg, segment_ids, lengths)
+    q = dense(x, p["q"].astype(dtype), ops=ops)
+    k = dense(x, p["k"].astype(dtype), ops=ops)
+    v = dense(x, p["v"].astype(dtype), ops=ops)
+    q, k, v = _position_and_norm(p, q, k, v, cfg, segment_ids, lengths, ops)
     if cache is None:
         # Computed on the residual stream's positions, then switched by all-to-all (as
         # mamba2._at_residual_split: no all-gather of the layer input to whole rows).
@@ -526,9 +526,9 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     scale = hd ** -0.5
 
     if cache is None:
-        out = _heads_parallel(q, k, v, segment_ids, cfg, scale)
+        out = _heads_parallel(q, k, v, segment_ids, cfg, scale, ops)
         if out is None:
-            out = _full_attention(q, k, v, segment_ids, cfg, scale)
+            out = _full_attention(q, k, v, segment_ids, cfg, scale, ops)
         new_cache = None
     elif isinstance(cache, PagedKV):
         if pages is None:
@@ -536,11 +536,13 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
         split = pool_split(cache.k.shape[0])
         if split is not None:
             new_cache, out = _paged_sharded(q, k, v, cache, pages, lengths, num_new, scale,
-                                            cfg.jnp_dtype, *split)
+                                            cfg.jnp_dtype, *split, ops.kv_window_writes)
         else:
             new_cache = PagedKV(
-                k=_write_pages(cache.k, k, pages, lengths, num_new, cfg.jnp_dtype),
-                v=_write_pages(cache.v, v, pages, lengths, num_new, cfg.jnp_dtype))
+                k=_write_pages(cache.k, k, pages, lengths, num_new, cfg.jnp_dtype,
+                               ops.kv_window_writes),
+                v=_write_pages(cache.v, v, pages, lengths, num_new, cfg.jnp_dtype,
+                               ops.kv_window_writes))
             q_pos = lengths[:, None] + jnp.arange(t)[None, :]
             out = _paged_attention(q, new_cache, pages, q_pos, scale, cfg.jnp_dtype)
     else:
@@ -554,13 +556,14 @@ def attention(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
     out = out.reshape(b, t, nh, hd)
     if cache is None:  # back to the residual stream's position split before the o projection
         out = constrain(out, ("batch", "act_seq", "act_mixer_out", None))
-    y = dense(out, p["o"].astype(dtype), 2)
+    y = dense(out, p["o"].astype(dtype), 2, ops)
     if "o_bias" in p:
         y = y + p["o_bias"].astype(dtype)
     return y, new_cache
 
 
-def _position_and_norm(p: dict, q, k, v, cfg: ModelConfig, segment_ids, lengths):
+def _position_and_norm(p: dict, q, k, v, cfg: ModelConfig, segment_ids, lengths,
+                       ops: Ops = PLAIN):
     """The Llama/Qwen steps between the projections and the scores (identity for Nemotron-H):
     biases, q/k RMSNorm over head_dim, rotary embedding. q [b, t, nh, hd]; k, v [b, t, nkv, hd];
     with a cache the rows continue at `lengths`, without one at their segments' starts."""
@@ -570,8 +573,8 @@ def _position_and_norm(p: dict, q, k, v, cfg: ModelConfig, segment_ids, lengths)
         k = k + p["k_bias"].astype(dtype)
         v = v + p["v_bias"].astype(dtype)
     if cfg.qk_norm:
-        q = rms_norm(q, p["q_norm"], cfg.layer_norm_epsilon)
-        k = rms_norm(k, p["k_norm"], cfg.layer_norm_epsilon)
+        q = rms_norm(q, p["q_norm"], cfg.layer_norm_epsilon, ops)
+        k = rms_norm(k, p["k_norm"], cfg.layer_norm_epsilon, ops)
     if cfg.rope_theta is not None:
         b, t = q.shape[:2]
         if lengths is None:  # positions within the row: each < t

@@ -87,9 +87,9 @@ def init_cache(cfg: ModelConfig, batch: int, capacity: int) -> Cache:
 
 
 def init_paged_cache(cfg: ModelConfig, batch: int, num_pages: int, page_size: int,
-                     platform: str | None = None) -> Cache:
-    """Zero paged cache: Mamba state for `batch` slots, a pool of `num_pages` KV pages stored
-    for `platform` (`init_paged_kv`; None: the default backend's)."""
+                     stored=None) -> Cache:
+    """Zero paged cache: Mamba state for `batch` slots, a pool of `num_pages` KV pages of
+    `stored` dtype (`init_paged_kv`; None: cfg's dtype)."""
     blocks = []
     for unit, reps in cfg.blocks:
         entries = {}
@@ -99,7 +99,7 @@ def init_paged_cache(cfg: ModelConfig, batch: int, num_pages: int, page_size: in
                 entries[layer_key(j, ch)] = _stack(init_mamba_cache(cfg, batch), reps)
             elif kind == "attention":
                 entries[layer_key(j, ch)] = _stack(
-                    init_paged_kv(cfg, num_pages, page_size, platform), reps)
+                    init_paged_kv(cfg, num_pages, page_size, stored), reps)
         blocks.append(entries)
     return Cache(blocks=blocks, lengths=jnp.zeros((batch,), jnp.int32))
 

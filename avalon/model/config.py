@@ -39,16 +39,16 @@ LETTERS = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
 class MoeBackend(enum.Enum):
     """How routed experts are dispatched (all dropless, all equal to `DENSE` up to float error).
 
-    `AUTO` picks per platform when the layer is traced (`moe.resolve_backend`): TPU megablox,
-    GPU capacity buckets, CPU grouped tiles (training and decode alike). Known-slow pairs are
-    refused at that point: `RAGGED_DOT` on GPU (it densifies: 6 TFLOP/s against 509 for a
-    batched matmul on an H200) and `MEGABLOX` off TPU (a Mosaic TPU kernel)."""
+    `AUTO` is the dispatch the caller's platform names (`ops.Ops.moe_backend`, chosen in
+    `avalon/backends/`: TPU megablox, GPU capacity buckets, CPU grouped tiles); without one the
+    dense reference. The backends refuse known-slow or impossible pairs for their platform
+    (`RAGGED_DOT` on GPU, `MEGABLOX` off TPU)."""
 
     AUTO = "auto"  # the platform's fastest (see above)
     DENSE = "dense"  # every expert on every token, then masked: the readable reference
     RAGGED_DOT = "ragged_dot"  # sort by expert + `lax.ragged_dot` (CPU lowers it densely)
     CAPACITY_BUCKETS = "capacity_buckets"  # sort + batched matmul at a bucketed capacity
-    GROUPED = "grouped"  # sort + per-expert tiles, a batched matmul over tiles (CPU)
+    GROUPED = "grouped"  # sort + per-expert tiles, a loop of 2-D products over the occupied tiles
     MEGABLOX = "megablox"  # sort + the Pallas megablox grouped matmul (TPU; gmm/tgmm backward)
 
 
@@ -101,17 +101,14 @@ class AttentionImpl(enum.Enum):
     NAIVE = "naive"  # materialise [b, h, t, t] scores
     QUERY_CHUNKED = "query_chunked"  # scores one query chunk at a time: memory O(t * chunk)
     BLOCK_CAUSAL = "block_causal"  # query chunks skip the key blocks above the diagonal
-    # Query blocks of 128 against only the keys they see, custom VJP that recomputes each
-    # block's probabilities from the rows' log-sum-exp: no [t, t] scores in either pass.
+    # Query blocks (`attention.FLASH_BLOCK`) against only the keys they see, custom VJP that
+    # recomputes each block's probabilities from the rows' log-sum-exp: no [t, t] scores in
+    # either pass.
     FLASH = "flash"
     # One scan over the (query block, key block) pairs at or below the diagonal, blocks of
     # `attention_query_chunk`, FlashAttention backward: causal FLOPs at fixed shapes per step,
     # for rows too long to unroll (attention_scan.py).
     CAUSAL_SCAN = "causal_scan"
-    # FLASH's function computed by a platform backend's fused kernel (forward and backward),
-    # which the backend registers (`attention.register_kernel`; the model never imports one).
-    # The update step picks it where one is ready (`backends.training.model_config`).
-    KERNEL = "kernel"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ from avalon import sharding
 from avalon.model.config import ModelConfig
 from avalon.model.dense import BackendWeight, dense
 from avalon.model.norms import gated_group_rms_norm
+from avalon.model.ops import PLAIN, Ops
 from avalon.model.ssd import ssd_chunked, ssd_step
 from avalon.sharding import constrain
 
@@ -57,16 +58,16 @@ MAMBA_CACHE_AXES = MambaCache(
     conv_C=("batch", None, None, None), ssm=("batch", "act_mamba_heads", None, None))
 
 
-def _proj(x, w, bias=None):
+def _proj(x, w, bias=None, ops: Ops = PLAIN):
     """x [b, t, D] @ w [D, ...] -> [b, t, ...]."""
-    y = dense(x, w)
+    y = dense(x, w, ops=ops)
     return y if bias is None else y + bias.astype(y.dtype)
 
 
 _IN = ("z", "x", "B", "C", "dt")
 
 
-def _in_proj(x, p: dict, *, merged: bool):
+def _in_proj(x, p: dict, *, merged: bool, ops: Ops = PLAIN):
     """The five input projections. `merged` (the full-sequence path) and without a mesh they
     run as one matmul against the concatenated weights (as HF's single in_proj): on CPU the
     narrow B, C and dt products (widths G*N and H) are far below matmul efficiency on their
@@ -76,10 +77,10 @@ def _in_proj(x, p: dict, *, merged: bool):
     # Weights in a backend's layout (the engine's, `avalon/backends/`) are read in place, one
     # product each.
     if not merged or sharding.active_mesh() is not None or isinstance(p["in_z"], BackendWeight):
-        return tuple(_proj(x, p[f"in_{n}"], p.get(f"in_bias_{n}")) for n in _IN)
+        return tuple(_proj(x, p[f"in_{n}"], p.get(f"in_bias_{n}"), ops) for n in _IN)
     ws = [p[f"in_{n}"] for n in _IN]
     flat = jnp.concatenate([w.reshape(w.shape[0], -1) for w in ws], axis=1).astype(x.dtype)
-    y = dense(x, flat)
+    y = dense(x, flat, ops=ops)
     # One split (its gradient is one concatenate; five slices' gradients were five padded
     # copies of the whole [tokens, width] gradient, summed).
     parts = jax.lax.split(y, [math.prod(w.shape[1:]) for w in ws], axis=-1)
@@ -155,11 +156,11 @@ def _softplus_dt(p: dict, dt):
     return jax.nn.softplus(dt.astype(jnp.float32) + p["dt_bias"].astype(jnp.float32))
 
 
-def _out_proj(p: dict, y, *, training: bool):
+def _out_proj(p: dict, y, *, training: bool, ops: Ops = PLAIN):
     """y [b, t, H, P] (the gated norm's output in the compute dtype) -> [b, t, D]."""
     if training:  # back to the residual stream's position split before out_proj
         y = constrain(y, ("batch", "act_seq", "act_mixer_out", None))
-    out = dense(y, p["out"].astype(y.dtype), 2)
+    out = dense(y, p["out"].astype(y.dtype), 2, ops)
     if "out_bias" in p:
         out = out + p["out_bias"].astype(y.dtype)
     return out
@@ -233,11 +234,11 @@ def mixer_core_blocked(p: dict, xs, Bs, Cs, dt, z, cfg: ModelConfig, segment_ids
 
 
 def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
-                cache: MambaCache | None = None, num_new=None):
+                cache: MambaCache | None = None, num_new=None, ops: Ops = PLAIN):
     b, t, _ = x.shape
     dtype = x.dtype
     # z, xs [b, t, H, P]; Bs, Cs [b, t, G, N]; dt [b, t, H]
-    z, xs, Bs, Cs, dt = _in_proj(x, p, merged=cache is None)
+    z, xs, Bs, Cs, dt = _in_proj(x, p, merged=cache is None, ops=ops)
     if cache is None:
         z, xs, Bs, Cs, dt = _at_residual_split(z, xs, Bs, Cs, dt)
     xs = constrain(xs, ("batch", "mixer_seq", "act_mamba_heads", None))
@@ -251,7 +252,7 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
 
     if cache is None and cfg.ssd_block and t > cfg.ssd_block:
         y = mixer_core_blocked(p, xs, Bs, Cs, dt, z, cfg, segment_ids)
-        return _out_proj(p, y, training=True), None
+        return _out_proj(p, y, training=True, ops=ops), None
 
     k1 = cfg.conv_kernel - 1
     if cache is None:
@@ -288,7 +289,7 @@ def mamba_mixer(p: dict, x: jax.Array, cfg: ModelConfig, *, segment_ids=None,
                              segment_ids=segment_ids)
 
     y = gated_group_rms_norm(y, z, p["gate_norm"], cfg.n_groups, cfg.layer_norm_epsilon)
-    out = _out_proj(p, y.astype(dtype), training=cache is None)
+    out = _out_proj(p, y.astype(dtype), training=cache is None, ops=ops)
     if cache is None:
         return out, None
     new_cache = MambaCache(

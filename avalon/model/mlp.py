@@ -5,28 +5,28 @@ from __future__ import annotations
 
 import jax
 
-from avalon.model import kernels
 from avalon.model.activations import relu2
 from avalon.model.config import Activation, ModelConfig
 from avalon.model.dense import dense
+from avalon.model.ops import PLAIN, Ops
 from avalon.sharding import constrain
 
 
-def mlp(p: dict, x: jax.Array, cfg: ModelConfig) -> jax.Array:
+def mlp(p: dict, x: jax.Array, cfg: ModelConfig, ops: Ops = PLAIN) -> jax.Array:
     dtype = x.dtype
-    h = dense(x, p["up"].astype(dtype))
+    h = dense(x, p["up"].astype(dtype), ops=ops)
     if "up_bias" in p:
         h = h + p["up_bias"].astype(dtype)
     if cfg.mlp_activation == Activation.SWIGLU:
-        gate = dense(x, p["gate"].astype(dtype))
+        gate = dense(x, p["gate"].astype(dtype), ops=ops)
         if "gate_bias" in p:
             gate = gate + p["gate_bias"].astype(dtype)
-        fn = kernels.get("swiglu", gate, h)  # a platform kernel where one is set
+        fn = ops.fp32_kernel("swiglu", gate, h)  # the platform's kernel, where one is given
         h = jax.nn.silu(gate) * h if fn is None else fn(gate, h)
     else:
         h = relu2(h)
     h = constrain(h, ("batch", "act_seq", "act_mlp"))
-    y = dense(h, p["down"].astype(dtype))
+    y = dense(h, p["down"].astype(dtype), ops=ops)
     if "down_bias" in p:
         y = y + p["down_bias"].astype(dtype)
     return y

@@ -4,7 +4,7 @@
     for layer i: h = h + mixer_i(RMSNorm_i(h))      (M Mamba-2, E MoE, * attention, - MLP)
     logits = lm_head(RMSNorm_f(h))                  (fp32)
 
-`forward(params, tokens, cfg, segment_ids=, cache=, routing=, num_new=)`:
+`forward(params, tokens, cfg, segment_ids=, cache=, routing=, num_new=, ops=)`:
   tokens       [b, t] int
   segment_ids  [b, t] int, packed training rows (no cache): attention and Mamba state never
                cross a change of id
@@ -12,6 +12,7 @@
                (contiguous KV, or paged KV with the rows' page table `cache.pages`)
   num_new      [b] int with a cache: the real tokens of each row (rest is right padding)
   routing      [n_moe_layers, b, t, k] int: replay these expert choices (RL routing replay)
+  ops          `ops.Ops`: a platform's functions for some layers (None fields: plain JAX)
 Returns `ForwardResult(logits [b, t, V] fp32, hidden [b, t, D] (pre-final-norm), cache,
 routing [n_moe_layers, b, t, k] int32, moe_dropped [n_moe_layers] int32)`: the choices each MoE
 layer dropped at the expert-parallel capacity bound (`ModelConfig.moe_capacity_factor`).
@@ -27,7 +28,6 @@ import jax.numpy as jnp
 from flax import struct
 
 from avalon.model.attention import attention
-from avalon.model.bits import take_rows
 from avalon.model.cache import Cache
 from avalon.model.config import LETTERS, ModelConfig, Remat
 from avalon.model.dense import dense_head, tied_head
@@ -35,6 +35,7 @@ from avalon.model.mamba2 import mamba_mixer
 from avalon.model.mlp import mlp
 from avalon.model.moe import ROUTED_NAME, moe_layer
 from avalon.model.norms import rms_norm
+from avalon.model.ops import PLAIN, Ops
 from avalon.model.params import layer_key
 from avalon.sharding import constrain
 
@@ -49,25 +50,26 @@ class ForwardResult:
 
 
 def apply_layer(letter: str, lp: dict, h: jax.Array, cfg: ModelConfig, *, segment_ids=None,
-                cache_entry=None, lengths=None, num_new=None, routing=None, pages=None):
+                cache_entry=None, lengths=None, num_new=None, routing=None, pages=None,
+                ops: Ops = PLAIN):
     """One pre-norm residual layer. Returns (h, new cache entry or None, MoE output or None:
     (experts [b, t, k], choices dropped)). Its ops are named after the layer kind (`mamba`,
     `moe`, `attention`, `mlp`) in a profile."""
     kind = LETTERS[letter]
     with jax.named_scope(kind):
-        x = rms_norm(h, lp["norm"], cfg.layer_norm_epsilon)
+        x = rms_norm(h, lp["norm"], cfg.layer_norm_epsilon, ops)
         new_entry, moe_out = None, None
         if kind == "mamba":
             y, new_entry = mamba_mixer(lp, x, cfg, segment_ids=segment_ids, cache=cache_entry,
-                                       num_new=num_new)
+                                       num_new=num_new, ops=ops)
         elif kind == "attention":
             y, new_entry = attention(lp, x, cfg, segment_ids=segment_ids, cache=cache_entry,
-                                     lengths=lengths, num_new=num_new, pages=pages)
+                                     lengths=lengths, num_new=num_new, pages=pages, ops=ops)
         elif kind == "moe":
-            y, experts, dropped = moe_layer(lp, x, cfg, routing=routing)
+            y, experts, dropped = moe_layer(lp, x, cfg, routing=routing, ops=ops)
             moe_out = (experts, dropped)
         else:
-            y = mlp(lp, x, cfg)
+            y = mlp(lp, x, cfg, ops)
         h = constrain(h + y.astype(h.dtype), ("batch", "act_seq", "act_embed"))
     return h, new_entry, moe_out
 
@@ -88,13 +90,14 @@ _PER_LAYER = (Remat.NONE, Remat.SELECTIVE, Remat.SELECTIVE_UNITS)  # no checkpoi
 _SELECTIVE_POLICY = jax.checkpoint_policies.save_only_these_names(ROUTED_NAME)
 
 
-def _recomputed_layer(letter: str, lp: dict, h, cfg: ModelConfig, segment_ids, routing):
+def _recomputed_layer(letter: str, lp: dict, h, cfg: ModelConfig, segment_ids, routing,
+                      ops: Ops = PLAIN):
     """`apply_layer` (no cache) under `jax.checkpoint`: the backward keeps the layer's input
     and recomputes the rest (Remat.SELECTIVE, for Mamba and MoE layers; see
     `_recomputed_unit` for SELECTIVE_UNITS)."""
     def fn(lp, h, segment_ids, routing):
         out, _, moe_out = apply_layer(letter, lp, h, cfg, segment_ids=segment_ids,
-                                      routing=routing)
+                                      routing=routing, ops=ops)
         return out, moe_out
 
     out, moe_out = jax.checkpoint(fn, policy=_SELECTIVE_POLICY)(lp, h, segment_ids, routing)
@@ -124,7 +127,7 @@ def _lead(tree):
 
 
 def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: ModelConfig,
-               segment_ids, lengths, num_new, pages=None):
+               segment_ids, lengths, num_new, pages=None, ops: Ops = PLAIN):
     """Scan `reps` repeats of `unit`. br: [reps, m, b, t, k] routing to replay, or None.
     Returns (h, new stacked cache or None, None or (experts [reps, m, b, t, k], dropped
     [reps, m])).
@@ -146,12 +149,12 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
             r = routes[moe_positions.index(j)] if routes is not None and ch == "E" else None
             if (entries is None and cfg.remat in (Remat.SELECTIVE, Remat.SELECTIVE_UNITS)
                     and ch in "ME" and not whole_unit):
-                h, entry, moe_out = _recomputed_layer(ch, lps[key], h, cfg, segment_ids, r)
+                h, entry, moe_out = _recomputed_layer(ch, lps[key], h, cfg, segment_ids, r, ops)
             else:
                 h, entry, moe_out = apply_layer(
                     ch, lps[key], h, cfg, segment_ids=segment_ids,
                     cache_entry=None if entries is None else entries.get(key),
-                    lengths=lengths, num_new=num_new, routing=r, pages=pages)
+                    lengths=lengths, num_new=num_new, routing=r, pages=pages, ops=ops)
             if entry is not None:
                 new_entries[key] = entry
             if moe_out is not None:
@@ -198,14 +201,14 @@ def _run_block(unit: str, reps: int, bp: dict, bc: dict | None, br, h, cfg: Mode
 
 def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=None,
             cache: Cache | None = None, routing=None, num_new=None,
-            return_logits: bool = True) -> ForwardResult:
+            return_logits: bool = True, ops: Ops = PLAIN) -> ForwardResult:
     if cache is not None and segment_ids is not None:
         raise ValueError("forward: segment_ids (packed training rows) cannot be combined with a "
                          "cache; decode one sequence per slot instead")
     if cache is None and num_new is not None:
         raise ValueError("forward: num_new only applies when continuing from a cache")
     b, t = tokens.shape
-    h = take_rows(params["embed"], tokens).astype(cfg.jnp_dtype)
+    h = take_rows(params["embed"], tokens, ops).astype(cfg.jnp_dtype)
     h = constrain(h, ("batch", "act_seq", "act_embed"))
     lengths = None if cache is None else cache.lengths
     pages = None if cache is None else cache.pages
@@ -219,7 +222,7 @@ def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=No
         offset += reps * m
         h, entries, experts = _run_block(
             unit, reps, params["blocks"][bi], None if cache is None else cache.blocks[bi], br, h,
-            cfg, segment_ids, lengths, num_new, pages)
+            cfg, segment_ids, lengths, num_new, pages, ops)
         new_blocks.append(entries)
         if experts is not None:
             idx, drops = experts
@@ -230,26 +233,35 @@ def forward(params: dict, tokens: jax.Array, cfg: ModelConfig, *, segment_ids=No
     if cache is not None:
         step = jnp.full((b,), t, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
         new_cache = Cache(blocks=new_blocks, lengths=cache.lengths + step, pages=pages)
-    logits = lm_logits(params, h, cfg) if return_logits else None
+    logits = lm_logits(params, h, cfg, ops) if return_logits else None
     return ForwardResult(logits=logits, hidden=h, cache=new_cache,
                          routing=jnp.concatenate(routed) if routed else None,
                          moe_dropped=jnp.concatenate(dropped) if dropped else None)
 
 
-def lm_logits(params: dict, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
+def take_rows(table: jax.Array, idx: jax.Array, ops: Ops = PLAIN) -> jax.Array:
+    """The embedding lookup `jnp.take(table, idx, axis=0)`, on the platform's where one is given
+    (`Ops.take_rows`)."""
+    if ops.take_rows is not None:
+        return ops.take_rows(table, idx)
+    return jnp.take(table, idx, axis=0)
+
+
+def lm_logits(params: dict, hidden: jax.Array, cfg: ModelConfig, ops: Ops = PLAIN) -> jax.Array:
     """Final norm + LM head on the pre-norm hidden [..., D] -> fp32 logits [..., V] (named
     `head` in a profile)."""
     with jax.named_scope("head"):
-        h = rms_norm(hidden, params["final_norm"], cfg.layer_norm_epsilon)
+        h = rms_norm(hidden, params["final_norm"], cfg.layer_norm_epsilon, ops)
         # A tied head is the embedding, unless a decode backend laid it out apart as lm_head.
         if "lm_head" in params:
-            logits = dense_head(h, params["lm_head"].astype(h.dtype)).astype(jnp.float32)
+            logits = dense_head(h, params["lm_head"].astype(h.dtype), ops).astype(jnp.float32)
         else:
-            logits = tied_head(h, params["embed"]).astype(jnp.float32)
+            logits = tied_head(h, params["embed"], ops).astype(jnp.float32)
     return constrain(logits, ("batch", "act_seq", "act_vocab")) if logits.ndim == 3 else logits
 
 
-def mtp_logits(params: dict, hidden: jax.Array, next_tokens: jax.Array, cfg: ModelConfig):
+def mtp_logits(params: dict, hidden: jax.Array, next_tokens: jax.Array, cfg: ModelConfig,
+               ops: Ops = PLAIN):
     """One multi-token-prediction step (Super's `*E` head): predicts token t+2 from the main
     model's hidden at t and the token at t+1.
 
@@ -258,18 +270,20 @@ def mtp_logits(params: dict, hidden: jax.Array, next_tokens: jax.Array, cfg: Mod
     if not cfg.mtp_pattern:
         raise ValueError("mtp_logits: this config has no MTP block (mtp_pattern is empty)")
     with jax.named_scope("mtp_head"):
-        return _mtp_logits(params, hidden, next_tokens, cfg)
+        return _mtp_logits(params, hidden, next_tokens, cfg, ops)
 
 
-def _mtp_logits(params: dict, hidden: jax.Array, next_tokens: jax.Array, cfg: ModelConfig):
+def _mtp_logits(params: dict, hidden: jax.Array, next_tokens: jax.Array, cfg: ModelConfig,
+                ops: Ops):
     mp = params["mtp"]
     eps = cfg.layer_norm_epsilon
-    e = take_rows(params["embed"], next_tokens).astype(cfg.jnp_dtype)
-    x = jnp.concatenate([rms_norm(e, mp["enorm"], eps), rms_norm(hidden, mp["hnorm"], eps)], -1)
+    e = take_rows(params["embed"], next_tokens, ops).astype(cfg.jnp_dtype)
+    x = jnp.concatenate([rms_norm(e, mp["enorm"], eps, ops),
+                         rms_norm(hidden, mp["hnorm"], eps, ops)], -1)
     h = x @ mp["eh_proj"].astype(x.dtype)
     for ch, lp in zip(cfg.mtp_pattern, mp["layers"]):
-        h, _, _ = apply_layer(ch, lp, h, cfg)
-    h = rms_norm(h, mp["final_norm"], eps)
+        h, _, _ = apply_layer(ch, lp, h, cfg, ops=ops)
+    h = rms_norm(h, mp["final_norm"], eps, ops)
     if cfg.tie_word_embeddings:
-        return tied_head(h, params["embed"]).astype(jnp.float32)
-    return dense_head(h, params["lm_head"].astype(h.dtype)).astype(jnp.float32)
+        return tied_head(h, params["embed"], ops).astype(jnp.float32)
+    return dense_head(h, params["lm_head"].astype(h.dtype), ops).astype(jnp.float32)

@@ -35,7 +35,7 @@ Dispatch backends (`cfg.moe_backend`), all equal to the dense reference:
                     CPU backend: the loop of 2-D products is what XLA:CPU runs fastest
   MEGABLOX          (expert-parallel path, TPU) the Pallas grouped matmul, gmm forward and
                     gmm/tgmm backward
-  AUTO              per platform, resolved when traced (`resolve_backend`)
+  AUTO              the caller's platform's choice (`ops.Ops.moe_backend`; without one DENSE)
 
 Expert weights held in a platform backend's decode layout (`model.dense.BackendWeight`, the
 engine's on CPU: `avalon/backends/`) run GROUPED's forward on their own
@@ -62,41 +62,11 @@ from avalon import sharding
 from avalon.model import moe_ep
 from avalon.model.activations import activate, activate_grad, relu2
 from avalon.model.config import Activation, ModelConfig, MoeBackend, Remat, Router
-from avalon.model.dense import BackendWeight, dense, transposed
+from avalon.model.dense import BackendWeight, dense
+from avalon.model.ops import PLAIN, Ops
 from avalon.sharding import constrain
 
 ROUTED_NAME = "moe_routed"  # checkpoint name of the expert-parallel routed output
-
-# Per platform, the backend AUTO means (CPU: GROUPED at every load, see `resolve_backend`;
-# GPU: performance.md).
-PLATFORM_DEFAULT = {"tpu": MoeBackend.MEGABLOX, "gpu": MoeBackend.CAPACITY_BUCKETS,
-                    "cuda": MoeBackend.CAPACITY_BUCKETS, "rocm": MoeBackend.CAPACITY_BUCKETS,
-                    "cpu": MoeBackend.GROUPED}
-_SLOW = {("gpu", MoeBackend.RAGGED_DOT): "lax.ragged_dot densifies on GPU (6 TFLOP/s against "
-         "509 for a batched matmul on an H200); use capacity_buckets",
-         ("cuda", MoeBackend.RAGGED_DOT): "lax.ragged_dot densifies on GPU; use capacity_buckets"}
-
-
-def resolve_backend(backend: MoeBackend, platform: str) -> MoeBackend:
-    """The concrete backend for `platform` ('cpu', 'gpu', 'tpu'); AUTO picks the platform's default.
-    Raises for a known-slow or impossible pair. On CPU that is GROUPED at any load: in the update
-    step (0.71x -> 0.81x transformers against capacity buckets) and, since its loop runs only the
-    occupied tiles against each expert's weights in place, in decode too (the 13.6M Nemotron-H of
-    `vs_torch`, `Engine.generate` in one process, alternating, one core: 1.44x / 1.32x / 1.11x
-    capacity buckets' tokens/s at batch 1 / 8 / 32, tokens identical; docs/results_history.md, the
-    update step and decode against transformers)."""
-    if platform not in PLATFORM_DEFAULT:
-        raise ValueError(f"ModelConfig.moe_backend: unknown platform {platform!r}")
-    if backend == MoeBackend.AUTO:
-        return PLATFORM_DEFAULT[platform]
-    if (platform, backend) in _SLOW:
-        raise ValueError(f"ModelConfig.moe_backend={backend.value!r} on {platform}: "
-                         f"{_SLOW[(platform, backend)]}")
-    if backend == MoeBackend.MEGABLOX and platform != "tpu":
-        raise ValueError(f"ModelConfig.moe_backend='megablox' on {platform}: it is a TPU "
-                         "(Mosaic) kernel; use auto")
-    return backend
-
 
 def route(p: dict, x: jax.Array, cfg: ModelConfig, routing=None):
     """x [n, D] -> (experts [n, k] int32, gate weights [n, k] fp32)."""
@@ -342,6 +312,14 @@ def tile_rows(src, i, tile: int):
     return jax.lax.dynamic_slice_in_dim(src, i * tile, tile)
 
 
+def transposed(a: jax.Array) -> jax.Array:
+    """a.T as its own array: the barrier stops XLA folding the transpose into the next dot, so
+    the weight gradients below are products of untransposed operands (on XLA:CPU one whose left
+    operand contracts its leading axis ran at half the rate of the same product on the copy;
+    the copy is one pass over the operand)."""
+    return jax.lax.optimization_barrier(a.T)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _grouped_experts(xl, up, down, order, slot_sorted, tile_expert, used, act):
     """x_l [n, w] -> per-choice outputs [n, k, w], `used` occupied tiles of rows in a loop.
@@ -434,24 +412,25 @@ _DISPATCH = {
 }
 
 
-def _shared_expert(p: dict, x2, act: Activation):
+def _shared_expert(p: dict, x2, act: Activation, ops: Ops = PLAIN):
     """The shared expert: relu2(x2 W_up + b) W_down + b (SWIGLU: silu(x2 W_gate) * (x2 W_up)),
     in x2's dtype."""
     dtype = x2.dtype
-    h = dense(x2, p["shared_up"].astype(dtype))
+    h = dense(x2, p["shared_up"].astype(dtype), ops=ops)
     if "shared_up_bias" in p:
         h = h + p["shared_up_bias"].astype(dtype)
     if act == Activation.SWIGLU:
-        h = jax.nn.silu(dense(x2, p["shared_gate"].astype(dtype))) * h
+        h = jax.nn.silu(dense(x2, p["shared_gate"].astype(dtype), ops=ops)) * h
     else:
         h = relu2(h)
-    shared = dense(h, p["shared_down"].astype(dtype))
+    shared = dense(h, p["shared_down"].astype(dtype), ops=ops)
     if "shared_down_bias" in p:
         shared = shared + p["shared_down_bias"].astype(dtype)
     return shared
 
 
-def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=None):
+def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=None,
+              ops: Ops = PLAIN):
     """x [b, t, D] (normed) -> (y [b, t, D], experts chosen [b, t, k] int32, choices dropped
     by the expert-parallel capacity bound (int32 scalar; 0 without a mesh, or when
     `cfg.moe_capacity_factor` is None)). A dropped choice adds nothing to y (moe_ep.py)."""
@@ -474,17 +453,19 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
 
     xl = x2
     if cfg.moe_latent_size is not None:
-        xl = dense(x2, p["latent_in"].astype(dtype))
+        xl = dense(x2, p["latent_in"].astype(dtype), ops=ops)
         if "latent_in_bias" in p:
             xl = xl + p["latent_in_bias"].astype(dtype)
     act = cfg.mlp_activation
     up, down = fused_up(p).astype(dtype), p["experts_down"].astype(dtype)
-    chosen = resolve_backend(backend or cfg.moe_backend, sharding.traced_platform())
+    chosen = backend or cfg.moe_backend
+    if chosen == MoeBackend.AUTO:
+        chosen = ops.moe_backend
     if mesh is not None:
         routed, dropped = moe_ep.expert_parallel(
             xl, idx, weights, up, down, mesh=mesh, batch_axes=axes, backend=chosen, act=act,
             chunk=cfg.moe_dispatch_chunk, capacity_factor=cfg.moe_capacity_factor,
-            remat_chunks=cfg.remat != Remat.NONE)
+            remat_chunks=cfg.remat != Remat.NONE, gmm=ops.grouped_matmul)
         # Named for Remat.SELECTIVE(_UNITS): the recompute keeps this output instead of
         # running the routed experts again (model.py); their chunks recompute themselves.
         routed = checkpoint_name(routed, ROUTED_NAME)
@@ -506,13 +487,13 @@ def moe_layer(p: dict, x: jax.Array, cfg: ModelConfig, *, routing=None, backend=
         routed = jnp.einsum("nkw,nk->nw", per_choice.astype(jnp.float32),
                             weights).astype(dtype)
     if cfg.moe_latent_size is not None:
-        routed = dense(routed, p["latent_out"].astype(dtype))
+        routed = dense(routed, p["latent_out"].astype(dtype), ops=ops)
         if "latent_out_bias" in p:
             routed = routed + p["latent_out_bias"].astype(dtype)
 
     y = routed
     if cfg.moe_shared_expert_intermediate_size:
         y = y + _shared_expert({k: v for k, v in p.items() if k.startswith("shared_")}, x2,
-                               act)
+                               act, ops)
     y = y.reshape(b, t, d)
     return constrain(y, ("batch", "act_seq", "act_embed")), idx.reshape(b, t, -1), dropped

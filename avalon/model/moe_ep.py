@@ -41,18 +41,7 @@ from jax.sharding import Mesh, PartitionSpec
 from avalon.model.activations import activate
 from avalon.model.config import Activation, MoeBackend
 
-
-def _tile(dim: int, most: int) -> int:
-    """The largest power-of-two tile <= `most` (and >= 128) that divides `dim`, else `dim`."""
-    t = most
-    while t >= 128:
-        if dim % t == 0:
-            return t
-        t //= 2
-    return dim
-
-
-# Megablox tiles the rows (m) of its grouped matmul in whole tiles of at least 128 and needs m
+# MEGABLOX tiles the rows (m) of its grouped matmul in whole tiles of at least 128 and needs m
 # divisible by the tile. The capacity is rounded up to this many rows so the buffers divide it;
 # otherwise the only tile that divides m is m itself: one [m, 1024] block per kernel (the
 # pod's 99,124 rows, 203 MB against a TensorCore's 16 MiB of scoped VMEM), which libtpu spends
@@ -60,40 +49,16 @@ def _tile(dim: int, most: int) -> int:
 MEGABLOX_ROWS = 128
 
 
-def megablox_row_tile(rows: int, groups: int) -> int:
-    """The m tile for `rows` (a multiple of MEGABLOX_ROWS) sorted into `groups` groups. The
-    kernel visits a tile once per group it holds, so each group boundary inside a tile costs
-    a tile more: up to (groups - 1) x tile extra rows. The tile is the largest power of two
-    <= 512 that divides `rows` and keeps that under a quarter of the rows (the pod's 128
-    experts on 99,328 rows: 128, +16%; 512 would be +65%)."""
-    t = 512
-    while t > MEGABLOX_ROWS and (rows % t or (groups - 1) * t > rows // 4):
-        t //= 2
-    return t
-
-
-def megablox_gmm(xs, w, counts, interpret: bool = False):
-    """The Pallas megablox grouped matmul of `_grouped` (rows padded with zero rows to a
-    multiple of MEGABLOX_ROWS when they are not one already: the dropless capacity n x k).
-    `interpret` runs the kernel in Pallas' interpreter (the CPU test)."""
-    from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
-    rows = xs.shape[0]
-    pad = -rows % MEGABLOX_ROWS
-    if pad:  # the padded rows lie past sum(counts): outside every group, zero out
-        xs = jnp.pad(xs, ((0, pad), (0, 0)))
-    tiling = (megablox_row_tile(rows + pad, w.shape[0]), _tile(xs.shape[1], 1024),
-              _tile(w.shape[2], 1024))
-    out = megablox.gmm(xs, w, counts.astype(jnp.int32), xs.dtype, tiling, None, None,
-                       False, interpret)
-    return out[:rows] if pad else out
-
-
-def _grouped(xs, counts, w, backend: MoeBackend):
+def _grouped(xs, counts, w, backend: MoeBackend, gmm=None):
     """xs [R, a] sorted by group, counts [G] -> [R, b]: row r times w[group of r]; rows past
     sum(counts) are zeros, except under megablox, which leaves them unwritten (whatever the
-    buffer held): `local_experts` puts them on the sentinel rows, which no caller reads."""
+    buffer held): `local_experts` puts them on the sentinel rows, which no caller reads.
+    MEGABLOX runs `gmm`, the platform's grouped matmul (`ops.Ops.grouped_matmul`)."""
     if backend == MoeBackend.MEGABLOX:
-        return megablox_gmm(xs, w, counts)
+        if gmm is None:
+            raise ValueError("ModelConfig.moe_backend='megablox': no grouped matmul was given "
+                             "for it (ops.Ops.grouped_matmul: the TPU's, from avalon/backends)")
+        return gmm(xs, w, counts)
     if backend == MoeBackend.RAGGED_DOT:
         return jax.lax.ragged_dot(xs, w, counts.astype(jnp.int32))
     # DENSE / CAPACITY_BUCKETS / GROUPED: every row through every local expert, then the row's
@@ -107,7 +72,7 @@ def _grouped(xs, counts, w, backend: MoeBackend):
 
 
 def local_experts(x_rows, e_rows, up, down, backend: MoeBackend,
-                  act: Activation = Activation.RELU2):
+                  act: Activation = Activation.RELU2, gmm=None):
     """x_rows [R, w], e_rows [R] local expert ids (sentinel = up.shape[0] for empty rows)
     -> [R, w]; empty rows are zero, or unspecified under megablox (see `_grouped`): the
     dispatch reads only the rows of kept choices, in the forward and in the backward."""
@@ -115,8 +80,8 @@ def local_experts(x_rows, e_rows, up, down, backend: MoeBackend,
     order = jnp.argsort(e_rows, stable=True)
     counts = jnp.zeros((g + 1,), jnp.int32).at[e_rows].add(1)[:g]
     xs = x_rows[order]
-    h = activate(act, _grouped(xs, counts, up, backend))
-    ys = _grouped(h, counts, down, backend)
+    h = activate(act, _grouped(xs, counts, up, backend, gmm))
+    ys = _grouped(h, counts, down, backend, gmm)
     return jnp.zeros_like(ys).at[order].set(ys)
 
 
@@ -130,7 +95,7 @@ def capacity(n: int, k: int, ep: int, factor: float | None, multiple: int = 1) -
 
 
 def _dispatch_chunk(xl, idx, weights, up, down, *, ep: int, backend: MoeBackend,
-                    factor: float | None, act: Activation = Activation.RELU2):
+                    factor: float | None, act: Activation = Activation.RELU2, gmm=None):
     """One chunk on one chip: xl [n, w], idx [n, k] global experts, weights [n, k] fp32 gates
     -> (sum over the k choices of gate x expert output [n, w] in xl's dtype, choices dropped
     (int32 scalar))."""
@@ -155,7 +120,7 @@ def _dispatch_chunk(xl, idx, weights, up, down, *, ep: int, backend: MoeBackend,
     a2a = functools.partial(jax.lax.all_to_all, axis_name="expert", split_axis=0,
                             concat_axis=0, tiled=True)
     recv_x, recv_e = a2a(send_x), a2a(send_e)
-    y = local_experts(recv_x, recv_e, up, down, backend, act)
+    y = local_experts(recv_x, recv_e, up, down, backend, act, gmm)
     back = a2a(y)
     ys = jnp.where(kept[:, None], back[jnp.minimum(slot, ep * cap - 1)], 0)
     out = jnp.zeros_like(ys).at[order].set(ys).reshape(n, k, -1)
@@ -167,7 +132,7 @@ def _dispatch_chunk(xl, idx, weights, up, down, *, ep: int, backend: MoeBackend,
 
 def expert_parallel(xl, idx, weights, up, down, *, mesh: Mesh, batch_axes: tuple[str, ...],
                     backend: MoeBackend, chunk: int, capacity_factor: float | None,
-                    remat_chunks: bool = False, act: Activation = Activation.RELU2):
+                    remat_chunks: bool = False, act: Activation = Activation.RELU2, gmm=None):
     """xl [n, w], idx [n, k] and gate weights [n, k] (fp32) sharded over `batch_axes`;
     up [E, w, f] ([E, w, 2f] gate | up under SWIGLU), down [E, f, w] split over `expert`
     -> (the gate-weighted sum of each token's expert outputs [n, w] in xl's dtype, sharded like xl,
@@ -177,7 +142,7 @@ def expert_parallel(xl, idx, weights, up, down, *, mesh: Mesh, batch_axes: tuple
     `remat_chunks`: when a chip's tokens take several chunks, recompute each chunk's dispatch
     in the backward pass instead of keeping its buffers (2 x ep x C rows, pre-activations) for
     every chunk at once: with 32 chunks of a 131K-token row those residuals are tens of GB.
-    The price is one more forward of the routed experts."""
+    The price is one more forward of the routed experts. `gmm`: MEGABLOX's grouped matmul."""
     ep = mesh.shape["expert"]
     if up.shape[0] % ep:
         raise ValueError(f"ModelConfig.n_routed_experts={up.shape[0]} is not divisible by the "
@@ -192,7 +157,7 @@ def expert_parallel(xl, idx, weights, up, down, *, mesh: Mesh, batch_axes: tuple
             raise ValueError(f"ModelConfig.moe_dispatch_chunk={chunk}: must divide the "
                              f"{n} tokens each chip routes")
         run = functools.partial(_dispatch_chunk, up=up, down=down, ep=ep, backend=backend,
-                                factor=capacity_factor, act=act)
+                                factor=capacity_factor, act=act, gmm=gmm)
         if c == n:
             out, dropped = run(xl, idx, weights)
             return out, dropped[None]

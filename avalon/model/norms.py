@@ -5,13 +5,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from avalon.model import kernels
+from avalon.model.ops import PLAIN, Ops
 
 
-def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+def rms_norm(x: jax.Array, w: jax.Array, eps: float, ops: Ops = PLAIN) -> jax.Array:
     """`NemotronHRMSNorm`: w * x * rsqrt(mean(x^2) + eps), weight multiply in fp32, then cast.
-    A platform kernel where one is set (`model.kernels`)."""
-    fn = kernels.get("rms_norm", x, w)
+    On the platform's kernel where one is given for these arrays (`Ops.rms_norm`)."""
+    fn = ops.fp32_kernel("rms_norm", x, w)
     if fn is not None:
         return fn(x, w, eps)
     xf = x.astype(jnp.float32)

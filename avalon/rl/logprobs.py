@@ -8,7 +8,7 @@ storing them all. Peak memory is O(B · chunk · V) instead of O(B · S · V). T
 LM-head matmul per token in the backward pass (not counted as model FLOPs). Where memory is
 plentiful and that product is the price (a one-device CPU: ~0.4 s of SmolLM2's 8 s update step),
 `keep_logits` makes the rows' logits in one product and keeps them for the backward instead, as
-transformers does; the update step asks the platform (`backends.training.keep_logits`).
+transformers does; the update step asks its platform (`backends.training.TrainingPlatform`).
 
 Why positions rather than vocabulary chunks with a running logsumexp: the LM head's vocabulary
 axis is sharded over the `tensor` mesh axis (TRAIN_RULES), and slicing a sharded axis into
@@ -53,16 +53,17 @@ def log_softmax_stats(logits: jax.Array, targets: jax.Array, *, on_mesh: bool = 
 
 def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: ModelConfig, *,
                    chunk: int, temperature: float = 1.0, stats=None,
-                   keep_logits: bool = False) -> tuple[jax.Array, jax.Array]:
+                   keep_logits: bool = False, ops: M.Ops = M.PLAIN
+                   ) -> tuple[jax.Array, jax.Array]:
     """log π(targets[b, s] | prefix) and the policy entropy at every position.
 
     hidden [b, s, d] is the pre-final-norm residual stream (`ForwardResult.hidden`); targets
     [b, s] int. The distribution is softmax(logits / temperature), the sampler's. Returns
     (logp [b, s] fp32, entropy [b, s] fp32); the entropy is a diagnostic and carries no gradient.
     `stats`: a platform kernel with `log_softmax_stats`'s function (logits, targets) -> (logp,
-    entropy), used on one device (the update step's on CPU: `backends.training.log_softmax`).
+    entropy), used on one device (the update step's on CPU: `TrainingPlatform.log_softmax`).
     `keep_logits`: the whole rows in one chunk, their logits kept for the backward (O(b s V)
-    memory, no recomputation); the same values.
+    memory, no recomputation); the same values. `ops`: the model's (`model.ops.Ops`).
     """
     b, s, d = hidden.shape
     if targets.shape != (b, s):
@@ -73,7 +74,7 @@ def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: Mod
     on_mesh = sharding.active_mesh() is not None
 
     def one(h, tgt):  # h [b, c, d], tgt [b, c]
-        logits = M.lm_logits(params, h, cfg)  # [b, c, v] fp32 (named `head` in a profile)
+        logits = M.lm_logits(params, h, cfg, ops)  # [b, c, v] fp32 (named `head` in a profile)
         with jax.named_scope("logprobs"):
             return _pick(logits, tgt)
 
@@ -118,13 +119,14 @@ def token_logprobs(params: dict, hidden: jax.Array, targets: jax.Array, cfg: Mod
 
 def sequence_logprobs(params: dict, tokens: jax.Array, targets: jax.Array, cfg: ModelConfig, *,
                       segment_ids=None, routing=None, chunk: int, temperature: float = 1.0,
-                      stats=None, keep_logits: bool = False
+                      stats=None, keep_logits: bool = False, ops: M.Ops = M.PLAIN
                       ) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None]:
     """Forward (with routing replay when `routing` [m, b, s, k] is given) then chunked token
     log-probs. Returns (logp [b, s], entropy [b, s], routing used [m, b, s, k] or None, choices
     dropped per MoE layer [m] or None: `ForwardResult.moe_dropped`)."""
     r = M.forward(params, tokens, cfg, segment_ids=segment_ids, routing=routing,
-                  return_logits=False)
+                  return_logits=False, ops=ops)
     logp, entropy = token_logprobs(params, r.hidden, targets, cfg, chunk=chunk,
-                                   temperature=temperature, stats=stats, keep_logits=keep_logits)
+                                   temperature=temperature, stats=stats, keep_logits=keep_logits,
+                                   ops=ops)
     return logp, entropy, r.routing, r.moe_dropped

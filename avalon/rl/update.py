@@ -4,11 +4,12 @@
     (CISPO or SFT, token-normalised over the whole batch) → gradients, accumulated over
     micro-batches by `lax.scan` → global-norm clip → AdamW (constant lr) → new params
 
-On a CPU with one device the platform's kernels take parts of this (`backends.training`): the
-attention, the log-probs' reductions, the products (with MKL), and the clip + AdamW + guard as
-one pass per parameter on optax's state (`cpu_optimizer.adamw_update`); each equals this
-module's own path to rounding (tests/backends/). There a micro-batch's logits are also made in
-one product and kept for the backward where they fit (`backends.training.keep_logits`).
+The platform's choices arrive as one `backends.training.TrainingPlatform` (built from the mesh
+when none is given): the model's ops, a log-probs kernel, the optimizer's fused pass, the
+compiler's options and whether a micro-batch's logits are kept for the backward. On a CPU with
+one device its kernels take the attention, the log-probs' reductions, the products (with MKL),
+the norms and SwiGLU, and the clip + AdamW + guard as one pass per parameter on optax's state;
+each equals this module's own path to rounding (tests/backends/).
 
 The router weight and correction bias are frozen twice: the model config used for training has
 `router_frozen=True` (no gradient reaches them) and the optimizer labels them `set_to_zero`, so
@@ -44,7 +45,7 @@ from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from avalon import model as M
-from avalon.backends import training as platform_training
+from avalon.backends.training import TrainingPlatform
 from avalon.model import config as model_config
 from avalon.model.config import ModelConfig
 from avalon.rl.batch import TrainBatch, routing_dtype
@@ -120,6 +121,7 @@ class UpdateStep:
     zeros_fn: Any = None
     accumulate_fn: Any = None
     apply_fn: Any = None
+    platform: TrainingPlatform | None = None  # the platform's choices it was built with
 
     def init_state(self, params) -> TrainState:
         """A TrainState for `params` (placed per the state shardings when there is a mesh)."""
@@ -212,16 +214,19 @@ def _empty_metrics(shapes: dict) -> dict:
     return {**out, "empty_micro_batches": jnp.ones((), jnp.int32)}
 
 
-def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | None = None
-                     ) -> UpdateStep:
-    """Build the jitted update step (and a jitted log-prob pass) for these configs."""
-    cfg = platform_training.model_config(training_model_config(model_cfg, rl_cfg), mesh)
+def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | None = None,
+                     platform: TrainingPlatform | None = None) -> UpdateStep:
+    """Build the jitted update step (and a jitted log-prob pass) for these configs on
+    `platform` (None: `TrainingPlatform.for_mesh(mesh, ...)`)."""
+    cfg = training_model_config(model_cfg, rl_cfg)
+    if platform is None:
+        platform = TrainingPlatform.for_mesh(mesh, cfg)
+    ops = platform.ops
     opt = make_optimizer(rl_cfg)
     n_micro = rl_cfg.micro_batches
     table = train_rules(rl_cfg)
     rules = (lambda: use_rules(mesh, table)) if mesh is not None else None
-    stats = platform_training.log_softmax(mesh)  # a platform kernel for the log-probs, or None
-    fused = platform_training.fused_optimizer(mesh)  # norm + clip + AdamW in one pass, or None
+    fused = platform.optimizer  # norm + clip + AdamW in one pass, or None
     # Params lay out the same under both tables (they differ only in activation axes).
     p_shard = M.param_shardings(cfg, mesh, TRAIN_RULES) if mesh is not None else None
 
@@ -232,12 +237,12 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
 
     def forward_logprobs(params, mb: TrainBatch):
         """(logp, entropy, MoE choices dropped at the expert-parallel capacity, all layers)."""
-        keep = platform_training.keep_logits(mesh, *mb.tokens.shape, cfg.vocab_size)
-        with platform_training.products(mesh), platform_training.layer_kernels(mesh):
-            logp, entropy, _, dropped = sequence_logprobs(
-                params, mb.tokens, mb.targets, cfg, segment_ids=mb.segment_ids,
-                routing=mb.model_routing(), chunk=rl_cfg.logprob_chunk,
-                temperature=rl_cfg.temperature, stats=stats, keep_logits=keep)
+        keep = platform.keep_logits(*mb.tokens.shape, cfg.vocab_size)
+        logp, entropy, _, dropped = sequence_logprobs(
+            params, mb.tokens, mb.targets, cfg, segment_ids=mb.segment_ids,
+            routing=mb.model_routing(), chunk=rl_cfg.logprob_chunk,
+            temperature=rl_cfg.temperature, stats=platform.log_softmax, keep_logits=keep,
+            ops=ops)
         return logp, entropy, (jnp.zeros((), jnp.int32) if dropped is None else jnp.sum(dropped))
 
     def policy_logprobs(params, mb: TrainBatch):
@@ -356,7 +361,7 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
             grads, _ = grads_and_metrics(params, part, num_tokens)
         return optax.tree.norm(grads)
 
-    options = platform_training.compiler_options(mesh)
+    options = platform.compiler_options
     if mesh is None:
         return UpdateStep(
             cfg, rl_cfg, None, opt,
@@ -365,7 +370,8 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
             jax.jit(masked_grad_norm, compiler_options=options),
             zeros_fn=jax.jit(zero_grads, compiler_options=options),
             accumulate_fn=jax.jit(accumulate, donate_argnames="acc", compiler_options=options),
-            apply_fn=jax.jit(apply, donate_argnames="state", compiler_options=options))
+            apply_fn=jax.jit(apply, donate_argnames="state", compiler_options=options),
+            platform=platform)
 
     replicated = NamedSharding(mesh, PartitionSpec())
     dp_axes, sp_axes = batch_axes(mesh, table), seq_axes(mesh, table)
@@ -391,7 +397,7 @@ def make_update_step(model_cfg: ModelConfig, rl_cfg: RLConfig, *, mesh: Mesh | N
                        compiler_options=options)
     return UpdateStep(cfg, rl_cfg, mesh, opt, step_fn, logprob_fn, state_sh, batch_sh,
                       grad_norm_fn, zeros_fn=zeros_fn, accumulate_fn=accumulate_fn,
-                      apply_fn=apply_fn)
+                      apply_fn=apply_fn, platform=platform)
 
 
 # Statistics of a part of an accumulated step that add up across its calls (`_batch_sums`),

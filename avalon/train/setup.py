@@ -25,6 +25,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from avalon import paths, sharding
+from avalon.backends.training import TrainingPlatform
 from avalon.checkpoint import avalon_format, hf
 from avalon.envs.base import Environment, Split
 from avalon.inference.weights import DecodeView
@@ -110,14 +111,16 @@ def build(cfg: TrainConfig, env_section) -> Setup:
     check_init_words(cfg, tok)
     mesh = sharding.make_mesh(cfg.mesh)
     local_mesh = make_local_mesh(mesh)
+    # The update steps' platform choices, made once for the run's mesh and model.
+    platform = TrainingPlatform.for_mesh(mesh, cfg.model)
     sft_rl = dataclasses.replace(cfg.rl, loss=LossKind.SFT, lr=cfg.sft.lr,
                                  micro_batches=batch_plan.sft_micro_batches(cfg))
     # A tokenizer with a chat template renders through its markup (avalon/tokenizer/hf.py).
     rendering = tok.rendering if isinstance(tok, HFTokenizer) else None
     return Setup(cfg=cfg, envs=envs, chat=ChatFormat(tok, rendering), mesh=mesh,
                  local_mesh=local_mesh,
-                 sft_step=make_update_step(cfg.model, sft_rl, mesh=mesh),
-                 rl_step=make_update_step(cfg.model, cfg.rl, mesh=mesh))
+                 sft_step=make_update_step(cfg.model, sft_rl, mesh=mesh, platform=platform),
+                 rl_step=make_update_step(cfg.model, cfg.rl, mesh=mesh, platform=platform))
 
 
 def load_init_from(path: str, mesh: Mesh, param_dtype: str) -> tuple[ModelConfig, dict]:

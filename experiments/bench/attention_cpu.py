@@ -7,7 +7,7 @@
 
 The core of one attention layer of `vs_torch`'s 13.6M Nemotron-H (8 query / 4 kv heads of 32, fp32),
 projections left out: `_full_attention` with each `AttentionImpl` (jitted value and gradient
-of sum(out * probe); KERNEL is the update step's fused C++ kernel on CPU,
+of sum(out * probe); `kernel` is FLASH on the update step's fused C++ kernel on CPU,
 `avalon/backends/cpu_attention.py`, when it builds) against
 `torch.nn.functional.scaled_dot_product_attention(is_causal=True, enable_gqa=True)` with
 `backward`. Medians of `--repeats` after one warm-up; one JSON object.
@@ -28,6 +28,7 @@ from absl import app, flags
 from avalon.backends import cpu_attention
 from avalon.model import AttentionImpl, presets
 from avalon.model.attention import _full_attention
+from avalon.model.ops import PLAIN, Ops
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("batch", 8, "rows")
@@ -48,12 +49,12 @@ def _median(fn, repeats):
     return statistics.median(times)
 
 
-def time_avalon(impl: AttentionImpl, q, k, v, probe, repeats) -> float:
+def time_avalon(impl: AttentionImpl, q, k, v, probe, repeats, ops: Ops = PLAIN) -> float:
     cfg = presets.get("tiny", attention_impl=impl, attention_query_chunk=128)
     scale = q.shape[-1] ** -0.5
 
     def loss(q, k, v):
-        return jnp.sum(_full_attention(q, k, v, None, cfg, scale) * probe)
+        return jnp.sum(_full_attention(q, k, v, None, cfg, scale, ops) * probe)
 
     fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
     return _median(lambda: jax.block_until_ready(fn(q, k, v)), repeats)
@@ -92,11 +93,12 @@ def main(argv):
     probe = jax.random.normal(keys[3], q.shape)
     out = {"shape": [b, t, nh, nkv, d], "cpu_threads": len(os.sched_getaffinity(0)),
            "load_avg_1m": os.getloadavg()[0], "fwd_bwd_ms": {}}
-    impls = [AttentionImpl.NAIVE, AttentionImpl.BLOCK_CAUSAL, AttentionImpl.FLASH]
-    if cpu_attention.ready():
-        impls.append(AttentionImpl.KERNEL)
-    for impl in impls:
+    for impl in (AttentionImpl.NAIVE, AttentionImpl.BLOCK_CAUSAL, AttentionImpl.FLASH):
         out["fwd_bwd_ms"][impl.value] = 1e3 * time_avalon(impl, q, k, v, probe, FLAGS.repeats)
+    if cpu_attention.ready():  # FLASH on the update step's fused kernel
+        out["fwd_bwd_ms"]["kernel"] = 1e3 * time_avalon(
+            AttentionImpl.FLASH, q, k, v, probe, FLAGS.repeats,
+            Ops(attention=cpu_attention.attention_core))
     out["fwd_bwd_ms"]["torch_sdpa"] = 1e3 * time_torch(q, k, v, probe, FLAGS.repeats)
     print(json.dumps(out, indent=1))
 

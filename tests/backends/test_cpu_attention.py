@@ -2,12 +2,14 @@
 attention: the output and all three gradients equal to `_flash_core`'s (the custom-VJP block
 attention XLA runs otherwise) and the output to the naive softmax reference, over causal rows,
 several segments, padding, rows that end in partial query and key blocks, grouped query heads
-and every head width class; the model through AttentionImpl.KERNEL; the update step picking
+and every head width class; the model through `Ops.attention`; the update step picking
 it on one CPU device and its step equal to the step without it; and where it does not apply (the
 fallback when no compiler can build it: test_cpu_build.py).
 
 `.ci/run` sets AVALON_REQUIRE_CPU_KERNEL=1, so in CI a kernel that does not build fails these
 tests; elsewhere (a machine without a C++ compiler) they skip."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +17,8 @@ import numpy as np
 import pytest
 
 from avalon import model as M
-from avalon.backends import cpu_attention, training
+from avalon.backends import cpu_attention
+from avalon.backends.training import TrainingPlatform
 from avalon.model import attention
 from avalon.model.config import AttentionImpl
 from avalon.rl.config import LossKind, RLConfig
@@ -95,8 +98,9 @@ def test_output_equals_the_naive_softmax_in_float64():
 
 
 def test_model_attention_through_the_kernel_equals_flash():
-    """`AttentionImpl.KERNEL` in the model (projections, RoPE, grouped heads, the layout
-    changes around the core) against FLASH, value and gradient, on a packed row."""
+    """FLASH in the model on the kernel (`Ops.attention`: projections, RoPE, grouped heads, the
+    layout changes around the core) against FLASH's own blocks, value and gradient, on a packed
+    row."""
     cfg = M.presets.get("tiny", pattern="*", attention_impl=AttentionImpl.FLASH,
                         rope_theta=10000.0)
     layer = jax.tree.map(lambda a: a[0], M.init_params(jax.random.key(0), cfg)["blocks"][0])
@@ -104,49 +108,39 @@ def test_model_attention_through_the_kernel_equals_flash():
     x = jax.random.normal(jax.random.key(1), (2, 40, cfg.hidden_size))
     seg = jnp.asarray(_segments(2, 40, "packed"))
 
-    def run(impl):
-        c = cfg.replace(attention_impl=impl)
-
+    def run(ops):
         def f(x):
-            y, _ = attention.attention(layer, x, c, segment_ids=seg)
+            y, _ = attention.attention(layer, x, cfg, segment_ids=seg, ops=ops)
             return jnp.sum(y * jnp.cos(x)), y
         (_, y), dx = jax.jit(jax.value_and_grad(f, has_aux=True))(x)
         return y, dx
 
-    y, dx = run(AttentionImpl.KERNEL)
-    y_ref, dx_ref = run(AttentionImpl.FLASH)
+    y, dx = run(M.Ops(attention=cpu_attention.attention_core))
+    y_ref, dx_ref = run(M.PLAIN)
     np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(dx, dx_ref, rtol=1e-5, atol=1e-6)
 
 
-def test_update_step_on_one_cpu_uses_the_kernel_and_equals_the_models_step(monkeypatch):
-    """make_update_step on one CPU device traces FLASH attention as the kernel; one SFT step
+def test_update_step_on_one_cpu_uses_the_kernel_and_equals_the_models_step():
+    """make_update_step on one CPU device runs FLASH attention on the kernel; one SFT step
     moves the params as the step with the model's own attention does."""
     cfg = M.presets.get("tiny", pattern="*-", attention_impl=AttentionImpl.FLASH)
     rl = RLConfig(loss=LossKind.SFT, lr=1e-3, adam_eps=1e-5, logprob_chunk=32)
     fused = make_update_step(cfg, rl)
-    assert fused.model_cfg.attention_impl == AttentionImpl.KERNEL
-    monkeypatch.setattr(cpu_attention, "select", lambda c: c)
-    plain = make_update_step(cfg, rl)
-    assert plain.model_cfg.attention_impl == AttentionImpl.FLASH
+    assert fused.platform.ops.attention is cpu_attention.attention_core
+    own = TrainingPlatform.for_mesh(None, cfg)
+    own = dataclasses.replace(own, ops=dataclasses.replace(own.ops, attention=None))
+    plain = make_update_step(cfg, rl, platform=own)
     assert_steps_agree(fused, plain, M.init_params(jax.random.key(0), cfg), sft_batch(cfg))
 
 
 def test_where_the_kernel_does_not_apply_the_model_keeps_its_own():
     flash = M.presets.get("tiny", attention_impl=AttentionImpl.FLASH)
-    assert training.model_config(flash, None).attention_impl == AttentionImpl.KERNEL
+    core = cpu_attention.attention_core
+    assert TrainingPlatform.for_mesh(None, flash).ops.attention is core
     # bf16 activations, a head width without a product, another attention, several devices.
     for cfg in (flash.replace(dtype="bfloat16"), flash.replace(head_dim=24),
                 flash.replace(attention_impl=AttentionImpl.NAIVE)):
-        assert training.model_config(cfg, None) == cfg
+        assert TrainingPlatform.for_mesh(None, cfg).ops.attention is None
     mesh = make_mesh({"data": 8})
-    assert training.model_config(flash, mesh) == flash
-
-
-def test_kernel_attention_without_a_registered_kernel_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(attention, "_KERNELS", {})
-    cfg = M.presets.get("tiny", pattern="*", attention_impl=AttentionImpl.KERNEL)
-    q = jnp.zeros((1, 8, 2, 2, 16))
-    k = jnp.zeros((1, 8, 2, 16))
-    with pytest.raises(ValueError, match="attention_impl='kernel': no fused attention kernel"):
-        attention._full_attention(q, k, k, None, cfg, 0.25)
+    assert TrainingPlatform.for_mesh(mesh, flash).ops.attention is None

@@ -8,7 +8,7 @@ does not apply.
 Skipped where MKL is not installed (the optional `cpu` extra); `.ci/run` installs it and sets
 AVALON_REQUIRE_CPU_KERNEL=1, so in CI these fail instead."""
 
-import contextlib
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from avalon import model as M
-from avalon.backends import cpu_blas, training
+from avalon.backends import cpu_blas, cpu_products
+from avalon.backends.training import TrainingPlatform
 from avalon.model import dense as D
 from avalon.rl.config import LossKind, RLConfig
 from avalon.rl.update import make_update_step
@@ -70,28 +71,28 @@ def _value_and_grads(fn, *args):
 
 
 @pytest.mark.parametrize("which", ["dense", "dense_two_axes", "dense_head", "tied_head"])
-def test_model_products_under_the_platform_product_equal_xlas(which):
+def test_model_products_on_mkl_equal_xlas(which):
+    """The model's projections with MKL's products (`Ops.product`, `Ops.head_product`) against
+    the model's own einsums, value and gradients."""
     kx, kw = jax.random.split(jax.random.key(0))
     x = jax.random.normal(kx, (2, 30, 48))
-    fns = {"dense": (lambda x, w: D.dense(x, w), (48, 80)),
-           "dense_two_axes": (lambda x, w: D.dense(x.reshape(2, 30, 4, 12), w, 2), (4, 12, 24)),
+    fns = {"dense": (lambda x, w, ops: D.dense(x, w, ops=ops), (48, 80)),
+           "dense_two_axes": (lambda x, w, ops: D.dense(x.reshape(2, 30, 4, 12), w, 2, ops),
+                              (4, 12, 24)),
            "dense_head": (D.dense_head, (48, 500)),
            "tied_head": (D.tied_head, (500, 48))}
     fn, shape = fns[which]
     w = jax.random.normal(kw, shape)
+    mkl = M.Ops(product=cpu_products.mkl_product, head_product=cpu_products.mkl_head_product)
 
-    def on_mkl(x, w):
-        with D.platform_product(cpu_blas.product):
-            return fn(x, w)
-
-    y, grads = _value_and_grads(on_mkl, x, w)
-    y_ref, grads_ref = _value_and_grads(fn, x, w)
+    y, grads = _value_and_grads(lambda x, w: fn(x, w, mkl), x, w)
+    y_ref, grads_ref = _value_and_grads(lambda x, w: fn(x, w, M.PLAIN), x, w)
     np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
     for got, want in zip(grads, grads_ref):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
-def test_update_step_on_mkl_equals_the_step_on_xlas_products(monkeypatch):
+def test_update_step_on_mkl_equals_the_step_on_xlas_products():
     """One SFT step of a model with attention, an MLP and a tied head: the products on MKL
     (make_update_step on one CPU device) against XLA's."""
     cfg = M.presets.get("tiny", pattern="*-", tie_word_embeddings=True)
@@ -100,8 +101,11 @@ def test_update_step_on_mkl_equals_the_step_on_xlas_products(monkeypatch):
     batch = sft_batch(cfg)
     on_mkl = make_update_step(cfg, rl)
     assert cpu_blas.TARGET in on_mkl.step_fn.lower(on_mkl.init_state(params), batch).as_text()
-    monkeypatch.setattr(training, "products", lambda mesh: contextlib.nullcontext())
-    plain = make_update_step(cfg, rl)
+    xla = TrainingPlatform.for_mesh(None, cfg)
+    xla = dataclasses.replace(xla, ops=dataclasses.replace(
+        xla.ops, product=cpu_products.product, head_product=cpu_products.head_product))
+    plain = make_update_step(cfg, rl, platform=xla)
+    assert cpu_blas.TARGET not in plain.step_fn.lower(plain.init_state(params), batch).as_text()
     assert_steps_agree(on_mkl, plain, params, batch)
 
 
@@ -121,7 +125,7 @@ def test_a_one_device_mesh_runs_all_three_kernels():
 
 
 def test_several_devices_keep_xlas_products():
-    with training.products(make_mesh({"data": 8})):
-        assert D._PRODUCT.get() is None
-    with training.products(None):
-        assert D._PRODUCT.get() is cpu_blas.product
+    cfg = M.presets.get("tiny")
+    assert TrainingPlatform.for_mesh(None, cfg).ops.product is cpu_products.mkl_product
+    assert TrainingPlatform.for_mesh(make_mesh({"data": 8}), cfg).ops.product is (
+        cpu_products.product)

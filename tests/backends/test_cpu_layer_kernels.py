@@ -1,8 +1,10 @@
 """The update step's CPU RMSNorm and SwiGLU (`backends/cpu_rms_norm.py`, `cpu_swiglu.py`)
 against the model's own (`model.norms.rms_norm`, jax.nn.silu(gate) * up) and float64: values
 and every gradient, row widths with and without a partial vector, rows that split over parts
-and not, extreme gates; the model picks them up only as `model.kernels` says (float32, no mesh,
-known names); the update step with them against the step without."""
+and not, extreme gates; the model uses them only as `Ops.fp32_kernel` says (float32 arrays); the
+update step on one CPU device with them against the step without, and without them on several."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -10,12 +12,12 @@ import numpy as np
 import pytest
 
 from avalon import model as M
-from avalon.backends import cpu_rms_norm, cpu_swiglu, training
-from avalon.model import kernels
+from avalon.backends import cpu_rms_norm, cpu_swiglu
+from avalon.backends.training import TrainingPlatform
 from avalon.model.norms import rms_norm
 from avalon.rl.config import LossKind, RLConfig
 from avalon.rl.update import make_update_step
-from avalon.sharding import TRAIN_RULES, make_mesh, use_rules
+from avalon.sharding import make_mesh
 from tests.backends.helpers import assert_steps_agree, sft_batch
 
 
@@ -80,35 +82,28 @@ def test_a_shape_or_dtype_it_does_not_take_is_a_clear_error():
         cpu_swiglu.swiglu(jnp.ones((2, 8)), jnp.ones((2, 8), jnp.bfloat16))
 
 
-def test_the_model_uses_them_only_for_float32_without_a_mesh():
+def test_the_model_uses_them_only_for_float32():
     seen = []
     def norm(x, w, eps):
         seen.append("rms_norm")
         return cpu_rms_norm.rms_norm(x, w, eps)
     x, w = jnp.ones((2, 16)), jnp.ones((16,))
-    with kernels.use(rms_norm=norm):
-        np.testing.assert_allclose(rms_norm(x, w, 1e-5), cpu_rms_norm.rms_norm(x, w, 1e-5))
-        rms_norm(x.astype(jnp.bfloat16), w, 1e-5)  # not float32: the model's own
-        with use_rules(make_mesh({"data": 8}), TRAIN_RULES):
-            rms_norm(x, w, 1e-5)  # under a mesh: the model's own
-    rms_norm(x, w, 1e-5)  # outside the context: the model's own
+    ops = M.Ops(rms_norm=norm)
+    np.testing.assert_allclose(rms_norm(x, w, 1e-5, ops), cpu_rms_norm.rms_norm(x, w, 1e-5))
+    rms_norm(x.astype(jnp.bfloat16), w, 1e-5, ops)  # not float32: the model's own
+    rms_norm(x, w, 1e-5)  # without the ops: the model's own
     assert seen == ["rms_norm"]
-    with pytest.raises(ValueError, match="unknown kernel.*'norm'"):
-        with kernels.use(norm=norm):
-            pass
 
 
-def test_update_step_on_one_cpu_uses_them_and_equals_xlas_step(monkeypatch):
+def test_update_step_on_one_cpu_uses_them_and_equals_xlas_step():
     cfg = M.presets.get("tiny_llama")  # SwiGLU MLP, q/k norms: both kernels, 4-D norm inputs
     rl = RLConfig(loss=LossKind.SFT, lr=1e-3, adam_eps=1e-5, logprob_chunk=32)
-    x = jnp.ones(4)
-    with training.layer_kernels(None):
-        assert kernels.get("rms_norm", x) is cpu_rms_norm.rms_norm
-        assert kernels.get("swiglu", x) is cpu_swiglu.swiglu
-    with training.layer_kernels(make_mesh({"data": 8})):
-        assert kernels.get("rms_norm", x) is None and kernels.get("swiglu", x) is None
-    fast = make_update_step(cfg, rl)
-    monkeypatch.setattr(training, "layer_kernels", lambda mesh: kernels.use())
-    plain = make_update_step(cfg, rl)
+    one = TrainingPlatform.for_mesh(None, cfg)
+    assert one.ops.rms_norm is cpu_rms_norm.rms_norm and one.ops.swiglu is cpu_swiglu.swiglu
+    several = TrainingPlatform.for_mesh(make_mesh({"data": 8}), cfg)
+    assert several.ops.rms_norm is None and several.ops.swiglu is None
+    fast = make_update_step(cfg, rl, platform=one)
+    own = dataclasses.replace(one, ops=dataclasses.replace(one.ops, rms_norm=None, swiglu=None))
+    plain = make_update_step(cfg, rl, platform=own)
     assert_steps_agree(fast, plain, M.init_params(jax.random.key(0), cfg), sft_batch(cfg),
                        keys=("loss", "nll", "grad_norm", "entropy"))

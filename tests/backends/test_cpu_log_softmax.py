@@ -8,13 +8,16 @@ test_cpu_build.py).
 `.ci/run` sets AVALON_REQUIRE_CPU_KERNEL=1, so in CI a kernel that does not build fails these
 tests; elsewhere (a machine without a C++ compiler) they skip."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from avalon import model as M
-from avalon.backends import cpu_log_softmax, training
+from avalon.backends import cpu_log_softmax
+from avalon.backends.training import TrainingPlatform
 from avalon.rl.config import LossKind, RLConfig
 from avalon.rl.logprobs import log_softmax_stats
 from avalon.rl.update import make_update_step
@@ -79,30 +82,31 @@ def test_a_target_outside_the_vocabulary_is_what_the_reference_gives():
     np.testing.assert_allclose(logp, ref, rtol=1e-6)  # NaNs in the same places compare equal
 
 
-def test_update_step_on_one_cpu_uses_the_kernel_and_equals_xlas_step(monkeypatch):
+def test_update_step_on_one_cpu_uses_the_kernel_and_equals_xlas_step():
     cfg = M.presets.get("tiny", pattern="*-")
     rl = RLConfig(loss=LossKind.SFT, lr=1e-3, adam_eps=1e-5, logprob_chunk=32)
-    assert training.log_softmax(None) is cpu_log_softmax.log_softmax_stats
-    fused = make_update_step(cfg, rl)
-    monkeypatch.setattr(training, "log_softmax", lambda mesh: None)
-    plain = make_update_step(cfg, rl)
+    one = TrainingPlatform.for_mesh(None, cfg)
+    assert one.log_softmax is cpu_log_softmax.log_softmax_stats
+    fused = make_update_step(cfg, rl, platform=one)
+    plain = make_update_step(cfg, rl, platform=dataclasses.replace(one, log_softmax=None))
     assert_steps_agree(fused, plain, M.init_params(jax.random.key(0), cfg), sft_batch(cfg),
                        keys=("loss", "nll", "grad_norm", "entropy"))
 
 
 def test_several_devices_keep_xlas_reductions():
-    assert training.log_softmax(make_mesh({"data": 8})) is None
+    cfg = M.presets.get("tiny")
+    assert TrainingPlatform.for_mesh(make_mesh({"data": 8}), cfg).log_softmax is None
 
 
-def test_one_cpu_keeps_logits_that_fit_and_its_step_equals_the_recomputing_one(monkeypatch):
+def test_one_cpu_keeps_logits_that_fit_and_its_step_equals_the_recomputing_one():
     v = 49152  # SmolLM2: a 1,024-position row's logits are 192 MiB, 8 x 4,096 positions' 6 GiB
-    assert training.keep_logits(None, 1, 1024, v)
-    assert not training.keep_logits(None, 8, 4096, v)
-    assert not training.keep_logits(make_mesh({"data": 8}), 1, 8, 8)
     cfg = M.presets.get("tiny", pattern="*-")
+    one = TrainingPlatform.for_mesh(None, cfg)
+    assert one.keep_logits(1, 1024, v)
+    assert not one.keep_logits(8, 4096, v)
+    assert not TrainingPlatform.for_mesh(make_mesh({"data": 8}), cfg).keep_logits(1, 8, 8)
     rl = RLConfig(loss=LossKind.SFT, lr=1e-3, adam_eps=1e-5, logprob_chunk=16)  # 64 positions
-    kept = make_update_step(cfg, rl)
-    monkeypatch.setattr(training, "keep_logits", lambda *a: False)
-    chunked = make_update_step(cfg, rl)
+    kept = make_update_step(cfg, rl, platform=one)
+    chunked = make_update_step(cfg, rl, platform=dataclasses.replace(one, keep_logits_bytes=0))
     assert_steps_agree(kept, chunked, M.init_params(jax.random.key(0), cfg), sft_batch(cfg),
                        keys=("loss", "nll", "grad_norm", "entropy"))

@@ -5,6 +5,8 @@ params untouched), a skipped step (state bit for bit as it came) and non-float32
 update step with it against the step on optax. (The skip guard's own tests, tests/rl/
 test_update.py, run on it too: their steps are one-device CPU steps.)"""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +14,7 @@ import optax
 import pytest
 
 from avalon import model as M
-from avalon.backends import cpu_optimizer, training
+from avalon.backends import cpu_optimizer
 from avalon.rl.config import LossKind, RLConfig
 from avalon.rl.update import make_optimizer, make_update_step
 from tests.backends.helpers import assert_steps_agree, sft_batch
@@ -102,12 +104,11 @@ def test_non_float32_leaves_take_the_same_formula():
                                rtol=1e-2)
 
 
-def test_update_step_on_the_kernel_equals_the_step_on_optax(monkeypatch):
+def test_update_step_on_the_kernel_equals_the_step_on_optax():
     cfg = M.presets.get("tiny", pattern="*E")
     rl = RLConfig(loss=LossKind.SFT, lr=1e-3, adam_eps=1e-5, logprob_chunk=32, clip_norm=0.5)
     params = M.init_params(jax.random.key(0), cfg)
     fast = make_update_step(cfg, rl)
-    assert training.fused_optimizer(None) is cpu_optimizer
-    monkeypatch.setattr(training, "fused_optimizer", lambda mesh: None)
-    plain = make_update_step(cfg, rl)
+    assert fast.platform.optimizer is cpu_optimizer
+    plain = make_update_step(cfg, rl, platform=dataclasses.replace(fast.platform, optimizer=None))
     assert_steps_agree(fast, plain, params, sft_batch(cfg))

@@ -13,10 +13,12 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from avalon import sharding
+from avalon.backends import platform as backend_platform
+from avalon.backends.tpu_megablox import megablox_gmm, megablox_row_tile
 from avalon.model import init_params, presets
 from avalon.model.config import MoeBackend, Remat
-from avalon.model.moe import _experts_dense, moe_layer, resolve_backend, route
-from avalon.model.moe_ep import _grouped, capacity, megablox_gmm, megablox_row_tile
+from avalon.model.moe import _experts_dense, moe_layer, route
+from avalon.model.moe_ep import _grouped, capacity
 from avalon.model.params import moe_specs
 from experiments.scale import hlo_stats
 
@@ -87,14 +89,25 @@ def test_expert_parallel_equals_dense(setup, local, remat):
 
 
 def test_backend_per_platform():
-    assert resolve_backend(MoeBackend.AUTO, "tpu") == MoeBackend.MEGABLOX
-    assert resolve_backend(MoeBackend.AUTO, "cpu") == MoeBackend.GROUPED
-    assert resolve_backend(MoeBackend.AUTO, "gpu") == MoeBackend.CAPACITY_BUCKETS
+    resolve = backend_platform.resolve_moe_backend
+    assert resolve(MoeBackend.AUTO, "tpu") == MoeBackend.MEGABLOX
+    assert resolve(MoeBackend.AUTO, "cpu") == MoeBackend.GROUPED
+    assert resolve(MoeBackend.AUTO, "gpu") == MoeBackend.CAPACITY_BUCKETS
     with pytest.raises(ValueError, match="ragged_dot.*gpu"):
-        resolve_backend(MoeBackend.RAGGED_DOT, "gpu")
+        resolve(MoeBackend.RAGGED_DOT, "gpu")
     with pytest.raises(ValueError, match="megablox.*cpu"):
-        resolve_backend(MoeBackend.MEGABLOX, "cpu")
+        resolve(MoeBackend.MEGABLOX, "cpu")
     assert presets.get("toy").moe_backend == MoeBackend.AUTO
+    toy = presets.get("toy")
+    assert backend_platform.model_ops("tpu", toy).moe_backend == MoeBackend.MEGABLOX
+    assert backend_platform.model_ops("tpu", toy).grouped_matmul is megablox_gmm
+    assert backend_platform.model_ops("cpu", toy).moe_backend == MoeBackend.GROUPED
+
+
+def test_megablox_without_its_kernel_is_a_clear_error():
+    xs, w = jnp.ones((4, 8)), jnp.ones((2, 8, 8))
+    with pytest.raises(ValueError, match="megablox.*no grouped matmul was given"):
+        _grouped(xs, jnp.array([2, 2]), w, MoeBackend.MEGABLOX)
 
 
 def _sharded_fn(mesh, cfg, backend, routing=None):

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from avalon import model as M
+from avalon.backends import cpu_bits
 from avalon.model import attention as A
-from avalon.model import bits
 from avalon.model.cache import Cache, init_cache, init_paged_cache
 
 CFG = M.presets.get("tiny", time_step_min=0.0)
@@ -159,22 +159,23 @@ def test_paged_attention_blocks_equal_one_block():
 
 
 def test_bf16_pool_is_stored_as_bits_and_reads_as_its_values():
-    """On CPU a bf16 pool is stored as its bit patterns (uint16, `model.bits`: XLA:CPU widened a
-    whole bf16 pool around every scatter; elsewhere as bf16). A write puts each new token's bf16
-    bits at its position and leaves every other entry as it was, in either storage; attention
-    over the bits equals attention over the same pool held as bf16 values, exactly."""
+    """On CPU a bf16 pool is stored as its bit patterns (uint16, `backends.cpu_bits`: XLA:CPU
+    widened a whole bf16 pool around every scatter; elsewhere as bf16). A write puts each new
+    token's bf16 bits at its position and leaves every other entry as it was, in either storage;
+    attention over the bits equals attention over the same pool held as bf16 values, exactly."""
     rng = np.random.default_rng(4)
     b, t, h, g, d, size, w, n = 2, 3, 2, 2, 8, 4, 4, 12
     bf16 = jnp.bfloat16
-    assert bits.storage_dtype(bf16, "cpu") == jnp.uint16
-    assert bits.storage_dtype(jnp.float16, "cpu") == jnp.uint16
-    assert bits.storage_dtype(jnp.float32, "cpu") == jnp.float32
-    assert bits.storage_dtype(bf16, "tpu") == bf16 and bits.storage_dtype(bf16, "gpu") == bf16
+    assert cpu_bits.storage_dtype(bf16, "cpu") == jnp.uint16
+    assert cpu_bits.storage_dtype(jnp.float16, "cpu") == jnp.uint16
+    assert cpu_bits.storage_dtype(jnp.float32, "cpu") == jnp.float32
+    assert cpu_bits.storage_dtype(bf16, "tpu") == bf16
+    assert cpu_bits.storage_dtype(bf16, "gpu") == bf16
     cfg = dataclasses.replace(CFG, dtype="bfloat16")
-    assert A.init_paged_kv(cfg, 3, size, "cpu").k.dtype == jnp.uint16
-    assert A.init_paged_kv(cfg, 3, size, "tpu").k.dtype == bf16
+    assert A.init_paged_kv(cfg, 3, size, jnp.uint16).k.dtype == jnp.uint16
+    assert A.init_paged_kv(cfg, 3, size).k.dtype == bf16
     before = jnp.asarray(rng.normal(size=(n, h, size, d)), bf16)
-    pool = bits.to_storage(before, bf16, jnp.uint16)
+    pool = A.to_storage(before, bf16, jnp.uint16)
     pages = jnp.asarray(rng.permutation(n)[:b * w].reshape(b, w), jnp.int32)
     start = jnp.asarray([2, 7], jnp.int32)
     new = jnp.asarray(rng.normal(size=(b, t, h, d)), jnp.float32)
@@ -182,9 +183,9 @@ def test_bf16_pool_is_stored_as_bits_and_reads_as_its_values():
     assert written.dtype == jnp.uint16
     as_values = A._write_pages(before, new, pages, start, None, bf16)  # another platform's
     assert as_values.dtype == bf16
-    np.testing.assert_array_equal(np.asarray(bits.from_storage(written, bf16), np.float32),
+    np.testing.assert_array_equal(np.asarray(A.from_storage(written, bf16), np.float32),
                                   np.asarray(as_values, np.float32))
-    got = np.asarray(bits.from_storage(written, bf16), np.float32)
+    got = np.asarray(A.from_storage(written, bf16), np.float32)
     want = np.asarray(before, np.float32).copy()
     for r in range(b):
         for i in range(t):
@@ -196,7 +197,7 @@ def test_bf16_pool_is_stored_as_bits_and_reads_as_its_values():
     q = jnp.asarray(rng.normal(size=(b, t, h, g, d)), bf16)
     q_pos = start[:, None] + jnp.arange(t)[None, :]
     as_bits = A.PagedKV(k=written, v=written)
-    as_values = A.PagedKV(k=bits.from_storage(written, bf16), v=bits.from_storage(written, bf16))
+    as_values = A.PagedKV(k=A.from_storage(written, bf16), v=A.from_storage(written, bf16))
     out_bits = A._paged_attention(q, as_bits, pages, q_pos, d ** -0.5, bf16)
     out_values = A._paged_attention(q, as_values, pages, q_pos, d ** -0.5, bf16)
     np.testing.assert_array_equal(np.asarray(out_bits, np.float32),
@@ -210,12 +211,14 @@ def test_take_rows_equals_take_and_its_gradient(dtype):
     rng = np.random.default_rng(5)
     table = jnp.asarray(rng.normal(size=(11, 6)), dtype)
     idx = jnp.asarray([[3, 0, 3], [10, 7, 3]], jnp.int32)
-    np.testing.assert_array_equal(np.asarray(bits.take_rows(table, idx), np.float32),
+    np.testing.assert_array_equal(np.asarray(cpu_bits.take_rows(table, idx), np.float32),
                                   np.asarray(jnp.take(table, idx, axis=0), np.float32))
     cot = jnp.asarray(rng.normal(size=(2, 3, 6)), dtype)
     loss = lambda f: lambda tb: jnp.sum(f(tb).astype(jnp.float32) * cot.astype(jnp.float32))
     want = jax.grad(loss(lambda tb: jnp.take(tb, idx, axis=0)))(table)
-    takes = [bits.take_rows] + ([bits._take_rows_as_bits] if dtype == jnp.bfloat16 else [])
+    takes = [cpu_bits.take_rows]
+    if dtype == jnp.bfloat16:
+        takes.append(cpu_bits._take_rows_as_bits)
     for take in takes:
         got = jax.grad(loss(functools.partial(take, idx=idx)))(table)
         assert got.dtype == want.dtype == dtype
@@ -237,8 +240,8 @@ def test_window_writes_equal_whole_page_writes(t, num_new):
     new = jnp.asarray(rng.normal(size=(b, t, h, d)), jnp.float32)
     nn = None if num_new is None else jnp.asarray(num_new, jnp.int32)
     for dtype in (jnp.float32, jnp.bfloat16):
-        stored = bits.storage_dtype(dtype, "cpu")
-        p0 = bits.to_storage(pool, dtype, stored)
+        stored = cpu_bits.storage_dtype(dtype, "cpu")
+        p0 = A.to_storage(pool, dtype, stored)
         windows = A._write_windows(p0, new, pages, start, nn, dtype)
         whole = A._write_whole_pages(p0, new, pages, start, nn, dtype)
         assert windows.dtype == whole.dtype == stored

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from avalon import model as M
-from avalon.backends.training import compiler_options
+from avalon.backends.training import CPU_COMPILER_OPTIONS
 from avalon.rl.batch import TrainBatch
 from avalon.rl.build import build_rl_batch, build_sft_batch
 from avalon.rl.config import LossKind, RLConfig
@@ -274,7 +274,7 @@ def test_cpu_update_step_compiles_with_ynnpack_for_single_dots_only():
     model compiled with XLA's defaults also fuses reductions into YNNPACK."""
     cfg = M.presets.get("tiny", param_dtype="float32")
     step = make_update_step(cfg, RLConfig(loss=LossKind.SFT))
-    assert compiler_options(None) == {
+    assert step.platform.compiler_options == CPU_COMPILER_OPTIONS == {
         "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
     params = M.init_params(jax.random.key(0), cfg)
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 16)).astype(np.int32)

@@ -39,10 +39,10 @@ def _config():
 
 
 def test_h200_update_step_fits_at_the_loops_batch(monkeypatch):
-    from avalon.model import moe
+    from avalon.backends import platform as backend_platform
     seen = []
-    resolve = moe.resolve_backend
-    monkeypatch.setattr(moe, "resolve_backend",
+    resolve = backend_platform.resolve_moe_backend
+    monkeypatch.setattr(backend_platform, "resolve_moe_backend",
                         lambda b, platform: seen.append(platform) or resolve(b, platform))
     out = aot.run(_config(), "h200", rows=None, seq=None, loss="cispo")
     assert out["fits"], out

@@ -3,22 +3,19 @@
 Why: XLA:CPU has no bf16 gather or scatter. It lowers one by widening the whole operand to fp32
 and narrowing the result back, so a gather of a few rows of a bf16 table, or a write into a bf16
 page pool, costs passes over the whole array: SmolLM2's bf16 decode at batch 32 spent more time
-widening and narrowing its KV pools and embedding table than in its products (88 tokens/s;
-experiments/bench/RESULTS.md, topic 7). A gather or scatter only copies values, so doing it on
-the uint16 bit patterns gives the same values (a bitcast between types of one width is exact).
-Other platforms gather and scatter bf16 natively, and there the bitcasts cost: the pod's TPU
-decode compiled with a bits pool took 268 MB more temporary memory per chip. So the moves go
-through bits where the platform is CPU only: a pool is stored as bits when the engine's
-platform is CPU (`storage_dtype`, chosen by `inference/device.py`; reads and writes follow the
-pool's own dtype), and `take_rows` gathers bits when the platform being traced for is CPU.
+widening and narrowing its KV pools and embedding table than in its products (88 tokens/s). A
+gather or scatter only copies values, so doing it on the uint16 bit patterns gives the same
+values (a bitcast between types of one width is exact). Other platforms gather and scatter bf16
+natively, and there the bitcasts cost (the pod's TPU decode compiled with a bits pool took
+268 MB more temporary memory per chip), so only the CPU's ops use these: the engine's pool is
+stored as bits (`storage_dtype`; the model's reads and writes follow the pool's own dtype) and
+the embedding lookup gathers bits (`take_rows`, `Ops.take_rows`).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-
-from avalon import sharding
 
 
 def storage_dtype(dtype, platform: str) -> jnp.dtype:
@@ -30,24 +27,10 @@ def storage_dtype(dtype, platform: str) -> jnp.dtype:
     return dtype
 
 
-def to_storage(values: jax.Array, dtype, stored) -> jax.Array:
-    """`values` cast to `dtype`, as an array of dtype `stored` (dtype itself, or uint16 for a
-    16-bit `dtype`) holds them."""
-    values = values.astype(dtype)
-    stored = jnp.dtype(stored)
-    return values if stored == values.dtype else jax.lax.bitcast_convert_type(values, stored)
-
-
-def from_storage(stored: jax.Array, dtype) -> jax.Array:
-    """`to_storage`'s inverse: stored contents as `dtype` values."""
-    dtype = jnp.dtype(dtype)
-    return stored if stored.dtype == dtype else jax.lax.bitcast_convert_type(stored, dtype)
-
-
 def take_rows(table: jax.Array, idx: jax.Array) -> jax.Array:
-    """jnp.take(table, idx, axis=0): on CPU, a 16-bit table's rows are gathered as bits (the
+    """jnp.take(table, idx, axis=0), a 16-bit float table's rows gathered as bits (the
     gradient is jnp.take's either way)."""
-    if storage_dtype(table.dtype, sharding.traced_platform()) == table.dtype:
+    if table.dtype.itemsize != 2 or not jnp.issubdtype(table.dtype, jnp.floating):
         return jnp.take(table, idx, axis=0)
     return _take_rows_as_bits(table, idx)
 
