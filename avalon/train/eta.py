@@ -25,10 +25,14 @@ Where the forecast comes from, best first:
 
 Each unit is matched by phase and ordinal (SFT step k, the evaluation at RLCR step k, RLCR step
 k), so a compile that came at RLCR step 2 of the reference is expected at step 2 again. The
-reference's seconds are then scaled to this invocation's speed: each invocation's by a short
-CPU probe against that invocation's own probe (a loaded machine compiles several times slower),
-and once units are timed here by the ratio of what they took to what the reference said (work
-per phase; compiles over all phases, since compiling speed is the machine's).
+reference's seconds are then scaled to this invocation's speed once units are timed here, by
+the ratio of what they took to what the reference said (work per phase; compiles over all
+phases, since compiling speed is the machine's), and at once while a compile runs past its
+forecast. Before anything is timed the reference stands as it is: neither a short CPU probe
+nor the load average foretold the smoke run's compile times on the shared 2-core machine (a
+probe read 2.8x faster at load 7 than at load 2.4, while the SFT compile took the same 36-38 s;
+sessions before saw the same compile take 249 s), so the first lines are as good as the
+machine's speed now is like the reference's.
 """
 
 from __future__ import annotations
@@ -38,7 +42,6 @@ import hashlib
 import json
 import os
 import statistics
-import time
 
 from avalon import paths
 
@@ -66,7 +69,7 @@ class Timed:
     """One unit as recorded: its phase and ordinal, post-compile seconds, compile seconds (of
     which `backend_s` XLA's backend compile), whether it was its phase's first unit in its
     process, whether its process resumed a run, whether its programs were expected from the
-    persistent cache, the invocation it ran in and that invocation's CPU probe."""
+    persistent cache, and the invocation it ran in."""
 
     phase: str
     ordinal: int | None
@@ -77,7 +80,6 @@ class Timed:
     resumed: bool = False
     warm: bool = False
     invocation: str = ""
-    probe_s: float | None = None
 
     def as_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -137,20 +139,6 @@ def timing_key(description: dict, *, devices: str, jax_version: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def speed_probe(rounds: int = 5, size: int = 60_000) -> float:
-    """Mean seconds of a fixed pure-Python loop: how much of a core this process gets now.
-    Against the reference's probe it says how much slower (a loaded machine) everything will
-    run before anything was timed here. A mean, not a median: time lost to other processes
-    is what it measures."""
-    spent = []
-    for _ in range(rounds):
-        t0, x = time.perf_counter(), 0
-        for i in range(size):
-            x += (i * i) % 7
-        spent.append(time.perf_counter() - t0)
-    return sum(spent) / len(spent)
-
-
 def clamp(x: float) -> float:
     return min(max(x, FACTOR_RANGE[0]), FACTOR_RANGE[1])
 
@@ -158,17 +146,14 @@ def clamp(x: float) -> float:
 class Reference:
     """Expected seconds per (phase, ordinal), from this run's record (its latest timing of a
     unit wins: the same rollouts, the same machine) over the machine's (the median of the last
-    `runs` invocations that timed it). With `probe_s` (this invocation's `speed_probe`), each
-    invocation's seconds are first scaled by this probe against its own: a reference timed on
-    a quieter machine is stretched to this one's load before anything is timed here."""
+    `runs` invocations that timed it)."""
 
-    def __init__(self, own: list[Timed] = (), machine: list[Timed] = (), runs: int = 3,
-                 probe_s: float | None = None):
+    def __init__(self, own: list[Timed] = (), machine: list[Timed] = (), runs: int = 3):
         self.work: dict[tuple[str, int | None], float] = {}
         self.cold: dict[tuple[str, int | None], tuple[float, float]] = {}  # (compile, backend)
         self.first_ordinal: dict[str, int] = {}
         for source, median in ((machine, True), (own, False)):
-            work, cold = _samples([_at_speed(t, probe_s) for t in source], runs)
+            work, cold = _samples(source, runs)
             pick = statistics.median if median else (lambda xs: xs[-1])
             self.work |= {k: pick(v) for k, v in work.items()}
             self.cold |= {k: (pick([c for c, _ in v]), pick([b for _, b in v]))
@@ -189,39 +174,36 @@ class Reference:
 
     def cold_of(self, phase: str, ordinal: int | None) -> tuple[float, float] | None:
         """(compile, backend) seconds of (phase, ordinal) with nothing in the cache. An ordinal
-        past the reference's last: what its last few later units compiled (new shapes grow
-        rarer as a run goes on, so the latest are the best guess)."""
+        never timed past the phase's first: the nearest timed one's, halved for each ordinal
+        between (new shapes grow rarer as a run goes on, and a run longer than its reference
+        must not expect every later step to compile as much as the reference's last did)."""
         if (phase, ordinal) in self.cold:
             return self.cold[phase, ordinal]
         first = self.first_ordinal.get(phase)
-        later = sorted((o, c) for (p, o), c in self.cold.items()
-                       if p == phase and o is not None and o != first)[-3:]
-        if ordinal == first or not later:
+        later = [(o, c) for (p, o), c in self.cold.items()
+                 if p == phase and o is not None and o != first]
+        if ordinal is None or ordinal == first or not later:
             return None
-        return (sum(c for _, (c, _) in later) / len(later),
-                sum(b for _, (_, b) in later) / len(later))
-
-
-def _at_speed(t: Timed, probe_s: float | None) -> Timed:
-    """`t` as it would run where the probe reads `probe_s`."""
-    if not probe_s or not t.probe_s:
-        return t
-    f = clamp(probe_s / t.probe_s)
-    return dataclasses.replace(t, work_s=t.work_s * f, compile_s=t.compile_s * f,
-                               backend_s=t.backend_s * f)
+        o, (compiled, backend) = min(later, key=lambda oc: abs(oc[0] - ordinal))
+        share = 0.5 ** abs(o - ordinal)
+        return compiled * share, backend * share
 
 
 def _samples(units: list[Timed], runs: int):
     """Per (phase, ordinal): the work seconds and the (compile, backend) seconds of the latest
     `runs` invocations, oldest first. A compile counts only where nothing came from the cache
     and the unit compiled what its ordinal needs and no more (a resumed process's first unit
-    of a phase also builds the phase's programs)."""
+    of a phase past the phase's first ordinal also builds the phase's programs)."""
     work: dict = {}
     cold: dict = {}
+    starts: dict = {}
+    for t in units:
+        if t.ordinal is not None:
+            starts[t.phase] = min(starts.get(t.phase, t.ordinal), t.ordinal)
     for t in units:
         key = (t.phase, t.ordinal)
         work.setdefault(key, []).append((t.invocation, t.work_s))
-        if not t.warm and not (t.first and t.resumed):
+        if not t.warm and not (t.first and t.resumed and t.ordinal != starts.get(t.phase)):
             cold.setdefault(key, []).append((t.invocation, (t.compile_s, t.backend_s)))
 
     def last(pairs):

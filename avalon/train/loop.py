@@ -118,8 +118,7 @@ class Run:
         total = cfg.sft.steps + cfg.rollout.steps
         self.resumed_at = self.host.step
         self.telemetry = Telemetry(workdir, resume_step=self.host.step, enabled=self.main,
-                                   total_steps=total, timings=self._timings(env_section),
-                                   probe_s=eta.speed_probe() if self.main else None)
+                                   total_steps=total, timings=self._timings(env_section))
         if skipped:
             self.telemetry.log(self.host.step, {"phase": "resume", "resumed_from": self.host.step,
                                                 "skipped_checkpoints": [

@@ -65,16 +65,15 @@ class Telemetry:
     def __init__(self, workdir: str, *, resume_step: int = 0, enabled: bool = True,
                  total_steps: int = 0, stream=sys.stderr, clock=time.perf_counter,
                  compile_clock=None, backend_clock=None, compile_cache: bool | None = None,
-                 timings: str | None = None, probe_s: float | None = None):
+                 timings: str | None = None):
         """`compile_cache`: whether the persistent compilation cache holds what earlier
         invocations of this run compiled (None: JAX's cache is on and its directory is not
         empty). `timings`: the machine's record of this config's units
-        (`eta.machine_dir()/KEY.jsonl`; None: none), read for the ETA and appended to.
-        `probe_s`: this invocation's `eta.speed_probe()`."""
+        (`eta.machine_dir()/KEY.jsonl`; None: none), read for the ETA and appended to."""
         self.enabled = enabled
         self.path = paths.join(workdir, "metrics.jsonl")
         self.run_record = paths.join(workdir, eta.RUN_RECORD)
-        self.timings, self.probe_s = timings, probe_s
+        self.timings = timings
         self.invocation = f"{socket.gethostname()}-{os.getpid()}-{time.time():.3f}"
         kept = [r for r in read_metrics(self.path) if r.get("step", -1) <= resume_step] \
             if enabled else []
@@ -89,7 +88,7 @@ class Telemetry:
             compile_clock=compile_clock or CompileClock.process(),
             backend_clock=backend_clock or (CompileClock.backend() if compile_clock is None
                                             else None),
-            reference=eta.Reference(own, machine, probe_s=probe_s),
+            reference=eta.Reference(own, machine),
             done_before=frozenset((t.phase, t.ordinal) for t in own),
             warm_cache=_cache_holds() if compile_cache is None else compile_cache,
             cache_events=CacheEvents.process() if compile_clock is None else None,
@@ -111,8 +110,7 @@ class Telemetry:
 
     def _timed(self, phase: str, unit: Unit) -> None:
         line = eta.Timed(phase, unit.ordinal, unit.work_s, unit.compile_s, unit.backend_s,
-                         unit.first, unit.resumed, unit.warm, self.invocation,
-                         self.probe_s).as_json()
+                         unit.first, unit.resumed, unit.warm, self.invocation).as_json()
         eta.append_record(self.run_record, line)
         if self.timings:
             eta.append_record(self.timings, line)
@@ -522,8 +520,7 @@ class ProgressBar:
 
     def _work_factor(self, phase: str) -> float:
         """This invocation's work against the reference's: over this phase's units, else
-        over every phase's (the machine's speed), else 1 (the reference is at this
-        invocation's probed speed already)."""
+        over every phase's (the machine's speed), else 1."""
         done = [(p, w, u.work_s) for p, u, w, _ in self._done if w is not None]
         pairs = ([(w, took) for p, w, took in done if p == phase][-self.window:]
                  or [(w, took) for _, w, took in done][-self.window:])
