@@ -340,8 +340,9 @@ class ProgressBar:
             x the compile factor; with `warm_cache`, what an earlier invocation of the run
             finished (`done_before`) loads from the persistent cache: its compile less its
             backend part (`eta.CACHE_READ_SHARE` of that stays)
-    The factors are what this invocation's units took against the reference (the last
-    `window`; compiles over every phase: a machine compiles at one speed), 1 before any. A
+    The factors are what this invocation's units took against the reference (work: the last
+    `window` of the phase; compiles: over every phase, a machine compiles at one speed, the
+    latest weighing most), 1 before any. A
     phase the reference never timed uses this
     invocation's own units (the mean work of the last `window`, the mean compile of its units
     after the first), and before any a guess (`eta.GUESS`; a first compile: the mean first
@@ -530,13 +531,18 @@ class ProgressBar:
         return 1.0
 
     def _compile_factor(self, current: float | None) -> float:
-        """Compiles took this much of the reference's (units that compiled at least 2 s by the
-        reference), else 1; a compile in progress (`current`: its reference)
-        running longer than that raises it at once."""
-        pairs = [(c, u.compile_s) for _, u, _, c in self._done
-                 if c is not None and c >= 2.0][-self.window:]
-        factor = (eta.clamp(sum(took for _, took in pairs) / sum(c for c, _ in pairs))
-                  if pairs else 1.0)
+        """Compiles took this much of the reference's: over the units that compiled at least
+        2 s by the reference, the latest weighing twice the one before (a shared machine's
+        load changes within minutes, and the latest compile says most about the next); 1
+        before any. A compile in progress (`current`: its reference) running longer than that
+        raises it at once."""
+        factor, weight, expected, took = 1.0, 1.0, 0.0, 0.0
+        for _, u, _, c in reversed(self._done):
+            if c is not None and c >= 2.0:
+                expected, took, weight = expected + weight * c, took + weight * u.compile_s, \
+                    weight / 2
+        if expected > 0:
+            factor = eta.clamp(took / expected)
         if self._current is not None and current is not None and current >= 2.0:
             factor = max(factor, eta.clamp(self._elapsed()[1] / current))
         return factor
