@@ -521,8 +521,10 @@ class ProgressBar:
 
     def _work_factor(self, phase: str) -> float:
         """This invocation's work against the reference's: over this phase's units, else
-        over every phase's (the machine's speed), else 1."""
-        done = [(p, w, u.work_s) for p, u, w, _ in self._done if w is not None]
+        over every phase's (the machine's speed), else 1. A phase's first unit in a process
+        does not count: it also carries one-off setup (an engine built, a resumed process's
+        first runs), which its ordinal in the reference may not have carried."""
+        done = [(p, w, u.work_s) for p, u, w, _ in self._done if w is not None and not u.first]
         pairs = ([(w, took) for p, w, took in done if p == phase][-self.window:]
                  or [(w, took) for _, w, took in done][-self.window:])
         expected = sum(w for w, _ in pairs)
@@ -574,7 +576,7 @@ class ProgressBar:
 
     def eta(self) -> str:
         seconds, guessed = self.eta_seconds()
-        # rounded up: a unit with a second's work left is not done
+        # rounded up: a run with a unit still running never shows 0m00s
         return ("~" if guessed else "") + fmt_seconds(math.ceil(seconds))
 
     def update(self, step: int, note: str = "") -> None:

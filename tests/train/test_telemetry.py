@@ -74,20 +74,24 @@ def test_every_unit_is_forecast_from_the_reference_and_scaled_to_this_run():
     bar = ProgressBar(11, stream=out, clock=clocks.wall, compile_clock=clocks.compile,
                       reference=_reference(*EARLIER))
     bar.plan(SCHEDULE)
-    assert bar.eta_seconds() == (5 * 2 + 100 + 20 + 60 + 6 * 10 + 300 + 30 + 4 * 5 + 20, [])
-    _unit(bar, clocks, "sft", 4.0, compiling=150.0)  # twice the work, 1.5x the compile
+    assert bar.eta_seconds() == (5 * 2 + 100 + 20 + 60 + (2 * 10 + 4 * 15) + 300 + 30 + 20, [])
+    # 1.5x the compile; a phase's first unit here carries one-off setup: no work factor yet
+    _unit(bar, clocks, "sft", 4.0, compiling=150.0)
+    assert bar.eta_seconds()[0] == pytest.approx(
+        4 * 2 + (20 + 60 * 1.5) + (10 + 300 * 1.5) + (10 + 30 * 1.5) + 4 * 15 + 20)
+    bar.update(1, "SFT")
+    assert "ETA 11m53s  compiled 2m30s" in out.getvalue().split("\r")[-1]
+    _unit(bar, clocks, "sft", 4.0)
     work = 2.0  # this machine works twice as slowly: every phase's work doubles
     assert bar.eta_seconds()[0] == pytest.approx(
-        4 * 2 * work + (20 * work + 60 * 1.5) + (10 * work + 300 * 1.5) + (10 * work + 30 * 1.5)
+        3 * 2 * work + (20 * work + 60 * 1.5) + (10 * work + 300 * 1.5) + (10 * work + 30 * 1.5)
         + 4 * 15 * work + 20 * work)
-    bar.update(1, "SFT")
-    assert "ETA 14m01s  compiled 2m30s" in out.getvalue().split("\r")[-1]
     bar.begin("sft")  # 3 s into a step of 4: 1 s of it left
     clocks.work(3.0)
-    assert bar.phase_estimate("sft") == pytest.approx(1.0 + 3 * 4.0)
+    assert bar.phase_estimate("sft") == pytest.approx(1.0 + 2 * 4.0)
     clocks.work(1.0)
     bar.record("sft")
-    for _ in range(3):
+    for _ in range(2):
         _unit(bar, clocks, "sft", 4.0)
     bar.begin("eval")
     clocks.work(0.0, compiling=120.0)  # 2x the reference's 60 s, and still compiling
