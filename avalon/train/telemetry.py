@@ -342,7 +342,7 @@ class ProgressBar:
             backend part (`eta.CACHE_READ_SHARE` of that stays)
     The factors are what this invocation's units took against the reference (work: the last
     `window` of the phase; compiles: over every phase, a machine compiles at one speed, the
-    latest weighing most), 1 before any. A
+    latest weighing most, drawn toward 1 while few), 1 before any. A
     phase the reference never timed uses this
     invocation's own units (the mean work of the last `window`, the mean compile of its units
     after the first), and before any a guess (`eta.GUESS`; a first compile: the mean first
@@ -535,16 +535,20 @@ class ProgressBar:
     def _compile_factor(self, current: float | None) -> float:
         """Compiles took this much of the reference's: over the units that compiled at least
         2 s by the reference, the latest weighing twice the one before (a shared machine's
-        load changes within minutes, and the latest compile says most about the next); 1
-        before any. A compile in progress (`current`: its reference) running longer than that
-        raises it at once."""
-        factor, weight, expected, took = 1.0, 1.0, 0.0, 0.0
+        load changes within minutes, and the latest compile says most about the next), and
+        drawn toward 1 while the evidence is thin (the ratio's n/(n+1)-th power, n the units'
+        summed weight: one unit moves it halfway, in log terms), since programs of one run
+        differ in how their compile time follows the machine's load (a smoke run's SFT
+        compile once took 0.36 of its reference, its evaluation's 0.5-0.8). 1 before any. A
+        compile in progress (`current`: its reference) running longer than that raises it
+        at once."""
+        factor, weight, n, expected, took = 1.0, 1.0, 0.0, 0.0, 0.0
         for _, u, _, c in reversed(self._done):
             if c is not None and c >= 2.0:
-                expected, took, weight = expected + weight * c, took + weight * u.compile_s, \
-                    weight / 2
+                expected, took = expected + weight * c, took + weight * u.compile_s
+                n, weight = n + weight, weight / 2
         if expected > 0:
-            factor = eta.clamp(took / expected)
+            factor = eta.clamp(max(took / expected, 1e-3) ** (n / (n + 1)))
         if self._current is not None and current is not None and current >= 2.0:
             factor = max(factor, eta.clamp(self._elapsed()[1] / current))
         return factor
