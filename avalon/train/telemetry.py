@@ -78,7 +78,8 @@ class Telemetry:
         kept = [r for r in read_metrics(self.path) if r.get("step", -1) <= resume_step] \
             if enabled else []
         own = eta.read_record(self.run_record) if enabled else []
-        if enabled and not own:  # a run begun before its units were recorded apart
+        if enabled and not own:  # a run begun before its units were recorded apart (their
+            # backend part unknown: a resume expects their compiles in full)
             own = [eta.Timed(p, u.ordinal, u.work_s, u.compile_s, first=u.first,
                              resumed=u.resumed, invocation="metrics.jsonl")
                    for p, units in history(kept).items() for u in units]
