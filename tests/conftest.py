@@ -20,6 +20,11 @@ if "--xla_backend_optimization_level=0" not in os.environ.get("XLA_FLAGS", "").s
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_backend_optimization_level=0").strip()
 
+# Runs the tests start record their unit times here, not in the machine's record of real runs
+# (`avalon/train/eta.py`), whose forecasts they would skew.
+os.environ.setdefault("AVALON_TIMINGS_DIR",
+                      os.path.join(tempfile.gettempdir(), "avalon-test-timings"))
+
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)

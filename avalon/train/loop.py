@@ -58,6 +58,7 @@ from avalon.train import (
     baselines,
     code_version,
     config_history,
+    eta,
     host_metrics,
     org_metrics,
     plots,
@@ -117,7 +118,7 @@ class Run:
         total = cfg.sft.steps + cfg.rollout.steps
         self.resumed_at = self.host.step
         self.telemetry = Telemetry(workdir, resume_step=self.host.step, enabled=self.main,
-                                   total_steps=total)
+                                   total_steps=total, timings=self._timings(env_section))
         if skipped:
             self.telemetry.log(self.host.step, {"phase": "resume", "resumed_from": self.host.step,
                                                 "skipped_checkpoints": [
@@ -126,6 +127,16 @@ class Run:
         self.switch = Switch(cfg, self.setup.mesh, self.setup.local_mesh)
         self.rl_update = RLUpdate(cfg, self.setup.rl_step, jax.process_count())
         self.peak_flops = telemetry.peak_flops(jax.devices()[0].device_kind)
+
+    def _timings(self, env_section) -> str:
+        """The machine's record of this config's unit times (what a fresh run's ETA is
+        forecast from before it has timed anything)."""
+        devices = jax.devices()
+        key = eta.timing_key(describe(self.cfg, env_section),
+                             devices=f"{len(devices)}x{devices[0].device_kind}"
+                                     f"/{jax.process_count()}",
+                             jax_version=jax.__version__)
+        return os.path.join(eta.machine_dir(), f"{key}.jsonl")
 
     # ---- checkpoints -----------------------------------------------------------------------
     def _restore(self) -> tuple[tuple[int, str], ...]:
@@ -164,12 +175,25 @@ class Run:
                 and self.host.rl_step >= self.cfg.rollout.steps
                 and self._logged_eval_at(self.host.step))
 
-    def _remaining_evals(self) -> int:
+    def _remaining_evals(self) -> list[int]:
+        """The RLCR steps still to be evaluated at (an evaluation's ordinal)."""
         cfg, done = self.cfg, self.host.rl_step
         later = [s for s in range(done + 1, cfg.rollout.steps + 1)
                  if s % cfg.eval.every == 0 or s == cfg.rollout.steps]
         first = done == 0 and not self._logged_eval_at(self.host.step)
-        return len(later) + int(first)
+        return [0] * first + later
+
+    def _schedule(self) -> list[tuple[str, int]]:
+        """The units left, in the order `run` runs them, each with its ordinal (SFT step k,
+        RLCR step k, the evaluation at RLCR step k): what the ETA forecasts."""
+        cfg, host = self.cfg, self.host
+        evals = self._remaining_evals()
+        out = [("teacher", 0)] * (host.sft_step < cfg.sft.steps)
+        out += [("sft", k) for k in range(host.sft_step, cfg.sft.steps)]
+        out += [("eval", 0)] * (0 in evals)
+        for k in range(host.rl_step, cfg.rollout.steps):
+            out += [("rl", k)] + [("eval", k + 1)] * (k + 1 in evals)
+        return out + [("finish", 0)]
 
     def _start_line(self) -> str:
         devices = jax.devices()
@@ -206,9 +230,7 @@ class Run:
             # evaluate the run on others (experiments.safety.run --tokenizer=run) read them here.
             paths.join(self.workdir, RECORD_FILE).write_text(
                 json.dumps(tokenizer_record(self.setup.chat.tok, cfg.tokenizer_path)))
-        self.telemetry.progress.plan({"sft": cfg.sft.steps - self.host.sft_step,
-                                      "eval": self._remaining_evals(),
-                                      "rl": cfg.rollout.steps - self.host.rl_step})
+        self.telemetry.progress.plan(self._schedule())
         open_collectives(self.setup.mesh)  # before the first step on the mesh (multi-process)
         if self.host.sft_step < cfg.sft.steps:
             self._sft()
@@ -223,15 +245,16 @@ class Run:
             if self.host.rl_step % cfg.checkpoint.every == 0 or \
                     self.host.rl_step == cfg.rollout.steps:
                 self._save()
+        self.telemetry.progress.begin("finish")
         self.telemetry.progress.status("waiting for the last checkpoint")
         self.ckpt.close()
-        self.telemetry.close()
         summary = self._summary()
         if self.main:
             if cfg.plots:
                 summary["files"] += [os.path.basename(p) for p in plots.write_plots(self.workdir)]
             paths.join(self.workdir, "summary.json").write_text(
                 json.dumps(summary, indent=1, sort_keys=True))
+        self.telemetry.close()  # after the plots: the finish unit is timed to here
         say(f"avalon: done in {telemetry.fmt_seconds(summary['wall_s'])} "
             f"({summary['steps']} steps, {telemetry.fmt_seconds(summary['compile_s'])} of it "
             f"compiling). {_eval_text(summary)}Wrote {self.workdir}/: "
@@ -270,9 +293,11 @@ class Run:
     def _sft(self) -> None:
         cfg = self.cfg
         t0 = time.perf_counter()
+        self.telemetry.progress.begin("teacher")
         self.telemetry.progress.status(f"teacher traces ({cfg.sft.teacher_episodes} episodes)")
         traces = teacher_traces(self.setup)
         batches = SFTBatches(self.setup, traces)
+        self.telemetry.progress.record("teacher")
         self.telemetry.log(self.host.step, {
             "phase": "sft_data", "sft/teacher_reward": traces.mean_reward,
             "sft/teacher_episodes": traces.episodes, "sft/rows": len(traces.rows),

@@ -10,10 +10,11 @@ stamping each progress line (the bar redraws with a carriage return) with the ti
 character arrived. With `--kill_at=TEXT` the run is killed (SIGKILL) at the first line holding
 TEXT and started again with the same command, which resumes from its newest checkpoint; only
 the lines of the invocation that ran to the end are scored (a killed one has no "time left").
-A line's ETA (`ETA 1m10s`, or `ETA 0m06s + EVAL ?`: a lower bound while a phase is untimed) is
-scored as `eta / left`, `left` being the seconds from the line to the invocation's last output.
-Prints a JSON summary (and every line with `--lines`): lines with a full ETA, how many within a
-factor of 2 (or within the display's 1 s), the worst ratios; lines with an untimed phase, how
+A line's ETA (`ETA 1m10s`; `ETA ~1m10s` where a phase's forecast is a guess, never timed on
+the machine: scored like the others) is scored as `eta / left`, `left` being the seconds from
+the line to the invocation's last output. Prints a JSON summary (and every line with `--lines`):
+lines with a full ETA, how many within a factor of 2 (or within the display's 1 s), the worst
+ratios; lines of older code with an untimed phase (`ETA 0m06s + EVAL ?`, a lower bound), how
 many are lower bounds (at most `left`).
 """
 

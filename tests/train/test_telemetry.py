@@ -14,6 +14,7 @@ from avalon import model as M
 from avalon.inference.api import SamplingParams, TurnRequest
 from avalon.inference.engine import Engine
 from avalon.inference.first_run import FirstRuns
+from avalon.train import eta
 from avalon.train.telemetry import (
     CompileClock,
     ProgressBar,
@@ -48,105 +49,137 @@ def _unit(bar, clocks, phase, seconds, compiling=0.0):
     bar.record(phase)
 
 
-def test_eta_counts_work_compiles_and_evaluations_still_to_come():
-    """A run of 5 SFT steps (2 s each), 2 evaluations (20 s) and 6 RLCR steps (10 s, then
-    15 s). Each phase's first unit compiles (its cost is this process's, not extrapolated);
-    a later unit that compiles a new batch shape makes every later unit of its phase carry
-    the mean of such compiles; the unit in progress counts what is left of it."""
+def _reference(*units):
+    """A reference of one earlier invocation: (phase, ordinal, work, compile[, backend])."""
+    return eta.Reference(machine=[eta.Timed(p, o, w, c, *rest, invocation="earlier")
+                                  for p, o, w, c, *rest in units])
+
+
+# An earlier run of 5 SFT steps (2 s each; the first compiles 100 s), evaluations at RLCR
+# steps 0 and 6 (20 s; the first compiles 60 s) and 6 RLCR steps (10 s, the first compiling
+# 300 s and the second 30 s more for a new batch shape; then 15 s).
+EARLIER = [("sft", 0, 2.0, 100.0, 90.0), *[("sft", k, 2.0, 0.0) for k in range(1, 5)],
+           ("eval", 0, 20.0, 60.0, 50.0), ("rl", 0, 10.0, 300.0, 280.0), ("rl", 1, 10.0, 30.0),
+           *[("rl", k, 15.0, 0.0) for k in range(2, 6)], ("eval", 6, 20.0, 0.0)]
+SCHEDULE = [*[("sft", k) for k in range(5)], ("eval", 0), *[("rl", k) for k in range(6)],
+            ("eval", 6)]
+
+
+def test_every_unit_is_forecast_from_the_reference_and_scaled_to_this_run():
+    """From the first line every unit left is counted, compiles to come included (RLCR step
+    2's as well); what this invocation's units take against the reference scales the rest:
+    work per phase (else over all), compiles over all phases, a compile running long at once;
+    the unit in progress counts what is left of it."""
     clocks, out = FakeClocks(), io.StringIO()
-    bar = ProgressBar(11, stream=out, clock=clocks.wall, compile_clock=clocks.compile)
+    bar = ProgressBar(11, stream=out, clock=clocks.wall, compile_clock=clocks.compile,
+                      reference=_reference(*EARLIER))
+    bar.plan(SCHEDULE)
+    assert bar.eta_seconds() == (5 * 2 + 100 + 20 + 60 + (2 * 10 + 4 * 15) + 300 + 30 + 20, [])
+    # 1.5x the compile: one unit moves the compile factor halfway there (in log terms); a
+    # phase's first unit here carries one-off setup: no work factor yet
+    _unit(bar, clocks, "sft", 4.0, compiling=150.0)
+    c = 1.5 ** 0.5
+    assert bar.eta_seconds()[0] == pytest.approx(
+        4 * 2 + (20 + 60 * c) + (10 + 300 * c) + (10 + 30 * c) + 4 * 15 + 20)
+    bar.update(1, "SFT")
+    assert "ETA 10m06s  compiled 2m30s" in out.getvalue().split("\r")[-1]
+    _unit(bar, clocks, "sft", 4.0)
+    work = 2.0  # this machine works twice as slowly: every phase's work doubles
+    assert bar.eta_seconds()[0] == pytest.approx(
+        3 * 2 * work + (20 * work + 60 * c) + (10 * work + 300 * c) + (10 * work + 30 * c)
+        + 4 * 15 * work + 20 * work)
+    bar.begin("sft")  # 3 s into a step of 4: 1 s of it left
+    clocks.work(3.0)
+    assert bar.phase_estimate("sft") == pytest.approx(1.0 + 2 * 4.0)
+    clocks.work(1.0)
+    bar.record("sft")
+    for _ in range(2):
+        _unit(bar, clocks, "sft", 4.0)
+    bar.begin("eval")
+    clocks.work(0.0, compiling=120.0)  # 2x the reference's 60 s, and still compiling
+    assert bar.phase_estimate("rl") == pytest.approx((2 * 10 + 4 * 15) * work + 300 * 2
+                                                     + 30 * 2)
+    assert bar.phase_estimate("eval") == pytest.approx(20 * work + 20 * work)  # compiled all
+
+
+def test_without_a_reference_this_run_and_guesses_make_the_forecast():
+    """A config never timed: each phase a guess (`eta.GUESS`, shown with `~`) until it is
+    timed here; a phase not yet timed expects the first compiles seen here; a phase timed
+    here its mean work, and later units the mean of what its later units compiled."""
+    clocks = FakeClocks()
+    bar = ProgressBar(11, stream=io.StringIO(), clock=clocks.wall,
+                      compile_clock=clocks.compile)
     bar.plan({"sft": 5, "eval": 2, "rl": 6})
-    assert bar.eta() == "SFT ? + EVAL ? + RL ?"
-    _unit(bar, clocks, "sft", 2.0, compiling=104.0)  # the first step compiles for 104 s
-    assert bar.eta_seconds() == (4 * 2.0, ["eval", "rl"])
-    assert bar.eta() == "0m08s + EVAL ? + RL ?"
-    assert bar.compile_s == 104.0
+    g = eta.GUESS
+    assert bar.eta_seconds() == (5 * g["sft"][0] + g["sft"][1] + 2 * g["eval"][0]
+                                 + g["eval"][1] + 6 * g["rl"][0] + g["rl"][1],
+                                 ["sft", "eval", "rl"])
+    assert bar.eta().startswith("~")
+    _unit(bar, clocks, "sft", 2.0, compiling=104.0)
+    assert bar.eta_seconds() == (4 * 2.0 + 2 * g["eval"][0] + 104 + 6 * g["rl"][0] + 104,
+                                 ["eval", "rl"])
     for _ in range(4):
         _unit(bar, clocks, "sft", 2.0)
     _unit(bar, clocks, "eval", 20.0, compiling=60.0)
-    assert bar.eta_seconds() == (1 * 20.0, ["rl"])
-    _unit(bar, clocks, "rl", 10.0, compiling=356.0)  # RL step 1: the update step compiles
-    assert bar.eta_seconds() == (5 * 10.0 + 20.0, [])
-    assert bar.eta() == fmt_seconds(70)
-    bar.update(6, "RL 1/6")
-    line = out.getvalue().split("\r")[-1]
-    assert "ETA 1m10s" in line and f"compiled {fmt_seconds(104 + 60 + 356)}" in line
+    _unit(bar, clocks, "rl", 10.0, compiling=356.0)
     _unit(bar, clocks, "rl", 10.0, compiling=3.0)  # a new batch shape compiles mid-run
     assert bar.eta_seconds() == (4 * (10.0 + 3.0) + 20.0, [])
-    # Steps lengthen as the organisation grows: the mean over the last `window` steps follows.
-    for _ in range(3):
-        _unit(bar, clocks, "rl", 15.0)
-    assert bar.remaining == {"sft": 0, "eval": 1, "rl": 1}
-    work, recompile = (2 * 10.0 + 3 * 15.0) / 5, 3.0 / 4  # RL steps 2-5 after the first
-    assert bar.eta_seconds()[0] == pytest.approx(work + recompile + 20.0)
-    bar.begin("rl")  # the last step, 5 s into its work: what is left of it
-    clocks.work(5.0)
-    assert bar.eta_seconds()[0] == pytest.approx(work - 5.0 + recompile + 20.0)
-    clocks.work(30.0)  # running long: its work counts as done (never below 0); a compile
-    assert bar.eta_seconds()[0] == pytest.approx(recompile + 20.0)  # may still come
-    clocks.work(0.0, compiling=9.0)
-    assert bar.eta_seconds()[0] == pytest.approx(20.0)
-    bar.record("rl")
-    _unit(bar, clocks, "eval", 20.0)
-    assert bar.eta_seconds() == (0.0, []) and bar.eta() == "0m00s"
-    assert bar.compile_s == 104.0 + 60.0 + 356.0 + 3.0 + 9.0
+    assert bar.eta() == fmt_seconds(72)
+    assert bar.compile_s == 104.0 + 60.0 + 356.0 + 3.0
 
 
 def test_a_resumed_run_knows_what_was_timed_before(tmp_path):
-    """Telemetry writes each unit's work and compile seconds on its metrics line; a resumed
-    run reads them back: its first line already counts the evaluations and the compiles of
-    the phases it has not run yet (each phase's last first unit), the bar starts at the
+    """Telemetry appends every unit to WORKDIR/progress.jsonl (and the unit's split to its
+    metrics line); a resumed invocation reads them back: its first line counts the units it
+    repeats at what they took, and with the persistent compilation cache the programs an
+    earlier invocation began load (their compile less 95% of its backend part); without the
+    cache they compile again, a phase's first programs included. The bar starts at the
     resumed step, and the end line says what this invocation did."""
     clocks = FakeClocks()
-    first = Telemetry(str(tmp_path), total_steps=6, stream=io.StringIO(), clock=clocks.wall,
-                      compile_clock=clocks.compile)
+    first = Telemetry(str(tmp_path), total_steps=4, stream=io.StringIO(), clock=clocks.wall,
+                      compile_clock=clocks.compile, backend_clock=lambda: clocks.compiled)
     bar = first.progress
-    bar.plan({"sft": 2, "eval": 2, "rl": 4})
+    bar.plan([("sft", 0), ("sft", 1), ("eval", 0), ("rl", 0), ("rl", 1), ("eval", 2)])
     for step, phase, work, compiling in [(1, "sft", 2.0, 50.0), (2, "sft", 2.0, 0.0),
-                                         (2, "eval", 8.0, 40.0), (3, "rl", 10.0, 30.0),
-                                         (4, "rl", 12.0, 0.0)]:
+                                         (2, "eval", 8.0, 40.0), (3, "rl", 10.0, 30.0)]:
         _unit(bar, clocks, phase, work, compiling)
         first.log(step, {"phase": phase})
-    first.close()
+    bar.begin("rl")  # killed in RLCR step 2
     kept = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["progress/work_s"], r["progress/compile_s"], r["progress/first"])
             for r in kept] == [(2.0, 50.0, True), (2.0, 0.0, False), (8.0, 40.0, True),
-                               (10.0, 30.0, True), (12.0, 0.0, False)]
+                               (10.0, 30.0, True)]
+    units = eta.read_record(tmp_path / "progress.jsonl")
+    assert [(u.phase, u.ordinal, u.compile_s, u.backend_s) for u in units] == [
+        ("sft", 0, 50.0, 50.0), ("sft", 1, 0.0, 0.0), ("eval", 0, 40.0, 40.0),
+        ("rl", 0, 30.0, 30.0)]
 
-    # With the persistent compilation cache on, a resumed process loads its programs: 2
-    # RLCR steps of 11 s plus what later RLCR steps compiled (0 s), an evaluation of 8 s.
-    cached = Telemetry(str(tmp_path), resume_step=4, total_steps=6, stream=io.StringIO(),
-                       clock=clocks.wall, compile_clock=clocks.compile, compile_cache=True)
-    cached.progress.plan({"sft": 0, "eval": 1, "rl": 2})
-    assert cached.progress.eta_seconds() == (2 * 11.0 + 8.0, [])
-    _unit(cached.progress, clocks, "eval", 8.0, compiling=3.0)
-    cached.log(5, {"phase": "eval"})
-    again = Telemetry(str(tmp_path), resume_step=5, total_steps=6, stream=io.StringIO(),
-                      clock=clocks.wall, compile_clock=clocks.compile, compile_cache=True)
-    again.progress.plan({"eval": 1})  # a resumed process's first evaluation compiled 3 s
-    assert again.progress.eta_seconds() == (8.0 + 3.0, [])
-    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])[
-        "progress/resumed"] is True
+    def resumed(cache: bool, out=None):
+        t = Telemetry(str(tmp_path), resume_step=2, total_steps=4, stream=out or io.StringIO(),
+                      clock=clocks.wall, compile_clock=clocks.compile, compile_cache=cache)
+        t.progress.plan([("rl", 0), ("rl", 1), ("eval", 2)])
+        return t
+
+    # RLCR step 1 loads its programs and the evaluation's (both done before); step 2 (killed
+    # in it) has no compile of its own on record, nor the evaluation at step 2.
+    load = 0.05
+    assert resumed(True).progress.eta_seconds()[0] == pytest.approx(
+        10.0 + 30.0 * load + 40.0 * load + 10.0 + 8.0)
+    assert resumed(False).progress.eta_seconds() == (10.0 + 30.0 + 40.0 + 10.0 + 8.0, [])
 
     out = io.StringIO()
-    resumed = Telemetry(str(tmp_path), resume_step=4, total_steps=6, stream=out,
-                        clock=clocks.wall, compile_clock=clocks.compile, compile_cache=False)
-    bar = resumed.progress
-    bar.plan({"sft": 0, "eval": 1, "rl": 2})  # RLCR steps 3 and 4, the last evaluation
-    # Without the cache: 2 RLCR steps of 11 s plus the RL programs' compile (30 s), an
-    # evaluation of 8 s plus its compile (40 s): nothing is "?" after a resume.
-    assert bar.eta_seconds() == (2 * 11.0 + 30.0 + 8.0 + 40.0, [])
-    bar.status("RL 3/4: rollouts")
-    assert "] 4/6  RL 3/4" in out.getvalue() and "?" not in out.getvalue()
-    _unit(bar, clocks, "rl", 11.0, compiling=6.0)  # loaded from the persistent cache
-    assert bar.eta_seconds() == (11.0 + 8.0 + 40.0, [])
-    bar.update(5, "RL 3/4")
+    again = resumed(True, out)
+    bar = again.progress
+    bar.status("RL 1/2: rollouts")
+    assert "] 2/4  RL 1/2" in out.getvalue() and "?" not in out.getvalue()
+    _unit(bar, clocks, "rl", 11.0, compiling=6.0)
+    bar.update(3, "RL 1/2")
     _unit(bar, clocks, "rl", 11.0)
-    bar.update(6, "RL 4/4")
+    bar.update(4, "RL 2/2")
     _unit(bar, clocks, "eval", 8.0, compiling=4.0)
-    resumed.close()
+    again.close()
     end = out.getvalue().split("\r")[-1]
-    assert end.startswith("[" + "#" * 28 + "] 6/6  this run: steps 4 -> 6 (2 RLCR steps, "
+    assert end.startswith("[" + "#" * 28 + "] 4/4  this run: steps 2 -> 4 (2 RLCR steps, "
                           "1 evaluation) in 0m40s, 0m10s of it compiling"), end
 
 
@@ -273,7 +306,7 @@ def test_status_redraws_the_line_with_a_note():
     bar.status("evaluating")
     text = out.getvalue().split("\r")
     assert "RL 1/4 reward 0.50" in text[1]
-    assert "evaluating" in text[2] and "RL ?" in text[2]
+    assert "evaluating" in text[2] and "ETA ~" in text[2]  # RLCR steps never timed: a guess
     assert len(text[2]) >= len(text[1])  # padded: no stale characters of the longer line
 
 
