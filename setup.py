@@ -78,7 +78,8 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["avalon", "avalon.*"]),
     # The CPU kernels (the engine's products, the update step's attention) and their shared
     # header, compiled on the user's machine at first use (avalon/backends/cpu_build.py).
-    package_data={"avalon": ["backends/*.cc", "backends/*.h", "data/toy_smoke_seed/*"]},
+    package_data={"avalon": ["backends/*.cc", "backends/*.h", "data/toy_smoke_seed/*",
+                            "train/eta_reference/*.jsonl"]},
     python_requires=">=3.11",  # the pinned jax needs 3.11
     install_requires=RUNTIME,
     extras_require=EXTRAS,

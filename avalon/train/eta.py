@@ -21,7 +21,10 @@ Where the forecast comes from, best first:
 2. the machine's record of earlier runs with the same key (`timing_key`: what fixes the
    programs and their shapes: the config less its counts, the devices, the JAX version), the
    median of the last few invocations, so that one slow run does not set the forecast;
-3. a guess per phase (`GUESS`), for a config this machine never ran: the ETA then shows `~`.
+3. the reference shipped with Avalon for its configs (`shipped_record`: the units of one
+   fresh run of the config on a 2-core CPU, recorded by `experiments.bench.progress_eta
+   --ship_reference`), for a machine that has not run the config yet;
+4. a guess per phase (`GUESS`), for a config neither ran: the ETA then shows `~`.
 
 Each unit is matched by phase and ordinal (SFT step k, the evaluation at RLCR step k, RLCR step
 k), so a compile that came at RLCR step 2 of the reference is expected at step 2 again. The
@@ -117,6 +120,34 @@ def append_record(path, line: dict) -> None:
         pass
 
 
+# The shipped references (`shipped_record`), one file per config, named by its key without the
+# JAX version (a newer jax compiles the same programs in similar times; the machine's own record
+# soon takes over).
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eta_reference")
+
+
+def shipped_record(description: dict, *, devices: str) -> str:
+    """The path of the shipped reference for a config (`description`: what the run writes as
+    config.json) on `devices` (may not exist)."""
+    return os.path.join(SHIPPED_DIR,
+                        timing_key(description, devices=devices, jax_version="any") + ".jsonl")
+
+
+def ship(run_record, description: dict, *, devices: str) -> str:
+    """Write a finished fresh run's units (its `progress.jsonl`, one invocation) as the shipped
+    reference of its config; returns the path written. Refused for a resumed run: a reference
+    is one invocation's costs from nothing compiled."""
+    units = read_record(run_record)
+    if not units or len({t.invocation for t in units}) != 1 or any(t.resumed for t in units):
+        raise ValueError(f"{run_record}: not one fresh invocation's units; ship a run that "
+                         "ran from the start to the end in one process")
+    path = shipped_record(description, devices=devices)
+    os.makedirs(SHIPPED_DIR, exist_ok=True)
+    with open(path, "w") as f:
+        f.writelines(json.dumps(t.as_json(), sort_keys=True) + "\n" for t in units)
+    return path
+
+
 def machine_dir() -> str:
     """Where this machine keeps its runs' unit times: `$AVALON_TIMINGS_DIR`, or
     `~/.cache/avalon/timings`."""
@@ -137,6 +168,11 @@ def timing_key(description: dict, *, devices: str, jax_version: str) -> str:
             node.pop(field[-1], None)
     text = json.dumps({"config": d, "devices": devices, "jax": jax_version}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def device_text(devices, process_count: int) -> str:
+    """The devices part of a key: count, kind and processes (`1xcpu/1`)."""
+    return f"{len(devices)}x{devices[0].device_kind}/{process_count}"
 
 
 def clamp(x: float) -> float:

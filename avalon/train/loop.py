@@ -118,7 +118,7 @@ class Run:
         total = cfg.sft.steps + cfg.rollout.steps
         self.resumed_at = self.host.step
         self.telemetry = Telemetry(workdir, resume_step=self.host.step, enabled=self.main,
-                                   total_steps=total, timings=self._timings(env_section))
+                                   total_steps=total, **self._timings(env_section))
         if skipped:
             self.telemetry.log(self.host.step, {"phase": "resume", "resumed_from": self.host.step,
                                                 "skipped_checkpoints": [
@@ -128,15 +128,14 @@ class Run:
         self.rl_update = RLUpdate(cfg, self.setup.rl_step, jax.process_count())
         self.peak_flops = telemetry.peak_flops(jax.devices()[0].device_kind)
 
-    def _timings(self, env_section) -> str:
-        """The machine's record of this config's unit times (what a fresh run's ETA is
-        forecast from before it has timed anything)."""
-        devices = jax.devices()
-        key = eta.timing_key(describe(self.cfg, env_section),
-                             devices=f"{len(devices)}x{devices[0].device_kind}"
-                                     f"/{jax.process_count()}",
-                             jax_version=jax.__version__)
-        return os.path.join(eta.machine_dir(), f"{key}.jsonl")
+    def _timings(self, env_section) -> dict:
+        """The machine's record of this config's unit times and the reference shipped for it
+        (what a fresh run's ETA is forecast from before it has timed anything)."""
+        description = describe(self.cfg, env_section)
+        devices = eta.device_text(jax.devices(), jax.process_count())
+        key = eta.timing_key(description, devices=devices, jax_version=jax.__version__)
+        return {"timings": os.path.join(eta.machine_dir(), f"{key}.jsonl"),
+                "shipped": eta.shipped_record(description, devices=devices)}
 
     # ---- checkpoints -----------------------------------------------------------------------
     def _restore(self) -> tuple[tuple[int, str], ...]:

@@ -65,11 +65,13 @@ class Telemetry:
     def __init__(self, workdir: str, *, resume_step: int = 0, enabled: bool = True,
                  total_steps: int = 0, stream=sys.stderr, clock=time.perf_counter,
                  compile_clock=None, backend_clock=None, compile_cache: bool | None = None,
-                 timings: str | None = None):
+                 timings: str | None = None, shipped: str | None = None):
         """`compile_cache`: whether the persistent compilation cache holds what earlier
         invocations of this run compiled (None: JAX's cache is on and its directory is not
         empty). `timings`: the machine's record of this config's units
-        (`eta.machine_dir()/KEY.jsonl`; None: none), read for the ETA and appended to."""
+        (`eta.machine_dir()/KEY.jsonl`; None: none), read for the ETA and appended to;
+        `shipped`: the reference shipped for the config (`eta.shipped_record`), read when the
+        machine's record is empty."""
         self.enabled = enabled
         self.path = paths.join(workdir, "metrics.jsonl")
         self.run_record = paths.join(workdir, eta.RUN_RECORD)
@@ -84,6 +86,8 @@ class Telemetry:
                              resumed=u.resumed, invocation="metrics.jsonl")
                    for p, units in history(kept).items() for u in units]
         machine = eta.read_record(timings) if enabled and timings else []
+        if enabled and not machine and shipped:
+            machine = eta.read_record(shipped)
         self.progress = ProgressBar(
             total_steps, stream=stream, enabled=enabled, clock=clock, start=resume_step,
             compile_clock=compile_clock or CompileClock.process(),

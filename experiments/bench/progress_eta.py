@@ -16,6 +16,14 @@ the line to the invocation's last output. Prints a JSON summary (and every line 
 lines with a full ETA, how many within a factor of 2 (or within the display's 1 s), the worst
 ratios; lines of older code with an untimed phase (`ETA 0m06s + EVAL ?`, a lower bound), how
 many are lower bounds (at most `left`).
+
+    python -m experiments.bench.progress_eta --workdir=/tmp/eta --ship_reference \
+        -- --config=configs/toy_org.py:smoke
+
+`--ship_reference` (a fresh run, not killed) then writes the run's units as the reference Avalon
+ships for the config (`avalon/train/eta_reference/`, `eta.ship`): what a machine that never ran
+the config forecasts its first lines from. Record it on a quiet 2-core CPU, with an empty
+machine record (`AVALON_TIMINGS_DIR` pointing at an empty directory).
 """
 
 from __future__ import annotations
@@ -105,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--kill_at", default="")
     parser.add_argument("--lines", action="store_true")
+    parser.add_argument("--ship_reference", action="store_true")
     parser.add_argument("args", nargs="*", help="avalon.main's arguments (after --)")
     a = parser.parse_args(argv)
     if os.path.exists(a.workdir) and os.listdir(a.workdir):
@@ -116,6 +125,15 @@ def main(argv: list[str] | None = None) -> None:
         out["killed_after_s"] = round(end - lines[0][0], 1)
         lines, end, _ = play(command)
     out["wall_s"] = round(end - lines[0][0], 1)
+    if a.ship_reference:
+        if killed:
+            raise SystemExit("--ship_reference: a reference is one fresh run; drop --kill_at")
+        import jax
+
+        from avalon.train import eta
+        description = json.loads(open(os.path.join(a.workdir, "config.json")).read())
+        out["shipped"] = eta.ship(os.path.join(a.workdir, eta.RUN_RECORD), description,
+                                  devices=eta.device_text(jax.devices(), jax.process_count()))
     out |= score(lines, end)
     if not a.lines:
         out.pop("rows")

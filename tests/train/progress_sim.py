@@ -80,19 +80,21 @@ def _spend(clocks: Clocks, unit: Unit, parts: int, each=None) -> None:
 
 def play(workdir: str, t: Timeline, *, n_sft: int, n_rl: int, sft_done: int = 0,
          rl_done: int = 0, kill_at_rl: int | None = None, compile_cache: bool = True,
-         timings: str | None = None) -> tuple[list[tuple[float, str]], float]:
+         timings: str | None = None, shipped: str | None = None
+         ) -> tuple[list[tuple[float, str]], float]:
     """One invocation of a run of `n_sft` SFT and `n_rl` RLCR steps from (sft_done, rl_done)
     (a resume when either is > 0) to the end, or killed at the status line of RLCR step
     `kill_at_rl` (1-based). `t` holds the units this invocation runs, in order. Returns the
     lines drawn and the time the invocation ended. `compile_cache`: the persistent
-    compilation cache is on; `timings`: the machine's record."""
+    compilation cache is on; `timings`: the machine's record; `shipped`: the reference shipped
+    for the config."""
     clocks = Clocks()
     out = Lines(clocks)
     step = sft_done + rl_done
     tel = Telemetry(workdir, resume_step=step, total_steps=n_sft + n_rl, stream=out,
                     clock=clocks.wall, compile_clock=clocks.compile,
                     backend_clock=clocks.backend_compile, compile_cache=compile_cache,
-                    timings=timings)
+                    timings=timings, shipped=shipped)
     bar = tel.progress
     eval_at = [0] + [s for s in range(1, n_rl + 1) if s % t.eval_every == 0 or s == n_rl]
     evals_left = [s for s in eval_at if s > rl_done or (s == 0 and sft_done < n_sft)]
