@@ -23,7 +23,7 @@ Where the forecast comes from, best first:
    median of the last few invocations, so that one slow run does not set the forecast;
 3. the reference shipped with Avalon for its configs (`shipped_record`: the units of one
    fresh run of the config on a 2-core CPU, recorded by `experiments.bench.progress_eta
-   --ship_reference`), for a machine that has not run the config yet;
+   --ship_reference`), for the units the machine has not timed yet;
 4. a guess per phase (`GUESS`), for a config neither ran: the ETA then shows `~`.
 
 Each unit is matched by phase and ordinal (SFT step k, the evaluation at RLCR step k, RLCR step
@@ -182,13 +182,15 @@ def clamp(x: float) -> float:
 class Reference:
     """Expected seconds per (phase, ordinal), from this run's record (its latest timing of a
     unit wins: the same rollouts, the same machine) over the machine's (the median of the last
-    `runs` invocations that timed it)."""
+    `runs` invocations that timed it) over the shipped reference's (for the units neither
+    timed: a run killed on a machine's first try has recorded only its first units)."""
 
-    def __init__(self, own: list[Timed] = (), machine: list[Timed] = (), runs: int = 3):
+    def __init__(self, own: list[Timed] = (), machine: list[Timed] = (),
+                 shipped: list[Timed] = (), runs: int = 3):
         self.work: dict[tuple[str, int | None], float] = {}
         self.cold: dict[tuple[str, int | None], tuple[float, float]] = {}  # (compile, backend)
         self.first_ordinal: dict[str, int] = {}
-        for source, median in ((machine, True), (own, False)):
+        for source, median in ((shipped, True), (machine, True), (own, False)):
             work, cold = _samples(source, runs)
             pick = statistics.median if median else (lambda xs: xs[-1])
             self.work |= {k: pick(v) for k, v in work.items()}

@@ -70,8 +70,8 @@ class Telemetry:
         invocations of this run compiled (None: JAX's cache is on and its directory is not
         empty). `timings`: the machine's record of this config's units
         (`eta.machine_dir()/KEY.jsonl`; None: none), read for the ETA and appended to;
-        `shipped`: the reference shipped for the config (`eta.shipped_record`), read when the
-        machine's record is empty."""
+        `shipped`: the reference shipped for the config (`eta.shipped_record`), for the units
+        neither this run nor the machine has timed."""
         self.enabled = enabled
         self.path = paths.join(workdir, "metrics.jsonl")
         self.run_record = paths.join(workdir, eta.RUN_RECORD)
@@ -86,14 +86,13 @@ class Telemetry:
                              resumed=u.resumed, invocation="metrics.jsonl")
                    for p, units in history(kept).items() for u in units]
         machine = eta.read_record(timings) if enabled and timings else []
-        if enabled and not machine and shipped:
-            machine = eta.read_record(shipped)
+        reference = eta.read_record(shipped) if enabled and shipped else []
         self.progress = ProgressBar(
             total_steps, stream=stream, enabled=enabled, clock=clock, start=resume_step,
             compile_clock=compile_clock or CompileClock.process(),
             backend_clock=backend_clock or (CompileClock.backend() if compile_clock is None
                                             else None),
-            reference=eta.Reference(own, machine),
+            reference=eta.Reference(own, machine, reference),
             done_before=frozenset((t.phase, t.ordinal) for t in own),
             warm_cache=_cache_holds() if compile_cache is None else compile_cache,
             cache_events=CacheEvents.process() if compile_clock is None else None,
