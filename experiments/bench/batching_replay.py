@@ -8,7 +8,7 @@ continuous = an agent's next turn joins `--gap` dispatches after its previous on
 prefill). Each dispatch computes `--steps` tokens for the rows of its row bucket (the engine's
 decode ladder 8, 16 and finer ones). On a CPU a dispatch costs about in proportion to its
 rows, so tick / continuous row-dispatches predicts the benchmark's tokens/s ratio there
-(RESULTS.md, helper i16e's section).
+(RESULTS.md, topic 2, where the replay is quoted).
 """
 
 from __future__ import annotations
