@@ -60,6 +60,7 @@ from avalon.train import (
     config_history,
     eta,
     host_metrics,
+    interrupt,
     org_metrics,
     plots,
     program_maps,
@@ -206,6 +207,10 @@ class Run:
                 f"mesh {mesh} | {steps}{resumed}")
 
     def run(self) -> dict:
+        with interrupt.catching():
+            return self._run()
+
+    def _run(self) -> dict:
         cfg = self.cfg
         say = lambda text: telemetry.console(text, enabled=self.main)
         if self.finished():
@@ -238,6 +243,7 @@ class Run:
         if self.host.rl_step == 0 and not self._logged_eval_at(self.host.step):
             self._evaluate()
         while self.host.rl_step < cfg.rollout.steps:
+            interrupt.check()
             self._rl_step()
             if self.host.rl_step % cfg.eval.every == 0 or self.host.rl_step == cfg.rollout.steps:
                 self._evaluate()
@@ -305,6 +311,7 @@ class Run:
             "time/teacher_s": time.perf_counter() - t0})
         step_fn = self.setup.sft_step
         while self.host.sft_step < cfg.sft.steps:
+            interrupt.check()
             if not self.telemetry.progress.seconds.get("sft"):
                 self.telemetry.progress.status("SFT: compiling the update step")
             t = time.perf_counter()
@@ -423,6 +430,7 @@ class Run:
                             f"reward {record.get('reward/mean', 0.0):.2f}")
 
     def _evaluate(self) -> None:
+        interrupt.check()
         maps = program_maps.release_near_limit(self.engine.release_programs)
         t = time.perf_counter()
         self.telemetry.progress.begin("eval")
