@@ -35,20 +35,19 @@ def head_product(x2: jax.Array, w2: jax.Array, transpose_w: bool = False) -> jax
     return _head_product(x2, w2.T if transpose_w else w2)
 
 
-def mkl_product(x2: jax.Array, w2: jax.Array, transpose_w: bool = False) -> jax.Array:
-    """`product` on MKL for float32 operands (`cpu_blas.ready()` must be True), else XLA's."""
-    if x2.dtype == jnp.float32 and w2.dtype == jnp.float32:
-        return cpu_blas.product(x2, w2, transpose_w)
-    return product(x2, w2, transpose_w)
+def _on_mkl(xla_fn):
+    """`xla_fn` (`product` or `head_product`) on MKL for float32 operands (`cpu_blas.ready()`
+    must be True: a tied embedding used as stored, no [D, V] copy of it nor of its gradient per
+    step), else `xla_fn` itself."""
+    def fn(x2: jax.Array, w2: jax.Array, transpose_w: bool = False) -> jax.Array:
+        if x2.dtype == jnp.float32 and w2.dtype == jnp.float32:
+            return cpu_blas.product(x2, w2, transpose_w)
+        return xla_fn(x2, w2, transpose_w)
+    return fn
 
 
-def mkl_head_product(x2: jax.Array, w2: jax.Array, transpose_w: bool = False) -> jax.Array:
-    """`head_product` on MKL for float32 operands (a tied embedding used as stored: no [D, V]
-    copy of it, nor of its gradient, per step: 0.3 s of SmolLM2-135M's update step), else
-    XLA's."""
-    if x2.dtype == jnp.float32 and w2.dtype == jnp.float32:
-        return cpu_blas.product(x2, w2, transpose_w)
-    return head_product(x2, w2, transpose_w)
+mkl_product = _on_mkl(product)
+mkl_head_product = _on_mkl(head_product)
 
 
 def _transposed(a: jax.Array) -> jax.Array:
