@@ -65,11 +65,13 @@ class Telemetry:
     def __init__(self, workdir: str, *, resume_step: int = 0, enabled: bool = True,
                  total_steps: int = 0, stream=sys.stderr, clock=time.perf_counter,
                  compile_clock=None, backend_clock=None, compile_cache: bool | None = None,
-                 timings: str | None = None, shipped: str | None = None):
+                 timings: str | None = None, shipped: str | None = None, cache_events=None):
         """`compile_cache`: whether the persistent compilation cache holds what earlier
         invocations of this run compiled (None: JAX's cache is on and its directory is not
-        empty). `timings`: the machine's record of this config's units
-        (`eta.machine_dir()/KEY.jsonl`; None: none), read for the ETA and appended to;
+        empty); `cache_events`: a function giving the cache's (hits, misses) so far (None:
+        JAX's, when the compile clock is JAX's too). `timings`: the machine's record of this
+        config's units (`eta.machine_dir()/KEY.jsonl`; None: none), read for the ETA and
+        appended to;
         `shipped`: the reference shipped for the config (`eta.shipped_record`), for the units
         neither this run nor the machine has timed."""
         self.enabled = enabled
@@ -95,7 +97,8 @@ class Telemetry:
             reference=eta.Reference(own, machine, reference),
             done_before=frozenset((t.phase, t.ordinal) for t in own),
             warm_cache=_cache_holds() if compile_cache is None else compile_cache,
-            cache_events=CacheEvents.process() if compile_clock is None else None,
+            cache_events=cache_events or (CacheEvents.process() if compile_clock is None
+                                          else None),
             on_unit=self._timed if enabled else None)
         self._tb = None
         if not enabled:
@@ -444,9 +447,21 @@ class ProgressBar:
 
     def _warm(self, phase: str, ordinal: int | None) -> bool:
         # A unit an earlier invocation finished put its programs in the cache; one it was
-        # killed in may have put none there, so its programs are expected to compile again
-        # (wrong on the long side by at most one unit's compile).
+        # killed in may have put some or none there, so its programs are expected to compile
+        # again (the unit in progress goes by what the cache serves it: `_served`).
         return self.warm_cache and (phase, ordinal) in self.done_before
+
+    def _served(self, phase: str, ordinal: int | None, current: bool) -> float:
+        """The share of the unit's programs expected from the persistent cache. For the unit
+        in progress, once it has looked a program up, the share the cache has served it so far
+        (a unit the killed invocation began loads the programs it compiled before the kill; a
+        finished one's that the cache lost compile); else all or none (`_warm`)."""
+        before = self._mark[3]
+        if current and before is not None and self.cache_events is not None:
+            hits, misses = (now - then for now, then in zip(self.cache_events(), before))
+            if hits + misses > 0:
+                return hits / (hits + misses)
+        return 1.0 if self._warm(phase, ordinal) else 0.0
 
     # ---- the forecast ------------------------------------------------------------------------
     def _references(self) -> list[tuple[str, int | None, float | None, float | None]]:
@@ -460,6 +475,7 @@ class ProgressBar:
         firsts: dict[str, int | None] = {}  # each phase's first ordinal left here
         for phase, ordinal in self.schedule:
             firsts.setdefault(phase, ordinal)
+        current = self._current
         for phase, ordinal in self.schedule:
             family = eta.FAMILY.get(phase, phase)
             parts = [(phase, ordinal)]
@@ -468,12 +484,17 @@ class ProgressBar:
                 parts += [(q, ref.first_ordinal[q]) for q, o in firsts.items()
                           if eta.FAMILY.get(q, q) == family and q in ref.first_ordinal
                           and q not in self.seconds and o != ref.first_ordinal[q]]
-            out.append((phase, ordinal, ref.work_of(phase, ordinal), self._compile_of(parts)))
+            out.append((phase, ordinal, ref.work_of(phase, ordinal),
+                        self._compile_of(parts, current=phase == current)))
+            if phase == current:
+                current = None
         return out
 
-    def _compile_of(self, parts: list[tuple[str, int | None]]) -> float | None:
+    def _compile_of(self, parts: list[tuple[str, int | None]],
+                    current: bool = False) -> float | None:
         """What building `parts` costs by the reference: cold, or for what an earlier
-        invocation of the run began, a load (its compile less most of its backend part)."""
+        invocation of the run finished (for the unit in progress: what the cache has served
+        so far), a load (its compile less most of its backend part)."""
         total = 0.0
         for phase, ordinal in parts:
             if phase not in self.reference.phases():
@@ -484,8 +505,8 @@ class ProgressBar:
                     return None  # the programs a phase starts with were never timed cold
                 continue  # no new shapes known at this ordinal
             compiled, backend = cold
-            if self._warm(phase, ordinal):
-                compiled -= backend * (1.0 - eta.CACHE_READ_SHARE)
+            compiled -= (backend * (1.0 - eta.CACHE_READ_SHARE)
+                         * self._served(phase, ordinal, current))
             total += compiled
         return total
 

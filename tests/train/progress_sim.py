@@ -10,7 +10,9 @@ import dataclasses
 
 from avalon.train.telemetry import Telemetry
 
-Unit = tuple[float, float, float]  # (work seconds, compile seconds, of which XLA's backend)
+# (work seconds, compile seconds, of which XLA's backend), and optionally the persistent
+# cache's (loads, compiles) of the unit's programs
+Unit = tuple
 
 
 @dataclasses.dataclass
@@ -31,7 +33,7 @@ class Timeline:
     def scaled(self, work: float, compiled: float) -> Timeline:
         """The same run on a machine `work` times slower at work, `compiled` at compiling."""
         def s(units):
-            return [(w * work, c * compiled, b * compiled) for w, c, b in units]
+            return [(u[0] * work, u[1] * compiled, u[2] * compiled, *u[3:]) for u in units]
         return dataclasses.replace(self, sft=s(self.sft), evals=s(self.evals), rl=s(self.rl),
                                    teacher_s=self.teacher_s * work,
                                    finish_s=self.finish_s * work)
@@ -40,6 +42,10 @@ class Timeline:
 class Clocks:
     def __init__(self):
         self.now, self.compiled, self.backend = 0.0, 0.0, 0.0
+        self.events = (0, 0)  # the cache's loads and compiles
+
+    def cache(self):
+        return self.events
 
     def wall(self):
         return self.now
@@ -68,7 +74,9 @@ class Lines:
 
 def _spend(clocks: Clocks, unit: Unit, parts: int, each=None) -> None:
     """Compile first, then work, in `parts` even slices, calling `each(k)` after slice k."""
-    work, compiled, backend = unit
+    work, compiled, backend = unit[:3]
+    if len(unit) > 3:
+        clocks.events = tuple(a + b for a, b in zip(clocks.events, unit[3]))
     clocks.now += compiled
     clocks.compiled += compiled
     clocks.backend += backend
@@ -76,6 +84,10 @@ def _spend(clocks: Clocks, unit: Unit, parts: int, each=None) -> None:
         clocks.now += work / parts
         if each is not None:
             each(k)
+
+
+def _counts_cache(t: Timeline) -> bool:
+    return any(len(u) > 3 for u in t.sft + t.evals + t.rl)
 
 
 def play(workdir: str, t: Timeline, *, n_sft: int, n_rl: int, sft_done: int = 0,
@@ -94,6 +106,7 @@ def play(workdir: str, t: Timeline, *, n_sft: int, n_rl: int, sft_done: int = 0,
     tel = Telemetry(workdir, resume_step=step, total_steps=n_sft + n_rl, stream=out,
                     clock=clocks.wall, compile_clock=clocks.compile,
                     backend_clock=clocks.backend_compile, compile_cache=compile_cache,
+                    cache_events=clocks.cache if _counts_cache(t) else None,
                     timings=timings, shipped=shipped)
     bar = tel.progress
     eval_at = [0] + [s for s in range(1, n_rl + 1) if s % t.eval_every == 0 or s == n_rl]

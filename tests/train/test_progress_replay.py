@@ -7,7 +7,10 @@ line on, for a fresh run and for one killed and resumed."""
 from __future__ import annotations
 
 import json
+import os
+import re
 
+from avalon.train import eta
 from experiments.bench.progress_eta import score
 from tests.train.progress_sim import Timeline, play
 
@@ -112,3 +115,38 @@ def test_a_config_this_machine_never_ran_is_a_guess_until_timed(tmp_path):
     # evaluations and RLCR steps: not yet timed anywhere, each expects SFT's 249 s compile
     assert after_sft.split("ETA ~")[1].startswith("9m")
     assert all("ETA ~" in t for t in texts)  # the finish is timed only as the run ends
+
+
+# The toy smoke run killed at RLCR step 2's rollouts and resumed from step 4, as measured
+# (`experiments.bench.progress_eta --kill_at='RL 2/3: rollouts'`, empty machine record, the
+# shipped reference): the killed process had compiled some of RLCR step 2's programs before the
+# kill, so the resumed step 2, which no invocation finished, loaded most of its programs
+# (11.0 s of compiling where the reference's cold step took 19.2 s). Units as measured; the
+# cache's loads and compiles per unit as the process's counts showed them.
+MEASURED_KILLED = Timeline(
+    sft=[(0.58, 9.51, 8.12), (0.39, 0, 0), (0.61, 0, 0), (0.35, 0, 0)],
+    evals=[(0.73, 33.48, 27.88)], rl=[(0.4, 6.82, 6.0)], eval_every=2, rollouts=8,
+    teacher_s=0.57)
+MEASURED_RESUMED = Timeline(
+    sft=[], evals=[(0.62, 0.58, 0.21, (2, 0)), (0.59, 0.0, 0.0, (0, 0))],
+    rl=[(0.91, 8.32, 2.05, (9, 1)), (0.83, 11.0, 7.0, (5, 3)), (1.25, 2.37, 2.08, (0, 2))],
+    eval_every=2, rollouts=8, finish_s=0.92)
+
+
+def test_a_unit_the_killed_process_began_goes_by_what_the_cache_serves(tmp_path):
+    """The resumed RLCR step 2 was never finished, so its record says cold; as the cache
+    serves its programs (5 of 8) it is forecast as that share loaded, and the 8 s of compiling
+    the cold forecast still expected are not waited for (the ETA was 17 s with 6.4 s left).
+    Every line up to the last RLCR step is within 2x. The last 2.4 s are not: RLCR step 3
+    compiled 0.6x its reference and the finish took 0.9 s where the fresh reference's took
+    1.8 s, so the tail reads 5 s with 2.4 s left and 2 s with 0.9 s left (RESULTS.md)."""
+    run = str(tmp_path / "run")
+    shipped = os.path.join(eta.SHIPPED_DIR, "34a2a0e4bc2782dc.jsonl")
+    play(run, MEASURED_KILLED, **SMOKE, kill_at_rl=2, shipped=shipped)
+    lines, end = play(run, MEASURED_RESUMED, **SMOKE, sft_done=4, shipped=shipped)
+    s = score(lines, end)
+    assert s["untimed_lines"] == 0 and s["full_eta_lines"] == len(s["rows"]) >= 40
+    before_last = [r for r in s["rows"] if "RL 3/3" not in r["line"] and "7/7" not in r["line"]]
+    assert len(before_last) >= 28 and _off(before_last) == [], _off(before_last)
+    rl2 = [r for r in before_last if re.search(r"RL 2/3: rollouts \d/8", r["line"])]
+    assert len(rl2) == 8 and all(r["eta"] <= 1.6 * r["left"] for r in rl2)
