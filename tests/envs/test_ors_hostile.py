@@ -223,10 +223,11 @@ def test_idle_sessions_expire_and_no_longer_lock_out_new_ones():
     with OrsServer([PAR], limits=ServerLimits(max_sessions=64, session_ttl_s=900.0)) as srv:
         env = served(srv, "parallel")
         tid = env.task_ids(Split.TRAIN)[0]
-        for i in range(64):
-            env.session(tid, i)
+        opened = [env.session(tid, i) for i in range(64)]
         with pytest.raises(EnvRequestError, match="64 sessions are open"):
             env.session(tid, 100)  # all 64 are fresh
+        for session in opened:  # their pings stop (a test process must not keep 64 threads)
+            session.close()
     with OrsServer([PAR], limits=ServerLimits(max_sessions=64, session_ttl_s=2.0)) as srv:
         env = served(srv, "parallel")
         abandoned = [env.session(tid, i) for i in range(63)]
@@ -240,7 +241,8 @@ def test_idle_sessions_expire_and_no_longer_lock_out_new_ones():
         kept.brief("ceo", 0, "CEO", "")
         with pytest.raises(EnvServerError, match="404 unknown_session.*idle over 2 s"):
             abandoned[0].brief("ceo", 0, "CEO", "")
-        fresh.close(), kept.close()
+        for session in (fresh, kept, *abandoned):
+            session.close()  # a reaped one's delete is a 404, passed over
 
 
 # ----- workspaces left by sandboxed code, mirrored by the extension -----
