@@ -346,7 +346,8 @@ class ProgressBar:
             that starts past its first ordinal here: a process builds its programs once)
             x the compile factor; with `warm_cache`, what an earlier invocation of the run
             finished (`done_before`) loads from the persistent cache: its compile less its
-            backend part (`eta.CACHE_READ_SHARE` of that stays)
+            backend part (`eta.CACHE_READ_SHARE` of that stays); the unit in progress, once
+            it has looked programs up, loads the share of them the cache has served so far
     The factors are what this invocation's units took against the reference (work: the last
     `window` of the phase; compiles: over every phase, a machine compiles at one speed, the
     latest weighing most, drawn toward 1 while few), 1 before any. A
