@@ -35,6 +35,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+import gc  # noqa: E402
 import warnings  # noqa: E402
 
 import pytest  # noqa: E402
@@ -107,3 +108,15 @@ def cpu_kernel():
     from avalon.backends import cpu_gemm
 
     _require_kernel(cpu_gemm.ready, "product")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """After each test file, drop JAX's in-memory caches of compiled programs. XLA:CPU maps each
+    program's code in many small regions (one engine test left 2-7 thousand), and a worker that
+    kept every program of its ~700 tests passed Linux's 65,530 maps a process (vm.max_map_count)
+    and died of a segfault in whichever allocation came next. Later files load what they share
+    from the persistent compilation cache."""
+    yield
+    jax.clear_caches()
+    gc.collect()
