@@ -21,9 +21,10 @@ Where the forecast comes from, best first:
 2. the machine's record of earlier runs with the same key (`timing_key`: what fixes the
    programs and their shapes: the config less its counts, the devices, the JAX version), the
    median of the last few invocations, so that one slow run does not set the forecast;
-3. the reference shipped with Avalon for its configs (`shipped_record`: the units of one
-   fresh run of the config on a 2-core CPU, recorded by `experiments.bench.progress_eta
-   --ship_reference`), for the units the machine has not timed yet;
+3. the reference shipped with Avalon for its configs (`shipped_record`: the units of a few
+   fresh runs of the config on a 2-core CPU, the median of each, recorded by
+   `experiments.bench.progress_eta --ship_reference --runs=N`), for the units the machine has
+   not timed yet;
 4. a guess per phase (`GUESS`), for a config neither ran: the ETA then shows `~`.
 
 Each unit is matched by phase and ordinal (SFT step k, the evaluation at RLCR step k, RLCR step
@@ -133,18 +134,25 @@ def shipped_record(description: dict, *, devices: str) -> str:
                         timing_key(description, devices=devices, jax_version="any") + ".jsonl")
 
 
-def ship(run_record, description: dict, *, devices: str) -> str:
-    """Write a finished fresh run's units (its `progress.jsonl`, one invocation) as the shipped
-    reference of its config; returns the path written. Refused for a resumed run: a reference
-    is one invocation's costs from nothing compiled."""
-    units = read_record(run_record)
-    if not units or len({t.invocation for t in units}) != 1 or any(t.resumed for t in units):
-        raise ValueError(f"{run_record}: not one fresh invocation's units; ship a run that "
-                         "ran from the start to the end in one process")
+def ship(run_records, description: dict, *, devices: str) -> str:
+    """Write finished fresh runs' units (their `progress.jsonl`s, one invocation each) as the
+    shipped reference of their config; returns the path written. The reference forecasts each
+    unit by the median over its runs (`Reference`), so one run's odd unit (a finish of 1.8 s
+    where others took 0.7-0.9 s) does not set every first-time run's forecast. Refused for a
+    resumed run: a reference is an invocation's costs from nothing compiled."""
+    if isinstance(run_records, (str, os.PathLike)):
+        run_records = [run_records]
+    lines = []
+    for record in run_records:
+        units = read_record(record)
+        if not units or len({t.invocation for t in units}) != 1 or any(t.resumed for t in units):
+            raise ValueError(f"{record}: not one fresh invocation's units; ship runs that "
+                             "each ran from the start to the end in one process")
+        lines += [json.dumps(t.as_json(), sort_keys=True) + "\n" for t in units]
     path = shipped_record(description, devices=devices)
     os.makedirs(SHIPPED_DIR, exist_ok=True)
     with open(path, "w") as f:
-        f.writelines(json.dumps(t.as_json(), sort_keys=True) + "\n" for t in units)
+        f.writelines(lines)
     return path
 
 

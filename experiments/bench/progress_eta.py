@@ -20,10 +20,12 @@ many are lower bounds (at most `left`).
     python -m experiments.bench.progress_eta --workdir=/tmp/eta --ship_reference \
         -- --config=configs/toy_org.py:smoke
 
-`--ship_reference` (a fresh run, not killed) then writes the run's units as the reference Avalon
-ships for the config (`avalon/train/eta_reference/`, `eta.ship`): what a machine that never ran
-the config forecasts its first lines from. Record it on a quiet 2-core CPU, with an empty
-machine record (`AVALON_TIMINGS_DIR` pointing at an empty directory).
+`--ship_reference` (fresh runs, not killed; `--runs=N` of them, in WORKDIR/1 ... WORKDIR/N, the
+last scored) then writes the runs' units as the reference Avalon ships for the config
+(`avalon/train/eta_reference/`, `eta.ship`; each unit forecast by its median over the runs):
+what a machine that never ran the config forecasts its first lines from. Record it on a quiet
+2-core CPU, with an empty machine record (`AVALON_TIMINGS_DIR` pointing at an empty
+directory).
 """
 
 from __future__ import annotations
@@ -114,11 +116,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kill_at", default="")
     parser.add_argument("--lines", action="store_true")
     parser.add_argument("--ship_reference", action="store_true")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="with --ship_reference: fresh runs to record (WORKDIR/1 ... "
+                        "WORKDIR/N; the last is scored)")
     parser.add_argument("args", nargs="*", help="avalon.main's arguments (after --)")
     a = parser.parse_args(argv)
     if os.path.exists(a.workdir) and os.listdir(a.workdir):
         raise SystemExit(f"--workdir={a.workdir}: not empty (the run must start fresh)")
-    command = [sys.executable, "-m", "avalon.main", f"--workdir={a.workdir}", *a.args]
+    if a.runs < 1 or (a.runs > 1 and not a.ship_reference):
+        raise SystemExit(f"--runs={a.runs}: must be 1, or more with --ship_reference")
+    workdirs = [a.workdir] if a.runs == 1 else [os.path.join(a.workdir, str(k + 1))
+                                                for k in range(a.runs)]
+    for workdir in workdirs[:-1]:  # recorded for the reference, not scored
+        play([sys.executable, "-m", "avalon.main", f"--workdir={workdir}", *a.args])
+    command = [sys.executable, "-m", "avalon.main", f"--workdir={workdirs[-1]}", *a.args]
     out = {"command": command, "kill_at": a.kill_at}
     lines, end, killed = play(command, a.kill_at)
     if killed:
@@ -127,12 +138,13 @@ def main(argv: list[str] | None = None) -> None:
     out["wall_s"] = round(end - lines[0][0], 1)
     if a.ship_reference:
         if killed:
-            raise SystemExit("--ship_reference: a reference is one fresh run; drop --kill_at")
+            raise SystemExit("--ship_reference: a reference is fresh runs; drop --kill_at")
         import jax
 
         from avalon.train import eta
-        description = json.loads(open(os.path.join(a.workdir, "config.json")).read())
-        out["shipped"] = eta.ship(os.path.join(a.workdir, eta.RUN_RECORD), description,
+        description = json.loads(open(os.path.join(workdirs[-1], "config.json")).read())
+        out["shipped"] = eta.ship([os.path.join(w, eta.RUN_RECORD) for w in workdirs],
+                                  description,
                                   devices=eta.device_text(jax.devices(), jax.process_count()))
     out |= score(lines, end)
     if not a.lines:

@@ -53,10 +53,38 @@ def test_only_one_fresh_invocation_is_shipped(tmp_path, monkeypatch):
         eta.ship(Path(run) / eta.RUN_RECORD, {"smoke": True}, devices="1xcpu/1")
 
 
+def test_a_reference_of_several_runs_forecasts_each_unit_by_their_median(tmp_path, monkeypatch):
+    """Three fresh runs shipped together: each unit's forecast is the median of the three, so
+    the one run whose finish took 2.5x the others' does not set it."""
+    monkeypatch.setattr(eta, "SHIPPED_DIR", str(tmp_path / "shipped"))
+    finishes = (0.7, 1.8, 0.8)
+    records = []
+    for k, finish in enumerate(finishes):
+        run = tmp_path / f"run{k}"
+        play(str(run), EARLIER.scaled(work=1.0 + 0.1 * k, compiled=1.0) if k else EARLIER,
+             **SMOKE)
+        lines = [json.loads(line) for line in (run / eta.RUN_RECORD).read_text().splitlines()]
+        for line in lines:
+            if line["phase"] == "finish":
+                line["work_s"] = finish
+        (run / eta.RUN_RECORD).write_text("".join(json.dumps(x) + "\n" for x in lines))
+        records.append(run / eta.RUN_RECORD)
+    path = eta.ship(records, {"smoke": True}, devices="1xcpu/1")
+    units = eta.read_record(path)
+    assert len({t.invocation for t in units}) == 3
+    reference = eta.Reference(shipped=units)
+    assert reference.work_of("finish", 0) == 0.8
+    sft1 = sorted(t.work_s for t in units if (t.phase, t.ordinal) == ("sft", 1))
+    assert reference.work_of("sft", 1) == sft1[1]
+    with pytest.raises(ValueError, match="not one fresh invocation"):
+        eta.ship([records[0], tmp_path / "missing" / eta.RUN_RECORD], {"smoke": True},
+                 devices="1xcpu/1")
+
+
 def test_the_smoke_config_has_a_reference_for_its_key():
     """A change to what the smoke config runs changes its key; record the reference again:
     AVALON_TIMINGS_DIR=$(mktemp -d) python -m experiments.bench.progress_eta
-    --workdir=$(mktemp -d)/run --ship_reference -- --config=configs/toy_org.py:smoke"""
+    --workdir=$(mktemp -d)/run --ship_reference --runs=3 -- --config=configs/toy_org.py:smoke"""
     spec = importlib.util.spec_from_file_location("toy_org", REPO / "configs" / "toy_org.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
