@@ -427,8 +427,8 @@ class ProgressBar:
         self.compile_s += compiled
         warm = self._warm(phase, ordinal)
         if before is not None:  # what the cache said: loaded at least as much as it compiled
-            hits, misses = (now - then for now, then in zip(self._mark[3], before))
-            warm = hits > 0 and hits >= misses
+            served = _served_share(before, self._mark[3])
+            warm = served is not None and served >= 0.5
         unit = Unit(wall - compiled, compiled, phase not in self.seconds, self.start > 0,
                     ordinal, min(backend, compiled), warm)
         self.seconds.setdefault(phase, []).append(unit.work_s)
@@ -459,9 +459,9 @@ class ProgressBar:
         finished one's that the cache lost compile); else all or none (`_warm`)."""
         before = self._mark[3]
         if current and before is not None and self.cache_events is not None:
-            hits, misses = (now - then for now, then in zip(self.cache_events(), before))
-            if hits + misses > 0:
-                return hits / (hits + misses)
+            served = _served_share(before, self.cache_events())
+            if served is not None:
+                return served
         return 1.0 if self._warm(phase, ordinal) else 0.0
 
     # ---- the forecast ------------------------------------------------------------------------
@@ -678,6 +678,13 @@ def console(text: str, *, enabled: bool = True, stream=None) -> None:
         stream = stream or sys.stderr
         stream.write(text + "\n")
         stream.flush()
+
+
+def _served_share(before: tuple[int, int], now: tuple[int, int]) -> float | None:
+    """The share of the programs looked up between two (hits, misses) counts of the persistent
+    cache that it served; None when none was looked up."""
+    hits, misses = (n - b for n, b in zip(now, before))
+    return hits / (hits + misses) if hits + misses > 0 else None
 
 
 def fmt_seconds(s: float) -> str:
