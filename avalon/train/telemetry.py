@@ -606,8 +606,10 @@ class ProgressBar:
 
     def eta(self) -> str:
         seconds, guessed = self.eta_seconds()
-        # rounded up: a run with a unit still running never shows 0m00s
-        return ("~" if guessed else "") + fmt_seconds(math.ceil(seconds))
+        # to the nearest second (rounding up would add up to a second to every forecast, which
+        # is most of what is left at a run's end); a forecast under a second reads 1 s
+        shown = math.floor(seconds + 0.5) if seconds >= 1.0 else math.ceil(seconds)
+        return ("~" if guessed else "") + fmt_seconds(shown)
 
     def update(self, step: int, note: str = "") -> None:
         self.step, self.note = step, note

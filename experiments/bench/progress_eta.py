@@ -11,11 +11,13 @@ character arrived. With `--kill_at=TEXT` the run is killed (SIGKILL) at the firs
 TEXT and started again with the same command, which resumes from its newest checkpoint; only
 the lines of the invocation that ran to the end are scored (a killed one has no "time left").
 A line's ETA (`ETA 1m10s`; `ETA ~1m10s` where a phase's forecast is a guess, never timed on
-the machine: scored like the others) is scored as `eta / left`, `left` being the seconds from
-the line to the invocation's last output. Prints a JSON summary (and every line with `--lines`):
-lines with a full ETA, how many within a factor of 2 (or within the display's 1 s), the worst
-ratios; lines of older code with an untimed phase (`ETA 0m06s + EVAL ?`, a lower bound), how
-many are lower bounds (at most `left`).
+the machine: scored like the others) is set against `left`, the seconds from the line to the
+invocation's last output: it is within 2x when a time the display rounds to what it shows
+(`shown_range`: `0m03s` is 2.5 s up to 3.5 s, `1h05m` 65 up to 66 minutes) lies between
+left/2 and 2 x left. Prints a JSON summary (and every line with `--lines`): lines with a full
+ETA, how many are within 2x, the worst ratios of what they show to `left`; lines of older code
+with an untimed phase (`ETA 0m06s + EVAL ?`, a lower bound), how many are lower bounds (at most
+`left`).
 
     python -m experiments.bench.progress_eta --workdir=/tmp/eta --ship_reference \
         -- --config=configs/toy_org.py:smoke
@@ -53,6 +55,26 @@ def eta_of(line: str) -> tuple[float | None, bool]:
     if m:
         seconds = (int(m[1]) * 3600 + int(m[2]) * 60) if m[1] else int(m[3]) * 60 + int(m[4])
     return seconds, "?" in text
+
+
+def shown_range(text: str) -> tuple[float, float] | None:
+    """The times a line's ETA can stand for, as the console rounds (`telemetry.fmt_seconds`):
+    to the nearest second, a time under a second up to 1 s (`0m01s`: anything under 1.5 s),
+    and from an hour on to the minute below (`1h05m`: 65 up to 66 minutes). None: no ETA."""
+    seconds, _ = eta_of(text)
+    if seconds is None:
+        return None
+    if seconds >= 3600:
+        return seconds, seconds + 60.0
+    if seconds <= 1:  # 0m00s: nothing left
+        return 0.0, 1.5 * seconds
+    return seconds - 0.5, seconds + 0.5
+
+
+def within_2x(text: str, left: float) -> bool:
+    """Whether a line's ETA, as far as its rounding can tell, is within 2x of `left`."""
+    low, high = shown_range(text)
+    return low <= 2.0 * left and high >= 0.5 * left
 
 
 def play(command: list[str], kill_at: str = "") -> tuple[list[tuple[float, str]], float, bool]:
@@ -101,8 +123,8 @@ def score(lines: list[tuple[float, str]], end: float) -> dict:
         if untimed:
             bounds.append(eta <= left + 1.0)
         else:
-            ok = (0.5 * left <= eta <= 2.0 * left) or abs(eta - left) <= 1.0
-            full.append((ok, eta / left if left > 0 else None, row))
+            row["within_2x"] = within_2x(text, left)
+            full.append((row["within_2x"], eta / left if left > 0 else None, row))
     worst = sorted((r for _, r, _ in full if r is not None),
                    key=lambda r: abs(math.log(r)) if r > 0 else math.inf, reverse=True)[:5]
     return {"full_eta_lines": len(full), "within_2x": sum(ok for ok, _, _ in full),

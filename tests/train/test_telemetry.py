@@ -310,6 +310,28 @@ def test_status_redraws_the_line_with_a_note():
     assert len(text[2]) >= len(text[1])  # padded: no stale characters of the longer line
 
 
+def test_the_eta_is_shown_to_the_nearest_second_and_scored_as_its_rounding_allows():
+    """A forecast of 2.02 s reads 2 s (rounded up it read 3 s with 1.1 s left, outside 2x),
+    one under a second reads 1 s while a unit still runs, nothing left 0 s; the benchmark
+    scores a line by every time its display could stand for."""
+    from experiments.bench.progress_eta import shown_range, within_2x
+    clocks = FakeClocks()
+    bar = ProgressBar(1, stream=io.StringIO(), clock=clocks.wall,
+                      reference=_reference(("rl", 0, 2.02, 0.0)))
+    bar.plan([("rl", 0)])
+    bar.begin("rl")
+    assert bar.eta() == "0m02s"
+    clocks.work(1.6)
+    assert bar.eta() == "0m01s"  # 0.42 s left
+    clocks.work(1.0)
+    assert bar.eta() == "0m00s"  # the unit ran past its forecast: nothing left is known
+    assert shown_range("ETA 0m03s") == (2.5, 3.5) and shown_range("ETA 0m01s") == (0.0, 1.5)
+    assert shown_range("ETA 1h05m") == (3900.0, 3960.0) and shown_range("no eta") is None
+    assert within_2x("ETA 0m02s", 1.1) and not within_2x("ETA 0m03s", 1.1)
+    assert within_2x("ETA 0m01s", 2.1) and not within_2x("ETA 0m01s", 3.1)
+    assert within_2x("ETA 0m01s", 0.05) and not within_2x("ETA 0m05s", 1.5)
+
+
 def test_mfu_only_against_a_known_device():
     assert peak_flops(jax.devices()[0].device_kind) is None  # the CPU: no MFU is logged
     assert peak_flops("NVIDIA H200") == 989e12
