@@ -134,7 +134,8 @@ def write_markdown(path: Path, rows: list[dict]) -> None:
     head = ["game", "checkpoint", "runs", *RATES, "mean returns"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        means = " ".join(f"{r[k]:.2f}" for k in r if k.startswith("return_seat"))
+        means = ("-" if r["finished_k"] == 0  # no finished game has returns to average
+                 else " ".join(f"{r[k]:.2f}" for k in r if k.startswith("return_seat")))
         lines.append("| " + " | ".join([r["game"], r["checkpoint"], str(r["runs"])]
                                         + [_cell(r, m) for m in RATES] + [means]) + " |")
     path.write_text("Rates with Wilson 95% intervals (k/n): co-operation per decision, mutual "

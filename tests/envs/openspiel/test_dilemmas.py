@@ -73,6 +73,18 @@ def test_scripted_teams_are_counted(team):
     assert (cd["return_seat0"], cd["return_seat1"]) == (4.0, 1.0)  # Dare against Chicken
 
 
+def test_the_table_gives_returns_only_over_finished_games(tmp_path):
+    """A game no run finished has no mean return: its cell reads `-`, not `nan nan`."""
+    envs = run.environments(["matrix_pd", "matrix_cd"])
+    steps = {"ceo": [HIRES], "a1": [do(("act", {"action": 0}))]}  # seat 1 never moves
+    policy = ScriptedPolicy(BYTES, Playbook(steps, default=do(("observe", {}))))
+    rows = run.rows_of("x", "/x", envs, run.play(policy, BYTES, ORG, envs, 2, "org", seed=0))
+    run.write_markdown(tmp_path / "d.md", rows)
+    lines = [ln for ln in (tmp_path / "d.md").read_text().splitlines() if ln.startswith("| matrix")]
+    assert [ln.rsplit("|", 2)[1].strip() for ln in lines] == ["-", "-"]
+    assert "nan" not in (tmp_path / "d.md").read_text()
+
+
 def test_game_lists_and_bad_arguments(tmp_path):
     assert run.split_games("matrix_pd,repeated_game(stage_game=matrix_sh(),num_repetitions=2)"
                            ) == ["matrix_pd", "repeated_game(stage_game=matrix_sh(),"
