@@ -100,6 +100,17 @@ def test_briefs_deal_each_holder_to_successive_hires(env):
     d.end()
 
 
+def test_a_hire_on_a_task_nobody_holds_facts_in_gets_an_empty_brief():
+    """The easiest tier deals no analyst a fact (n_holders 0): a hire there is briefed with
+    nothing, where it once divided by the number of holders and ended the RLCR step."""
+    local = HiddenProfile(ProfileConfig(n_holders=(0, 0), n_options=2, n_train=8, n_heldout=4))
+    tid = local.task_ids(Split.TRAIN)[0]
+    assert local.spec(tid).held == ()
+    d = Direct(local, tid)
+    assert [d.session.brief(f"a{i}", i, "Analyst", "r") for i in (1, 2)] == ["", ""]
+    d.end()
+
+
 def test_choose_rewards_the_answer_once(env):
     tid = env.task_ids(Split.TRAIN)[3]
     spec = LOCAL.spec(tid)

@@ -113,7 +113,7 @@ class ProfileSession:
         pass
 
     def brief(self, agent: str, index: int, title: str, role: str) -> str:
-        if index == 0:
+        if index == 0 or not self.spec.held:  # the CEO, or a task where nobody holds facts
             return ""
         return brief_text(self.spec.held[(index - 1) % len(self.spec.held)])
 
