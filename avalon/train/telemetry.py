@@ -606,10 +606,7 @@ class ProgressBar:
 
     def eta(self) -> str:
         seconds, guessed = self.eta_seconds()
-        # to the nearest second (rounding up would add up to a second to every forecast, which
-        # is most of what is left at a run's end); a forecast under a second reads 1 s
-        shown = math.floor(seconds + 0.5) if seconds >= 1.0 else math.ceil(seconds)
-        return ("~" if guessed else "") + fmt_seconds(shown)
+        return ("~" if guessed else "") + fmt_seconds(shown_seconds(seconds))
 
     def update(self, step: int, note: str = "") -> None:
         self.step, self.note = step, note
@@ -687,6 +684,24 @@ def _served_share(before: tuple[int, int], now: tuple[int, int]) -> float | None
     cache that it served; None when none was looked up."""
     hits, misses = (n - b for n, b in zip(now, before))
     return hits / (hits + misses) if hits + misses > 0 else None
+
+
+def shown_seconds(seconds: float) -> int:
+    """The whole seconds the ETA shows for a forecast: to the nearest second (rounding up would
+    add up to a second to every forecast, which is most of what is left at a run's end); a
+    forecast under a second reads 1 s."""
+    return math.floor(seconds + 0.5) if seconds >= 1.0 else math.ceil(seconds)
+
+
+def shown_range(shown: float) -> tuple[float, float]:
+    """The forecasts an ETA of `shown` seconds (as `fmt_seconds` writes `shown_seconds`) can
+    stand for: `0m03s` 2.5 up to 3.5 s, `0m01s` anything under 1.5 s, `0m00s` nothing left,
+    and from an hour on the minute written (`1h05m`: 65 up to 66 minutes)."""
+    if shown >= 3600:
+        return shown, shown + 60.0
+    if shown <= 1:
+        return 0.0, 1.5 * shown
+    return shown - 0.5, shown + 0.5
 
 
 def fmt_seconds(s: float) -> str:

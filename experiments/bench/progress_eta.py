@@ -42,6 +42,8 @@ import subprocess
 import sys
 import time
 
+from avalon.train import telemetry
+
 _SPAN = re.compile(r"(\d+)h(\d\d)m|(\d+)m(\d\d)s")
 
 
@@ -58,17 +60,9 @@ def eta_of(line: str) -> tuple[float | None, bool]:
 
 
 def shown_range(text: str) -> tuple[float, float] | None:
-    """The times a line's ETA can stand for, as the console rounds (`telemetry.fmt_seconds`):
-    to the nearest second, a time under a second up to 1 s (`0m01s`: anything under 1.5 s),
-    and from an hour on to the minute below (`1h05m`: 65 up to 66 minutes). None: no ETA."""
+    """The forecasts a line's ETA can stand for (`telemetry.shown_range`); None: no ETA."""
     seconds, _ = eta_of(text)
-    if seconds is None:
-        return None
-    if seconds >= 3600:
-        return seconds, seconds + 60.0
-    if seconds <= 1:  # 0m00s: nothing left
-        return 0.0, 1.5 * seconds
-    return seconds - 0.5, seconds + 0.5
+    return None if seconds is None else telemetry.shown_range(seconds)
 
 
 def within_2x(text: str, left: float) -> bool:
